@@ -1,0 +1,52 @@
+"""The upstream seam: one call to a target that speaks OpenAI's chat/completions wire format.
+
+Regional nodes and commercial providers both implement it, so failover and relaying treat them
+alike. Bodies are OpenAI-format dicts; stream items are OpenAI chunk dicts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Literal, Protocol
+
+Endpoint = Literal["chat", "completions"]
+
+
+class UpstreamError(Exception):
+    """An upstream attempt failed. `retryable` errors may be retried on another target
+    (connect errors, timeouts, 5xx, 429); others (4xx) go back to the client as they are."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int = 502,
+        retryable: bool = True,
+        body: dict[str, Any] | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+        self.retryable = retryable
+        self.body = body
+        self.retry_after = retry_after
+
+
+class Upstream(Protocol):
+    async def complete(
+        self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str]
+    ) -> dict[str, Any]:
+        """Non-streaming call; returns the OpenAI response dict or raises UpstreamError."""
+        ...
+
+    def stream(
+        self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str]
+    ) -> AbstractAsyncContextManager[AsyncIterator[dict[str, Any]]]:
+        """Streaming call: entering raises UpstreamError before the first byte; the iterator
+        yields OpenAI chunk dicts and raises UpstreamError if the stream breaks midway.
+        Leaving the context closes the upstream connection (which cancels the request)."""
+        ...
+
+    async def aclose(self) -> None: ...

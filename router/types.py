@@ -1,0 +1,154 @@
+"""The router's data model: tenants' policies, the fleet as routing sees it, and decisions.
+
+Plain frozen dataclasses with no I/O, shared by the gateway (which fills them from YAML, the
+region directory and load reports) and by the pure routing functions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+ModelTier = Literal["small", "large"]
+TrafficTier = Literal["interactive", "batch"]
+FailMode = Literal["open", "closed"]
+PrefixCacheMode = Literal["shared", "isolated"]
+TargetKind = Literal["node", "provider"]
+
+# A model name that lets the router choose the tier (see router.tiers).
+AUTO_MODEL = "auto"
+
+
+@dataclass(frozen=True)
+class Residency:
+    """Where a tenant's data may be processed. Empty sets on both sides mean anywhere.
+
+    When both are given, a target must satisfy both (region in `regions` and jurisdiction in
+    `jurisdictions`): residency only ever narrows.
+    """
+
+    jurisdictions: frozenset[str] = frozenset()
+    regions: frozenset[str] = frozenset()
+
+    def allows(self, region: str, jurisdiction: str) -> bool:
+        if self.jurisdictions and jurisdiction not in self.jurisdictions:
+            return False
+        return not (self.regions and region not in self.regions)
+
+    def describe(self) -> str:
+        parts = []
+        if self.jurisdictions:
+            parts.append("jurisdictions " + ",".join(sorted(self.jurisdictions)))
+        if self.regions:
+            parts.append("regions " + ",".join(sorted(self.regions)))
+        return " and ".join(parts) or "anywhere"
+
+
+@dataclass(frozen=True)
+class TenantLimits:
+    """Per-tenant limits; None means unlimited."""
+
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    concurrent_requests: int | None = None
+    daily_tokens: int | None = None
+    max_tokens: int | None = None  # cap on a request's max_tokens
+    context_tokens: int | None = None  # cap on prompt + max_tokens
+
+
+@dataclass(frozen=True)
+class TenantPolicy:
+    tenant_id: str
+    api_key_hashes: frozenset[str]  # hex SHA-256 of each key
+    models: frozenset[str] = frozenset({"*"})  # logical model names; "*" allows all
+    residency: Residency = field(default_factory=Residency)
+    traffic_tier: TrafficTier = "interactive"
+    limits: TenantLimits = field(default_factory=TenantLimits)
+    allow_commercial: bool = False
+    allow_degrade: bool = False
+    fail_mode: FailMode = "open"  # what quotas do when Redis is unreachable
+    prefix_cache: PrefixCacheMode = "shared"  # "isolated": the node salts this tenant's cache
+
+    def allows_model(self, model: str) -> bool:
+        return "*" in self.models or model in self.models
+
+
+@dataclass(frozen=True)
+class CatalogModel:
+    """A logical model name clients use, and its tier."""
+
+    name: str
+    tier: ModelTier
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class NodeLoad:
+    """A node's `/load` report, as routing uses it."""
+
+    kv_cache_usage: float = 0.0  # 0..1
+    waiting_tokens: int = 0
+    num_running: int = 0
+    num_waiting: int = 0
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """A regional node as the region directory (static file or Consul) and health see it."""
+
+    node_id: str
+    url: str  # base URL, e.g. http://127.0.0.1:9001
+    region: str
+    jurisdiction: str
+    models: frozenset[str]  # logical model names it serves
+    healthy: bool = True
+    load: NodeLoad | None = None
+
+
+@dataclass(frozen=True)
+class ProviderInfo:
+    """A commercial API endpoint (OpenAI, Anthropic) that may serve some models."""
+
+    provider_id: str
+    kind: Literal["openai", "anthropic"]
+    region: str
+    jurisdiction: str
+    models: frozenset[str]  # logical model names it may serve
+    healthy: bool = True  # false while its circuit breaker is open
+
+
+@dataclass(frozen=True)
+class FleetSnapshot:
+    nodes: tuple[NodeInfo, ...] = ()
+    providers: tuple[ProviderInfo, ...] = ()
+
+
+@dataclass(frozen=True)
+class RouteRequest:
+    """What routing needs to know about one request."""
+
+    model: str  # logical model name, already resolved from "auto"
+    home_region: str  # the gateway's region
+    client_region: str | None = None  # x-meridian-client-region
+    affinity_key: str = ""  # start of the prompt, for prefix-cache affinity
+    exclude: frozenset[str] = frozenset()  # target ids already tried (retries)
+
+
+@dataclass(frozen=True)
+class Target:
+    kind: TargetKind
+    target_id: str  # node_id or provider_id
+    url: str
+    region: str
+    jurisdiction: str
+    model: str
+    reason: str  # why it is in this position, for x-meridian-route and traces
+
+
+@dataclass(frozen=True)
+class RouteDecision:
+    """Ordered targets to try; empty with `unavailable_reason` when none may serve."""
+
+    targets: tuple[Target, ...]
+    reason: str
+    unavailable_reason: str | None = None
