@@ -1,0 +1,14 @@
+"""The policy package's one exception: a policy that cannot be used, and exactly where it is wrong."""
+
+from __future__ import annotations
+
+
+class PolicyError(Exception):
+    """An invalid policy: `file` (as given, e.g. policies/eu.yaml), `field` (a path such as
+    tenants[0].limits.tokens_per_minute; "" for the file as a whole) and what is wrong."""
+
+    def __init__(self, file: str, field: str, message: str) -> None:
+        self.file = file
+        self.field = field
+        self.message = message
+        super().__init__(f"{file}: {field}: {message}" if field else f"{file}: {message}")

@@ -1,0 +1,82 @@
+"""Screening: which nodes and providers may serve a model for a tenant at all.
+
+Residency is a hard rule applied here, before any preference, so nothing later in routing
+(ordering, degrade, providers, retries) can ever see a target outside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+from router.types import NodeInfo, ProviderInfo, Residency
+
+
+class _Placed(Protocol):
+    @property
+    def region(self) -> str: ...
+    @property
+    def jurisdiction(self) -> str: ...
+    @property
+    def models(self) -> frozenset[str]: ...
+    @property
+    def healthy(self) -> bool: ...
+
+
+T = TypeVar("T", bound=_Placed)
+
+
+@dataclass(frozen=True)
+class Screening(Generic[T]):
+    """The admitted targets and, for the unavailable reason, how many were turned away and why.
+
+    Counts only targets that serve the model; each is counted under the first rule it fails, in
+    the order residency, health, exclusion.
+    """
+
+    admitted: tuple[T, ...]
+    serving: int = 0
+    outside_residency: int = 0
+    unhealthy: int = 0
+    excluded: int = 0
+
+
+def screen(
+    targets: Iterable[T],
+    target_id: Callable[[T], str],
+    *,
+    model: str,
+    residency: Residency,
+    exclude: frozenset[str],
+) -> Screening[T]:
+    admitted: list[T] = []
+    seen: set[str] = set()
+    serving = outside = unhealthy = excluded = 0
+    for target in targets:
+        # A directory that lists one id twice must not make it two targets; the first entry wins.
+        if model not in target.models or target_id(target) in seen:
+            continue
+        seen.add(target_id(target))
+        serving += 1
+        if not residency.allows(target.region, target.jurisdiction):
+            outside += 1
+        elif not target.healthy:
+            unhealthy += 1
+        elif target_id(target) in exclude:
+            excluded += 1
+        else:
+            admitted.append(target)
+    return Screening(tuple(admitted), serving, outside, unhealthy, excluded)
+
+
+def screen_nodes(
+    nodes: Iterable[NodeInfo], *, model: str, residency: Residency, exclude: frozenset[str]
+) -> Screening[NodeInfo]:
+    return screen(nodes, lambda n: n.node_id, model=model, residency=residency, exclude=exclude)
+
+
+def screen_providers(
+    providers: Iterable[ProviderInfo], *, model: str, residency: Residency, exclude: frozenset[str]
+) -> Screening[ProviderInfo]:
+    return screen(providers, lambda p: p.provider_id, model=model, residency=residency, exclude=exclude)

@@ -1,0 +1,45 @@
+"""How routing reads a node's load report: one score, one saturation flag, one band."""
+
+from __future__ import annotations
+
+import math
+
+from router.params import RoutingParams
+from router.types import NodeLoad
+
+
+def _known(load: NodeLoad | None) -> bool:
+    # A report with NaN in it is as good as no report: treat the node as unknown, i.e. neutral.
+    return load is not None and not math.isnan(load.kv_cache_usage)
+
+
+def load_score(load: NodeLoad | None, params: RoutingParams) -> float:
+    """KV-cache use (0..1) plus queued tokens in units of a full cache; unknown → neutral."""
+    if not _known(load):
+        return params.unknown_load
+    assert load is not None
+    kv = min(max(load.kv_cache_usage, 0.0), 1.0)
+    return kv + max(load.waiting_tokens, 0) / params.waiting_tokens_per_cache
+
+
+def is_saturated(load: NodeLoad | None, params: RoutingParams) -> bool:
+    """Known to be full: KV use or queue at its threshold. A node that has not reported is not."""
+    if not _known(load):
+        return False
+    assert load is not None
+    return (
+        load.kv_cache_usage >= params.saturated_kv_usage
+        or load.waiting_tokens >= params.saturated_waiting_tokens
+    )
+
+
+def load_band(load: NodeLoad | None, params: RoutingParams) -> int:
+    """Which band of width `load_band_width` the score falls in; equal bands are "similar load"."""
+    return math.floor(load_score(load, params) / params.load_band_width)
+
+
+def describe_load(load: NodeLoad | None, params: RoutingParams) -> str:
+    if not _known(load):
+        return "load=unknown"
+    text = f"load={load_score(load, params):.2f}"
+    return text + ";saturated" if is_saturated(load, params) else text

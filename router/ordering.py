@@ -1,0 +1,129 @@
+"""The order in which admitted nodes are tried, and the reason each gets its place.
+
+Nodes are sorted by the tuple
+
+    (saturated, preference class, load band, affinity rank, node id)
+
+- saturated: a node known to be full sinks below every unsaturated node, whatever its region.
+- preference class: 0 = in the preferred region (the client's, else the gateway's home region),
+  1 = in the preferred region's jurisdiction, 2 = anywhere else the tenant's residency allows.
+- load band: floor(load score / band width); nodes in one band have "similar load". A node that
+  has not reported its load gets the neutral score.
+- affinity rank: position in the rendezvous ranking of the affinity key over the admitted nodes,
+  so affinity only breaks ties among nodes of similar load in the same class.
+- node id: unreachable in practice (ranks are distinct); it keeps the sort total.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+from router.affinity import rendezvous_rank
+from router.load import describe_load, is_saturated, load_band
+from router.params import RoutingParams
+from router.types import NodeInfo, ProviderInfo, Target
+
+PREFERENCE_WORDS = ("same-region", "same-jurisdiction", "other-region")
+
+
+def preferred_jurisdiction(region: str, places: Iterable[NodeInfo | ProviderInfo]) -> str | None:
+    """The jurisdiction of `region` as the fleet knows it (from any node or provider there, healthy
+    or not); None when the fleet has nothing in that region."""
+    for place in places:
+        if place.region == region:
+            return place.jurisdiction
+    return None
+
+
+def preference_class(
+    region: str, jurisdiction: str, *, preferred_region: str, preferred_jurisdiction: str | None
+) -> int:
+    if region == preferred_region:
+        return 0
+    if preferred_jurisdiction is not None and jurisdiction == preferred_jurisdiction:
+        return 1
+    return 2
+
+
+def order_nodes(
+    nodes: Sequence[NodeInfo],
+    *,
+    model: str,
+    preferred_region: str,
+    preferred_jurisdiction: str | None,
+    affinity_key: str,
+    params: RoutingParams,
+    reason_prefix: str = "",
+) -> tuple[Target, ...]:
+    """`nodes` as Targets for `model`, in the documented order, each with its reason."""
+    affinity = {
+        node_id: rank
+        for rank, node_id in enumerate(rendezvous_rank(affinity_key, (n.node_id for n in nodes)))
+    }
+
+    def group(node: NodeInfo) -> tuple[bool, int, int]:
+        pref = preference_class(
+            node.region,
+            node.jurisdiction,
+            preferred_region=preferred_region,
+            preferred_jurisdiction=preferred_jurisdiction,
+        )
+        return (is_saturated(node.load, params), pref, load_band(node.load, params))
+
+    ordered = sorted(nodes, key=lambda n: (*group(n), affinity[n.node_id], n.node_id))
+    group_sizes = Counter(group(n) for n in ordered)
+    targets: list[Target] = []
+    place_in_group: Counter[tuple[bool, int, int]] = Counter()
+    for node in ordered:
+        g = group(node)
+        place_in_group[g] += 1
+        parts = [f"region={node.region}", PREFERENCE_WORDS[g[1]], describe_load(node.load, params)]
+        if group_sizes[g] > 1:
+            # Affinity decided this node's place among similar ones: say where it came.
+            parts.append(f"affinity={place_in_group[g]}/{group_sizes[g]}")
+        targets.append(
+            Target(
+                kind="node",
+                target_id=node.node_id,
+                url=node.url,
+                region=node.region,
+                jurisdiction=node.jurisdiction,
+                model=model,
+                reason=reason_prefix + ";".join(parts),
+            )
+        )
+    return tuple(targets)
+
+
+def order_providers(
+    providers: Sequence[ProviderInfo],
+    *,
+    model: str,
+    preferred_region: str,
+    preferred_jurisdiction: str | None,
+) -> tuple[Target, ...]:
+    """Providers by preference class, then id: they carry no load report and no prefix cache."""
+
+    def key(p: ProviderInfo) -> tuple[int, str]:
+        pref = preference_class(
+            p.region,
+            p.jurisdiction,
+            preferred_region=preferred_region,
+            preferred_jurisdiction=preferred_jurisdiction,
+        )
+        return (pref, p.provider_id)
+
+    return tuple(
+        Target(
+            kind="provider",
+            target_id=p.provider_id,
+            # Providers are reached through their adapter (looked up by target_id), not a URL.
+            url="",
+            region=p.region,
+            jurisdiction=p.jurisdiction,
+            model=model,
+            reason=f"provider={p.kind};region={p.region};{PREFERENCE_WORDS[key(p)[0]]}",
+        )
+        for p in sorted(providers, key=key)
+    )

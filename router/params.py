@@ -1,0 +1,29 @@
+"""The routing knobs, in one frozen object built once and handed to `route`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RoutingParams:
+    # A node is saturated (sinks below every unsaturated node) at either threshold: past ~95% KV
+    # use the engine starts preempting, and a long queue means seconds before a first token.
+    saturated_kv_usage: float = 0.95
+    saturated_waiting_tokens: int = 32_768
+    # Queued tokens that weigh as much as a full KV cache in the load score.
+    waiting_tokens_per_cache: int = 16_384
+    # Score of a node that has not reported its load: in the middle, neither preferred nor shunned.
+    unknown_load: float = 0.5
+    # Loads in the same band count as "similar"; prefix affinity decides between them. Wider bands
+    # favour cache hits, narrower bands favour balance.
+    load_band_width: float = 0.2
+
+    def __post_init__(self) -> None:
+        assert 0.0 < self.saturated_kv_usage <= 1.0, "saturated_kv_usage must be in (0, 1]"
+        assert self.saturated_waiting_tokens > 0, "saturated_waiting_tokens must be positive"
+        assert self.waiting_tokens_per_cache > 0, "waiting_tokens_per_cache must be positive"
+        assert self.load_band_width > 0.0, "load_band_width must be positive"
+
+
+DEFAULT_PARAMS = RoutingParams()

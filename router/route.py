@@ -1,0 +1,172 @@
+"""`route`: from a request, a tenant's policy and a fleet snapshot to an ordered list of targets.
+
+Pure: the same inputs always give the same decision, so a trace can show and replay it.
+Order of the result: the model's nodes (see router.ordering), then — when the model has no
+unsaturated node and the policy allows it — small-tier nodes marked "degraded", then commercial
+providers when the policy allows them. Every target on every list is inside the tenant's residency
+(router.candidates screens before anything else looks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from router.candidates import Screening, screen_nodes, screen_providers
+from router.load import is_saturated
+from router.ordering import order_nodes, order_providers, preferred_jurisdiction
+from router.params import DEFAULT_PARAMS, RoutingParams
+from router.tiers import degrade_model
+from router.types import (
+    CatalogModel,
+    FleetSnapshot,
+    NodeInfo,
+    ProviderInfo,
+    RouteDecision,
+    RouteRequest,
+    Target,
+    TenantPolicy,
+)
+
+
+def route(
+    request: RouteRequest,
+    policy: TenantPolicy,
+    fleet: FleetSnapshot,
+    *,
+    catalog: Sequence[CatalogModel] = (),
+    params: RoutingParams = DEFAULT_PARAMS,
+) -> RouteDecision:
+    """Ordered targets for `request.model` (already resolved from "auto").
+
+    `catalog` is only needed for degrading (it says which model is the small tier); without it,
+    no request is degraded. With no target at all, `targets` is empty and `unavailable_reason`
+    says why in words a client can act on.
+    """
+    preferred_region = request.client_region or request.home_region
+    where = {
+        "preferred_region": preferred_region,
+        "preferred_jurisdiction": preferred_jurisdiction(preferred_region, (*fleet.nodes, *fleet.providers)),
+    }
+    affinity_key = _affinity_key(request, policy)
+    screen = {"residency": policy.residency, "exclude": request.exclude}
+
+    nodes = screen_nodes(fleet.nodes, model=request.model, **screen)
+    primary = order_nodes(
+        nodes.admitted, model=request.model, affinity_key=affinity_key, params=params, **where
+    )
+
+    degraded: tuple[Target, ...] = ()
+    small = degrade_model(request.model, policy, catalog)
+    no_capacity = all(is_saturated(n.load, params) for n in nodes.admitted)
+    small_nodes: Screening[NodeInfo] | None = None
+    if small is not None and no_capacity:
+        small_nodes = screen_nodes(fleet.nodes, model=small.name, **screen)
+        # A node serving both tiers is already on the list (and saturated): trying it again
+        # under another model name would only queue behind the same full cache.
+        taken = {n.node_id for n in nodes.admitted}
+        degraded = order_nodes(
+            [n for n in small_nodes.admitted if n.node_id not in taken],
+            model=small.name,
+            affinity_key=affinity_key,
+            params=params,
+            reason_prefix="degraded;",
+            **where,
+        )
+
+    providers = screen_providers(fleet.providers, model=request.model, **screen)
+    commercial = (
+        order_providers(providers.admitted, model=request.model, **where) if policy.allow_commercial else ()
+    )
+
+    targets = primary + degraded + commercial
+    if not targets:
+        return RouteDecision(
+            targets=(),
+            reason=f"model={request.model}; no target",
+            unavailable_reason=_unavailable_reason(
+                request.model, policy, nodes, providers, small, small_nodes
+            ),
+        )
+    return RouteDecision(
+        targets=targets,
+        reason=_decision_reason(
+            request.model, policy, preferred_region, primary, degraded, commercial, small
+        ),
+    )
+
+
+def _affinity_key(request: RouteRequest, policy: TenantPolicy) -> str:
+    # An isolated tenant's prefix cache is salted on the node, so its prompts cannot hit another
+    # tenant's blocks: give it its own affinity space instead of piling onto a shared prompt's node.
+    if policy.prefix_cache == "isolated" and request.affinity_key:
+        return f"{policy.tenant_id}\x00{request.affinity_key}"
+    return request.affinity_key
+
+
+def _decision_reason(
+    model: str,
+    policy: TenantPolicy,
+    preferred_region: str,
+    primary: tuple[Target, ...],
+    degraded: tuple[Target, ...],
+    commercial: tuple[Target, ...],
+    small: CatalogModel | None,
+) -> str:
+    parts = [
+        f"model={model}",
+        f"residency={policy.residency.describe()}",
+        f"preferred={preferred_region}",
+        _count(len(primary), "node"),
+    ]
+    if degraded:
+        assert small is not None
+        parts.append(f"{len(degraded)} degraded to {small.name} (no unsaturated {model} node)")
+    if commercial:
+        parts.append(_count(len(commercial), "provider"))
+    return "; ".join(parts)
+
+
+def _unavailable_reason(
+    model: str,
+    policy: TenantPolicy,
+    nodes: Screening[NodeInfo],
+    providers: Screening[ProviderInfo],
+    small: CatalogModel | None,
+    small_nodes: Screening[NodeInfo] | None,
+) -> str:
+    where = policy.residency.describe()
+    where = "anywhere" if where == "anywhere" else f"in {where}"
+    if nodes.serving == 0:
+        parts = [f"no node in the fleet serves '{model}'"]
+    else:
+        parts = [f"no healthy node serving '{model}' {where}"]
+        parts += _turned_away(nodes, "node")
+    if small is not None and small_nodes is not None:
+        parts.append(f"degrading to '{small.name}' found no node for it {where} either")
+    if providers.serving and not policy.allow_commercial:
+        parts.append("commercial fallback is disabled for this tenant")
+    elif providers.serving:
+        parts += _turned_away(providers, "provider")
+    return "; ".join(parts)
+
+
+def _turned_away(screening: Screening[NodeInfo] | Screening[ProviderInfo], noun: str) -> list[str]:
+    parts = []
+    if screening.outside_residency:
+        parts.append(
+            f"{_count(screening.outside_residency, noun)} outside the tenant's residency "
+            f"{_were(screening.outside_residency)} not considered"
+        )
+    if screening.unhealthy:
+        parts.append(f"{_count(screening.unhealthy, noun)} inside it {_were(screening.unhealthy)} unhealthy")
+    if screening.excluded:
+        parts.append(f"{_count(screening.excluded, noun)} already tried for this request")
+    return parts
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _were(n: int) -> str:
+    return "was" if n == 1 else "were"
