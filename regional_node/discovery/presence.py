@@ -1,0 +1,57 @@
+"""Wiring for the node app: be in Consul while the app runs, when the config has a `consul:` section."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Protocol
+
+from gateway.discovery.consul_client import ConsulClient
+from regional_node.discovery.consul_registration import (
+    ConsulRegistration,
+    RegistrationError,
+    build_registration,
+)
+
+if TYPE_CHECKING:
+    from regional_node.server.config import NodeConfig
+
+
+class Presence(Protocol):
+    def readiness_changed(self) -> None: ...
+
+
+class _Absent:
+    """No `consul:` section: the node is listed in a static regions file instead."""
+
+    def readiness_changed(self) -> None:
+        return None
+
+
+@contextlib.asynccontextmanager
+async def consul_presence(config: NodeConfig, readiness: Callable[[], bool]) -> AsyncIterator[Presence]:
+    """Registered (and heartbeating `readiness()`) inside the block; deregistered on the way out."""
+    consul = config.consul
+    if consul is None:
+        yield _Absent()
+        return
+    if config.port == 0:
+        raise RegistrationError(
+            "consul: registration needs a fixed port (port 0 is only known after binding)"
+        )
+    registration = build_registration(
+        consul,
+        node_id=config.node_id,
+        region=config.region,
+        jurisdiction=config.jurisdiction,
+        host=config.host,
+        port=config.port,
+        models=[(model.name, model.tier) for model in config.models],
+    )
+    async with ConsulClient(consul) as client:
+        presence = ConsulRegistration(client, registration, readiness, retry_max_s=consul.retry_max_s)
+        await presence.start()
+        try:
+            yield presence
+        finally:
+            await presence.stop()
