@@ -84,7 +84,9 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    # OpenAI accepts a string, a list of strings, token ids, or a list of token-id lists. msgspec
+    # allows one array type per union, so the list's shape is checked after decoding.
+    prompt: str | list[str | int | list[int]]
     logprobs: int | None = None
     echo: bool = False
     suffix: str | None = None
@@ -126,6 +128,8 @@ class ChatChoice(msgspec.Struct, kw_only=True):
     message: ResponseMessage
     finish_reason: str | None
     logprobs: ChatLogprobs | None = None
+    # Meridian extension: the generated token ids, when the request set return_token_ids.
+    token_ids: list[int] | None = None
 
 
 class ChatCompletionResponse(msgspec.Struct, kw_only=True):
@@ -206,7 +210,11 @@ def decode_request(body: bytes, request_type: type[RequestT]) -> RequestT:
     if not body.strip():
         raise InvalidRequestError("The request body is empty; expected a JSON object.")
     try:
-        return msgspec.json.decode(body, type=request_type)
+        raw = msgspec.json.decode(body)
+        if not isinstance(raw, dict):
+            raise InvalidRequestError(f"The request body must be a JSON object, not {type(raw).__name__}.")
+        # OpenAI treats an explicit `null` as "not given"; many clients send them for defaults.
+        return msgspec.convert({k: v for k, v in raw.items() if v is not None}, request_type)
     except msgspec.ValidationError as exc:
         message = str(exc)
         match = _PATH_FIELD.search(message)

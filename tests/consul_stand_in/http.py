@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from tests.consul_api.catalog import ConsulAPIError, Datacenter, parse_duration
+from tests.consul_stand_in.catalog import ConsulAPIError, Datacenter, parse_duration
 
 # Consul's blocking-query limits (agent/consul/rpc.go): default wait 5 m, max 10 m, jitter wait/16.
 DEFAULT_WAIT_S = 300.0

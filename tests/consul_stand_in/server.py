@@ -8,8 +8,8 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from tests.consul_api.catalog import Datacenter
-from tests.consul_api.http import AgentServer, Federation
+from tests.consul_stand_in.catalog import Datacenter
+from tests.consul_stand_in.http import AgentServer, Federation
 
 T = TypeVar("T")
 

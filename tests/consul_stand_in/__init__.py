@@ -1,4 +1,6 @@
-"""A TEST STAND-IN for the subset of Consul's HTTP API that Meridian uses. It is not Consul.
+"""Implementation of the Consul API test stand-in; tests import it as `tests.consul_api`.
+
+A TEST STAND-IN for the subset of Consul's HTTP API that Meridian uses. It is not Consul.
 
 No Consul binary can be installed on the machines these tests run on, so this package serves the
 few endpoints Meridian calls, over real HTTP on loopback ports, following Consul's API docs
@@ -43,7 +45,7 @@ What it does not: other endpoints, HTTP/TCP/script checks, sessions, KV, Connect
 leader), gossip (the node check is always passing), TLS.
 """
 
-from tests.consul_api.catalog import ConsulAPIError, Datacenter, parse_duration
-from tests.consul_api.server import ConsulStandIn
+from tests.consul_stand_in.catalog import ConsulAPIError, Datacenter, parse_duration
+from tests.consul_stand_in.server import ConsulStandIn
 
 __all__ = ["ConsulAPIError", "ConsulStandIn", "Datacenter", "parse_duration"]

@@ -1,0 +1,91 @@
+"""Chat completions in OpenAI's shapes: the whole response, or the chunks of a stream."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from regional_node.protocol.types import (
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatDelta,
+    ChatLogprobs,
+    ResponseMessage,
+    Usage,
+)
+from regional_node.server.generation import Result
+from regional_node.server.wire import chat_logprob_tokens, now, usage
+
+if TYPE_CHECKING:
+    from regional_node.engine import RequestDelta
+    from regional_node.engine.tokenizer import Tokenizer
+
+
+class ChatFormat:
+    """Renders one chat request's results; also the chunk source for server/streaming.py."""
+
+    def __init__(
+        self, request: ChatCompletionRequest, response_id: str, model: str, tokenizer: Tokenizer | None
+    ) -> None:
+        self.request = request
+        self.response_id = response_id
+        self.model = model
+        self.created = now()
+        self._tokenizer = tokenizer
+        self._top = request.top_logprobs or 0
+
+    def _logprobs(self, token_ids: list[int], logprobs: list[float]) -> ChatLogprobs | None:
+        if not self.request.logprobs:
+            return None
+        return ChatLogprobs(content=chat_logprob_tokens(self._tokenizer, token_ids, logprobs, self._top))
+
+    def _token_ids(self, token_ids: list[int]) -> list[int] | None:
+        return list(token_ids) if self.request.return_token_ids else None
+
+    def response(self, result: Result) -> ChatCompletionResponse:
+        choice = ChatChoice(
+            index=0,
+            message=ResponseMessage(content=result.text),
+            finish_reason=result.finish_reason,
+            logprobs=self._logprobs(result.token_ids, result.logprobs),
+            token_ids=self._token_ids(result.token_ids),
+        )
+        return ChatCompletionResponse(
+            id=self.response_id,
+            created=self.created,
+            model=self.model,
+            choices=[choice],
+            usage=usage(result.prompt_tokens, result.completion_tokens, result.cached_tokens),
+        )
+
+    def _chunk(self, choices: list[ChatChunkChoice], chunk_usage: Usage | None = None) -> ChatCompletionChunk:
+        return ChatCompletionChunk(
+            id=self.response_id, created=self.created, model=self.model, choices=choices, usage=chunk_usage
+        )
+
+    def opening(self) -> list[ChatCompletionChunk]:
+        """OpenAI's first chunk announces the role, with empty content."""
+        return [self._chunk([ChatChunkChoice(index=0, delta=ChatDelta(role="assistant", content=""))])]
+
+    def piece(self, delta: RequestDelta) -> ChatCompletionChunk | None:
+        """The chunk for one engine delta's new text/tokens, or None when it adds nothing."""
+        if not delta.new_text and not (
+            delta.new_token_ids and (self.request.return_token_ids or self.request.logprobs)
+        ):
+            return None
+        # A stop token adds ids but no text; the chunk still carries them when the client asked.
+        choice = ChatChunkChoice(
+            index=0,
+            delta=ChatDelta(content=delta.new_text),
+            logprobs=self._logprobs(delta.new_token_ids, delta.new_logprobs),
+            token_ids=self._token_ids(delta.new_token_ids),
+        )
+        return self._chunk([choice])
+
+    def closing(self, finish_reason: str) -> ChatCompletionChunk:
+        return self._chunk([ChatChunkChoice(index=0, delta=ChatDelta(), finish_reason=finish_reason)])
+
+    def usage_chunk(self, chunk_usage: Usage) -> ChatCompletionChunk:
+        return self._chunk([], chunk_usage)

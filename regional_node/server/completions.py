@@ -1,0 +1,83 @@
+"""Legacy completions in OpenAI's shapes: the whole response, or the chunks of a stream."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from regional_node.protocol.types import (
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    Usage,
+)
+from regional_node.server.generation import Result
+from regional_node.server.wire import completion_logprobs, now, usage
+
+if TYPE_CHECKING:
+    from regional_node.engine import RequestDelta
+    from regional_node.engine.tokenizer import Tokenizer
+
+
+class CompletionFormat:
+    """Renders one completions request's results; also the chunk source for server/streaming.py."""
+
+    def __init__(
+        self, request: CompletionRequest, response_id: str, model: str, tokenizer: Tokenizer | None
+    ) -> None:
+        self.request = request
+        self.response_id = response_id
+        self.model = model
+        self.created = now()
+        self._tokenizer = tokenizer
+        # Characters of output text streamed so far: logprobs' text_offset counts from here.
+        self._offset = 0
+
+    def _logprobs(
+        self, token_ids: list[int], logprobs: list[float], offset: int
+    ) -> CompletionLogprobs | None:
+        if self.request.logprobs is None:
+            return None
+        return completion_logprobs(self._tokenizer, token_ids, logprobs, self.request.logprobs, offset)
+
+    def _token_ids(self, token_ids: list[int]) -> list[int] | None:
+        return list(token_ids) if self.request.return_token_ids else None
+
+    def _body(self, choices: list[CompletionChoice], body_usage: Usage | None) -> CompletionResponse:
+        return CompletionResponse(
+            id=self.response_id, created=self.created, model=self.model, choices=choices, usage=body_usage
+        )
+
+    def response(self, result: Result) -> CompletionResponse:
+        choice = CompletionChoice(
+            index=0,
+            text=result.text,
+            finish_reason=result.finish_reason,
+            logprobs=self._logprobs(result.token_ids, result.logprobs, 0),
+            token_ids=self._token_ids(result.token_ids),
+        )
+        return self._body(
+            [choice], usage(result.prompt_tokens, result.completion_tokens, result.cached_tokens)
+        )
+
+    def opening(self) -> list[CompletionResponse]:
+        return []
+
+    def piece(self, delta: RequestDelta) -> CompletionResponse | None:
+        wants_tokens = self.request.return_token_ids or self.request.logprobs is not None
+        if not delta.new_text and not (delta.new_token_ids and wants_tokens):
+            return None
+        choice = CompletionChoice(
+            index=0,
+            text=delta.new_text,
+            logprobs=self._logprobs(delta.new_token_ids, delta.new_logprobs, self._offset),
+            token_ids=self._token_ids(delta.new_token_ids),
+        )
+        self._offset += len(delta.new_text)
+        return self._body([choice], None)
+
+    def closing(self, finish_reason: str) -> CompletionResponse:
+        return self._body([CompletionChoice(index=0, text="", finish_reason=finish_reason)], None)
+
+    def usage_chunk(self, chunk_usage: Usage) -> CompletionResponse:
+        return self._body([], chunk_usage)

@@ -1,0 +1,145 @@
+"""A regional node's configuration: typed structs, loaded from YAML and/or command-line flags.
+
+Validation happens once, at start-up, and every error names the file and the field
+(`node.yaml: models[0].tier: Expected ...`), so a typo never surfaces as a failure mid-request.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+import yaml
+
+from regional_node.discovery.consul_registration import ConsulRegistrationConfig
+
+Tier = Literal["small", "large"]
+Dtype = Literal["float32", "float16", "bfloat16", "auto"]
+LogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
+
+TOKEN_ENV = "MERIDIAN_NODE_TOKEN"
+
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
+Name = Annotated[str, msgspec.Meta(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")]
+
+
+class ConfigError(Exception):
+    """The configuration is invalid; the message names the file (or flag) and the field."""
+
+
+class EngineSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Keyword arguments for `LLMEngine.from_pretrained`; the defaults suit CPU test checkpoints."""
+
+    device: str = "cpu"
+    dtype: Dtype = "float32"
+    block_size: PositiveInt = 16
+    # None: the engine sizes the pool from the device's free memory.
+    num_kv_blocks: PositiveInt | None = None
+    max_num_seqs: PositiveInt = 64
+    max_num_batched_tokens: PositiveInt = 2048
+    enable_prefix_caching: bool = True
+    # Any further `LLMEngine.from_pretrained` option (max_model_len, kv_cache_memory_fraction,
+    # attention_backend, ...), passed through as is; the engine validates them when it loads.
+    options: dict[str, Any] = msgspec.field(default_factory=dict)
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        kwargs = msgspec.structs.asdict(self)
+        return {**kwargs.pop("options"), **kwargs}
+
+
+class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """One served model: the name clients put in `model`, its checkpoint folder and its tier."""
+
+    name: Name
+    path: str
+    tier: Tier = "small"
+    engine: EngineSettings = msgspec.field(default_factory=EngineSettings)
+
+
+class NodeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    node_id: Name = msgspec.field(default_factory=lambda: f"node-{socket.gethostname()}")
+    region: Name = "local"
+    jurisdiction: Name = "local"
+    host: str = "127.0.0.1"
+    port: Port = 8100
+    models: list[ModelConfig] = msgspec.field(default_factory=list)
+    # Prefer the MERIDIAN_NODE_TOKEN environment variable: it wins over this field.
+    auth_token: str | None = None
+    log_level: LogLevel = "info"
+    # One tiny generation per model before /ready turns 200, so the first real request does
+    # not pay for lazy initialisation.
+    warmup: bool = True
+    # Register in Consul (regional_node/discovery) while running; None: listed in a static file.
+    consul: ConsulRegistrationConfig | None = None
+
+    def model_names(self) -> list[str]:
+        return [model.name for model in self.models]
+
+
+def load_config(path: Path) -> NodeConfig:
+    """Read and validate a YAML node config. Relative model paths resolve against its folder."""
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the config file: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if raw is None:
+        raw = {}
+    config = convert_config(raw, source=str(path))
+    models = [
+        msgspec.structs.replace(model, path=str(_resolve(path.parent, model.path))) for model in config.models
+    ]
+    return msgspec.structs.replace(config, models=models)
+
+
+def convert_config(raw: Any, *, source: str) -> NodeConfig:
+    """Validate a decoded mapping into a NodeConfig; errors read `<source>: <field>: <problem>`."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level, got {type(raw).__name__}")
+    try:
+        return msgspec.convert(raw, NodeConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{source}: {_field_message(str(exc))}") from None
+
+
+def validate_config(config: NodeConfig, *, source: str) -> NodeConfig:
+    """Checks that span fields: at least one model, unique names, checkpoint folders that exist."""
+    if not config.models:
+        raise ConfigError(f"{source}: models: no models configured; add one (--model NAME=PATH[:TIER])")
+    seen: set[str] = set()
+    for index, model in enumerate(config.models):
+        if model.name in seen:
+            raise ConfigError(f"{source}: models[{index}].name: duplicate model name {model.name!r}")
+        seen.add(model.name)
+        if not (Path(model.path) / "config.json").is_file():
+            raise ConfigError(
+                f"{source}: models[{index}].path: {model.path!r} is not a checkpoint folder "
+                "(no config.json); create one with `meridian model init`"
+            )
+    return config
+
+
+def effective_token(config: NodeConfig) -> str | None:
+    """The bearer token every call but /health must carry, or None for an open node."""
+    token = os.environ.get(TOKEN_ENV) or config.auth_token
+    return token or None
+
+
+def _resolve(base: Path, raw: str) -> Path:
+    candidate = Path(raw).expanduser()
+    return candidate if candidate.is_absolute() else (base / candidate)
+
+
+def _field_message(message: str) -> str:
+    # msgspec says "Expected `int`, got `str` - at `$.models[0].engine.block_size`"; put the
+    # field first, where a reader scanning for it looks.
+    head, sep, where = message.rpartition(" - at `$")
+    if not sep:
+        return message
+    field = where.rstrip("`").lstrip(".")
+    return f"{field}: {head}"

@@ -1,0 +1,68 @@
+"""The one place where engine exceptions become OpenAI-format API errors.
+
+The engine has its own hierarchy (regional_node.engine.errors) so it never depends on HTTP; the
+node's handlers call `api_error` on anything the engine raises and let the protocol's exception
+handler render the body.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from regional_node.engine.errors import (
+    ContextLengthExceededError,
+    EngineError,
+    RequestTooLargeError,
+)
+from regional_node.engine.errors import InvalidRequestError as EngineInvalidRequestError
+from regional_node.protocol import (
+    APIError,
+    ContextLengthError,
+    InternalServerError,
+    InvalidRequestError,
+    ServiceUnavailableError,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class ClientDisconnected(Exception):
+    """The client went away before its response was ready; nothing is sent back."""
+
+
+def api_error(exc: BaseException, *, prompt_param: str) -> APIError:
+    """Map an engine (or already-API) exception to the error the client sees.
+
+    `prompt_param` is the request field that holds the prompt ("messages" for chat, "prompt" for
+    completions): the engine only knows it as "prompt".
+    """
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, ContextLengthExceededError):
+        return ContextLengthError(exc.message, param=_param(exc.param or "prompt", prompt_param))
+    if isinstance(exc, EngineInvalidRequestError):
+        return InvalidRequestError(exc.message, param=_param(exc.param, prompt_param))
+    if isinstance(exc, RequestTooLargeError):
+        return InvalidRequestError(str(exc), param=prompt_param, code="request_too_large")
+    if isinstance(exc, EngineError):
+        logger.error("engine error while serving a request: %s", exc)
+        return InternalServerError(f"The engine failed to serve the request: {exc}")
+    logger.error("unexpected error while serving a request", exc_info=exc)
+    return InternalServerError("The server had an error while processing your request.")
+
+
+def aborted_error() -> APIError:
+    """The engine aborted the request (shutdown, or a failure that was not the client's)."""
+    return ServiceUnavailableError(
+        "The request was aborted by the node before it finished; retry it.", code="request_aborted"
+    )
+
+
+# Engine argument names that the wire protocol spells differently.
+_WIRE_NAMES = {"prompt_suffix_token_ids": "continuation_token_ids"}
+
+
+def _param(engine_param: str | None, prompt_param: str) -> str | None:
+    if engine_param == "prompt":
+        return prompt_param
+    return _WIRE_NAMES.get(engine_param, engine_param) if engine_param else None

@@ -1,0 +1,102 @@
+"""The `/load` report the gateway's router reads: who this node is, and how busy its engines are.
+
+Aggregates are over all of the node's engines: KV usage and the prefix-cache hit rate are
+ratios of summed blocks/tokens (not averages of ratios), so a big pool weighs more than a small
+one. The per-model breakdown lets the router pick the emptiest tier.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from regional_node.server.config import NodeConfig
+from regional_node.server.pool import ModelPool
+
+
+class ModelEntry(msgspec.Struct, kw_only=True):
+    name: str
+    tier: str
+
+
+class ModelLoad(msgspec.Struct, kw_only=True):
+    tier: str
+    loaded: bool
+    max_model_len: int | None
+    kv_cache_usage: float
+    kv_blocks_total: int
+    kv_blocks_used: int
+    waiting_tokens: int
+    num_running: int
+    num_waiting: int
+    num_preemptions: int
+    prefix_cache_hit_rate: float
+
+
+class LoadReport(msgspec.Struct, kw_only=True):
+    node_id: str
+    region: str
+    jurisdiction: str
+    ready: bool
+    models: list[ModelEntry]
+    kv_cache_usage: float
+    kv_blocks_total: int
+    kv_blocks_used: int
+    waiting_tokens: int
+    num_running: int
+    num_waiting: int
+    prefix_cache_hit_rate: float
+    per_model: dict[str, ModelLoad]
+
+
+def load_report(config: NodeConfig, pool: ModelPool) -> LoadReport:
+    served = {model.name: model for model in pool.models()}
+    stats = pool.stats()
+    per_model: dict[str, ModelLoad] = {}
+    for model_config in pool.configs:
+        model = served.get(model_config.name)
+        per_model[model_config.name] = _model_load(
+            model_config.tier, stats.get(model_config.name, {}), model.max_model_len if model else None
+        )
+    loads = per_model.values()
+    blocks_total = sum(load.kv_blocks_total for load in loads)
+    blocks_used = sum(load.kv_blocks_used for load in loads)
+    queries = sum(_int(s, "prefix_cache_query_tokens") for s in stats.values())
+    hits = sum(_int(s, "prefix_cache_hit_tokens") for s in stats.values())
+    return LoadReport(
+        node_id=config.node_id,
+        region=config.region,
+        jurisdiction=config.jurisdiction,
+        ready=pool.ready,
+        models=[ModelEntry(name=m.name, tier=m.tier) for m in pool.configs],
+        kv_cache_usage=blocks_used / blocks_total if blocks_total else 0.0,
+        kv_blocks_total=blocks_total,
+        kv_blocks_used=blocks_used,
+        waiting_tokens=sum(load.waiting_tokens for load in loads),
+        num_running=sum(load.num_running for load in loads),
+        num_waiting=sum(load.num_waiting for load in loads),
+        prefix_cache_hit_rate=hits / queries if queries else 0.0,
+        per_model=per_model,
+    )
+
+
+def _model_load(tier: str, stats: Mapping[str, Any], max_model_len: int | None) -> ModelLoad:
+    return ModelLoad(
+        tier=tier,
+        loaded=bool(stats),
+        max_model_len=max_model_len,
+        kv_cache_usage=float(stats.get("kv_cache_usage", 0.0) or 0.0),
+        kv_blocks_total=_int(stats, "kv_blocks_total"),
+        kv_blocks_used=_int(stats, "kv_blocks_used"),
+        waiting_tokens=_int(stats, "waiting_tokens"),
+        num_running=_int(stats, "num_running"),
+        num_waiting=_int(stats, "num_waiting"),
+        num_preemptions=_int(stats, "num_preemptions"),
+        prefix_cache_hit_rate=float(stats.get("prefix_cache_hit_rate", 0.0) or 0.0),
+    )
+
+
+def _int(stats: Mapping[str, Any], key: str) -> int:
+    return int(stats.get(key, 0) or 0)

@@ -1,0 +1,138 @@
+"""Prometheus metrics for one node app, in its own CollectorRegistry (never the global one).
+
+Latencies and token counts are recorded per request by the serving code; engine state (running,
+waiting, KV use, prefix-cache and preemption totals) is read from `engine.stats()` at scrape
+time by a custom collector, so it is never stale and costs nothing between scrapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# Seconds; CPU test models answer in milliseconds, GPU nodes serving long prompts in seconds.
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_TOKEN_GAP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+
+# (metric suffix, stats() key, help): gauges read from engine.stats() at scrape time.
+_GAUGES = (
+    ("num_requests_running", "num_running", "Requests in the engine's running batch."),
+    ("num_requests_waiting", "num_waiting", "Requests queued for admission."),
+    ("waiting_tokens", "waiting_tokens", "Prompt tokens queued for admission."),
+    ("kv_cache_usage_ratio", "kv_cache_usage", "Fraction of KV-cache blocks in use (0..1)."),
+    ("kv_blocks_total", "kv_blocks_total", "KV-cache blocks in the pool."),
+    ("kv_blocks_used", "kv_blocks_used", "KV-cache blocks held by requests."),
+    ("kv_blocks_cached", "kv_blocks_cached", "Free KV-cache blocks still holding a reusable prefix."),
+    ("prefix_cache_hit_rate", "prefix_cache_hit_rate", "Prefix-cache hit tokens / query tokens."),
+)
+_COUNTERS = (
+    (
+        "prefix_cache_query_tokens",
+        "prefix_cache_query_tokens",
+        "Prompt tokens looked up in the prefix cache.",
+    ),
+    ("prefix_cache_hit_tokens", "prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache."),
+    ("num_preemptions", "num_preemptions", "Running requests preempted to free KV-cache blocks."),
+)
+
+
+@dataclass
+class RequestTimings:
+    """One finished request's latency split, in seconds (None where it did not happen)."""
+
+    ttft: float | None
+    e2e: float
+    decode: float | None
+    inter_token: list[float]
+    queue_wait: float | None = None
+    prefill: float | None = None
+
+
+class EngineStatsCollector(Collector):
+    """Turns each engine's `stats()` into gauges and counters labelled by model."""
+
+    def __init__(self, prefix: str, stats: Callable[[], Mapping[str, Mapping[str, Any]]]) -> None:
+        self._prefix = prefix
+        self._stats = stats
+
+    def collect(self) -> Iterable[Metric]:
+        per_model = self._stats()
+        for suffix, key, help_text in _GAUGES:
+            gauge = GaugeMetricFamily(f"{self._prefix}{suffix}", help_text, labels=["model"])
+            for model, stats in per_model.items():
+                gauge.add_metric([model], float(stats.get(key, 0) or 0))
+            yield gauge
+        for suffix, key, help_text in _COUNTERS:
+            counter = CounterMetricFamily(f"{self._prefix}{suffix}", help_text, labels=["model"])
+            for model, stats in per_model.items():
+                counter.add_metric([model], float(stats.get(key, 0) or 0))
+            yield counter
+
+
+class NodeMetrics:
+    """Every `meridian_node_*` series of one app."""
+
+    PREFIX = "meridian_node_"
+
+    def __init__(self, engine_stats: Callable[[], Mapping[str, Mapping[str, Any]]]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        p, r = self.PREFIX, self.registry
+
+        def histogram(name: str, help_text: str, buckets: tuple[float, ...] = _LATENCY_BUCKETS) -> Histogram:
+            return Histogram(f"{p}{name}", help_text, ["model"], registry=r, buckets=buckets)
+
+        self.ttft = histogram("time_to_first_token_seconds", "Arrival to first generated token.")
+        self.inter_token = histogram(
+            "inter_token_latency_seconds", "Gap between consecutive generated tokens.", _TOKEN_GAP_BUCKETS
+        )
+        self.e2e = histogram("e2e_request_latency_seconds", "Arrival to last token.")
+        self.queue_wait = histogram("queue_wait_seconds", "Arrival to first scheduling in the engine.")
+        self.prefill = histogram("prefill_seconds", "First scheduling to first generated token.")
+        self.decode = histogram("decode_seconds", "First generated token to last.")
+        self.prompt_tokens = Counter(
+            f"{p}prompt_tokens", "Prompt tokens of finished requests.", ["model", "tenant"], registry=r
+        )
+        self.generation_tokens = Counter(
+            f"{p}generation_tokens",
+            "Tokens generated for finished requests.",
+            ["model", "tenant"],
+            registry=r,
+        )
+        self.requests = Counter(
+            f"{p}requests",
+            "Requests by outcome: the finish reason, or error / disconnected.",
+            ["model", "endpoint", "outcome"],
+            registry=r,
+        )
+        r.register(EngineStatsCollector(p, engine_stats))
+
+    def observe_timings(self, model: str, timings: RequestTimings) -> None:
+        self.e2e.labels(model).observe(timings.e2e)
+        if timings.ttft is not None:
+            self.ttft.labels(model).observe(timings.ttft)
+        if timings.decode is not None:
+            self.decode.labels(model).observe(timings.decode)
+        if timings.queue_wait is not None:
+            self.queue_wait.labels(model).observe(timings.queue_wait)
+        if timings.prefill is not None:
+            self.prefill.labels(model).observe(timings.prefill)
+        gaps = self.inter_token.labels(model)
+        for gap in timings.inter_token:
+            gaps.observe(gap)
+
+    def observe_tokens(self, model: str, tenant: str, prompt_tokens: int, generation_tokens: int) -> None:
+        self.prompt_tokens.labels(model, tenant).inc(prompt_tokens)
+        self.generation_tokens.labels(model, tenant).inc(generation_tokens)
+
+    def count_request(self, model: str, endpoint: str, outcome: str) -> None:
+        self.requests.labels(model, endpoint, outcome).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,176 @@
+"""The models a node serves: one LLMEngine + AsyncEngine each, loaded off the event loop.
+
+`ModelPool` owns the engines' lifecycle (load, warm up, shut down) and the node's readiness;
+handlers only ever ask it for a ready model by name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from regional_node.protocol import NotFoundError, ServiceUnavailableError
+from regional_node.server.config import ModelConfig
+
+if TYPE_CHECKING:
+    from regional_node.engine import AsyncEngine, LLMEngine
+
+logger = logging.getLogger(__name__)
+
+PoolState = Literal["loading", "ready", "failed", "stopped"]
+# Builds a model's LLMEngine (in a worker thread) and wraps it in an AsyncEngine (on the event
+# loop). Tests inject fakes of both.
+EngineLoader = Callable[[ModelConfig], "LLMEngine"]
+RunnerFactory = Callable[["LLMEngine"], "AsyncEngine"]
+
+
+def load_engine(model: ModelConfig) -> LLMEngine:
+    """The real loader. Imports the engine (and torch) here, so the HTTP port opens first."""
+    from regional_node.engine import LLMEngine
+
+    return LLMEngine.from_pretrained(model.path, **model.engine.engine_kwargs())
+
+
+@dataclass
+class ServedModel:
+    """A loaded model and what requests need to know about it."""
+
+    config: ModelConfig
+    engine: LLMEngine
+    runner: AsyncEngine
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def tier(self) -> str:
+        return self.config.tier
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self.engine.max_model_len)
+
+    @property
+    def max_total_tokens(self) -> int:
+        """Prompt plus output tokens one request may reach: the context window, or the KV pool
+        if that is smaller (the engine refuses a request that could never fit in its pool)."""
+        pool_tokens = int(self.stats().get("kv_blocks_total", 0)) * int(self.engine.engine_config.block_size)
+        # The last generated token never needs a KV slot, hence + 1.
+        return min(self.max_model_len, pool_tokens + 1) if pool_tokens else self.max_model_len
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self.runner.stats())
+
+
+class ModelPool:
+    """Loads every configured model once; `get` hands out ready models by name."""
+
+    def __init__(
+        self,
+        models: list[ModelConfig],
+        *,
+        loader: EngineLoader = load_engine,
+        runner_factory: RunnerFactory | None = None,
+        warmup: bool = True,
+    ) -> None:
+        self._configs = list(models)
+        self._loader = loader
+        self._runner_factory = runner_factory or _async_engine
+        self._warmup = warmup
+        self._models: dict[str, ServedModel] = {}
+        self.state: PoolState = "loading"
+        self.error: str | None = None
+
+    @property
+    def configs(self) -> list[ModelConfig]:
+        return list(self._configs)
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready"
+
+    def models(self) -> list[ServedModel]:
+        return list(self._models.values())
+
+    def get(self, name: str) -> ServedModel:
+        """The ready model called `name`; 404 if the node does not serve it, 503 while loading."""
+        if name not in {config.name for config in self._configs}:
+            served = ", ".join(config.name for config in self._configs)
+            raise NotFoundError(
+                f"The model `{name}` does not exist on this node (it serves: {served}).", param="model"
+            )
+        model = self._models.get(name)
+        if model is None or not self.ready:
+            raise ServiceUnavailableError(
+                f"The model `{name}` is still loading; retry when /ready answers 200.",
+                code="model_loading",
+                headers={"retry-after": "1"},
+            )
+        return model
+
+    def stats(self) -> dict[str, dict[str, Any]]:
+        """Each loaded model's engine stats, by name."""
+        return {name: model.stats() for name, model in self._models.items()}
+
+    async def load(self) -> None:
+        """Load, start and warm every model in order; on failure the pool stays not-ready."""
+        try:
+            for config in self._configs:
+                started = time.monotonic()
+                engine = await asyncio.to_thread(self._loader, config)
+                runner = self._runner_factory(engine)
+                await runner.start()
+                model = ServedModel(config=config, engine=engine, runner=runner)
+                self._models[config.name] = model
+                if self._warmup:
+                    await _warm_up(model)
+                logger.info(
+                    "model %s (%s) ready in %.1fs", config.name, config.path, time.monotonic() - started
+                )
+        except asyncio.CancelledError:
+            self.state = "stopped"
+            raise
+        except Exception as exc:
+            self.state = "failed"
+            self.error = f"{type(exc).__name__}: {exc}"
+            logger.error("loading models failed: %s", self.error, exc_info=exc)
+            return
+        self.state = "ready"
+
+    async def shutdown(self) -> None:
+        """Stop every engine; in-flight requests end with finish_reason "abort"."""
+        self.state = "stopped"
+        for model in list(self._models.values()):
+            try:
+                await model.runner.shutdown()
+            except Exception:
+                logger.exception("engine for %s did not shut down cleanly", model.name)
+        logger.info("engines stopped")
+
+
+def _async_engine(engine: LLMEngine) -> AsyncEngine:
+    from regional_node.engine import AsyncEngine
+
+    return AsyncEngine(engine)
+
+
+async def _warm_up(model: ServedModel) -> None:
+    """One tiny greedy generation, so lazy initialisation is not paid by the first client."""
+    from regional_node.engine import SamplingParams
+
+    tokenizer = model.engine.tokenizer
+    prompt: list[int] | str = tokenizer.encode("Hello") if tokenizer is not None else [1]
+    if not prompt:
+        prompt = [0]
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    stream = model.runner.generate(
+        prompt, params, request_id=f"warmup-{model.name}", tenant="meridian-warmup"
+    )
+    async for _ in stream:
+        pass

@@ -1,0 +1,72 @@
+"""The node's HTTP routes. Thin: decode the body, call serving/pool/metrics, return."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from litestar import Request, Response, get, post
+
+from regional_node.protocol import ChatCompletionRequest, CompletionRequest, decode_request
+from regional_node.protocol.types import ModelCard, ModelList
+from regional_node.server.auth import PUBLIC
+from regional_node.server.load import load_report
+from regional_node.server.metrics import CONTENT_TYPE
+from regional_node.server.serving import NodeState, serve_chat, serve_completion
+
+_encoder = msgspec.json.Encoder()
+
+
+def _json(content: Any, status_code: int = 200) -> Response[bytes]:
+    return Response(content=_encoder.encode(content), media_type="application/json", status_code=status_code)
+
+
+@post("/v1/chat/completions", status_code=200)
+async def chat_completions(request: Request[Any, Any, Any], node: NodeState) -> Response[Any]:
+    body = decode_request(await request.body(), ChatCompletionRequest)
+    return await serve_chat(node, request, body)
+
+
+@post("/v1/completions", status_code=200)
+async def completions(request: Request[Any, Any, Any], node: NodeState) -> Response[Any]:
+    body = decode_request(await request.body(), CompletionRequest)
+    return await serve_completion(node, request, body)
+
+
+@get("/v1/models")
+async def list_models(node: NodeState) -> Response[bytes]:
+    served = {model.name: model for model in node.pool.models()}
+    cards = [
+        ModelCard(id=config.name, created=served[config.name].created if config.name in served else 0)
+        for config in node.pool.configs
+    ]
+    return _json(ModelList(data=cards))
+
+
+@get("/health", opt=PUBLIC)
+async def health() -> Response[bytes]:
+    """Liveness: the process answers. Never depends on models, so it is 200 during loading."""
+    return _json({"status": "ok"})
+
+
+@get("/ready")
+async def ready(node: NodeState) -> Response[bytes]:
+    """Readiness: 200 once every model is loaded and warmed up, else 503 with the state."""
+    pool = node.pool
+    body: dict[str, Any] = {"status": pool.state, "models": [config.name for config in pool.configs]}
+    if pool.error:
+        body["error"] = pool.error
+    return _json(body, 200 if pool.ready else 503)
+
+
+@get("/load")
+async def load(node: NodeState) -> Response[bytes]:
+    return _json(load_report(node.config, node.pool))
+
+
+@get("/metrics")
+async def metrics(node: NodeState) -> Response[bytes]:
+    return Response(content=node.metrics.render(), media_type=CONTENT_TYPE)
+
+
+ROUTES = [chat_completions, completions, list_models, health, ready, load, metrics]

@@ -1,0 +1,73 @@
+"""OpenAI request fields to the engine's SamplingParams, and the features this node refuses.
+
+Refusals are explicit 400s naming the field (n > 1, penalties, echo, suffix): silently ignoring
+them would return text the client did not ask for.
+"""
+
+from __future__ import annotations
+
+from regional_node.engine import SamplingParams
+from regional_node.protocol import ChatCompletionRequest, CompletionRequest, InvalidRequestError
+
+# OpenAI's limits on alternatives per token; only the sampled token's logprob is computed here.
+MAX_TOP_LOGPROBS = 20
+MAX_COMPLETION_LOGPROBS = 5
+
+
+def check_supported(request: ChatCompletionRequest | CompletionRequest) -> None:
+    """Raise a 400 for any requested feature this node does not implement."""
+    if request.n != 1:
+        if request.n < 1:
+            raise InvalidRequestError(f"`n` must be at least 1, got {request.n}.", param="n")
+        raise InvalidRequestError(
+            "Only n=1 is supported; send one request per completion you need.", param="n"
+        )
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(request, name)
+        if value is not None and value != 0:
+            raise InvalidRequestError(
+                f"`{name}` is not supported on this node; omit it or send 0.", param=name
+            )
+    if isinstance(request, CompletionRequest):
+        if request.echo:
+            raise InvalidRequestError("`echo` is not supported on this node.", param="echo")
+        if request.suffix:
+            raise InvalidRequestError("`suffix` is not supported on this node.", param="suffix")
+        if request.logprobs is not None and not 0 <= request.logprobs <= MAX_COMPLETION_LOGPROBS:
+            raise InvalidRequestError(
+                f"`logprobs` must be between 0 and {MAX_COMPLETION_LOGPROBS}.", param="logprobs"
+            )
+    else:
+        top = request.top_logprobs
+        if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise InvalidRequestError(
+                f"`top_logprobs` must be between 0 and {MAX_TOP_LOGPROBS}.", param="top_logprobs"
+            )
+        if top and not request.logprobs:
+            raise InvalidRequestError("`top_logprobs` needs `logprobs` set to true.", param="top_logprobs")
+
+
+def sampling_params(
+    request: ChatCompletionRequest | CompletionRequest, *, prompt_tokens: int, max_total_tokens: int
+) -> SamplingParams:
+    """The engine's settings for `request`. Without max_tokens, generation may fill the context
+    (`max_total_tokens`: what the model's context and its KV pool both allow, prompt included).
+
+    The engine validates the values (ranges, types) and raises InvalidRequestError naming the
+    field; that is mapped to a 400 in one place (server/errors.py).
+    """
+    max_tokens = request.requested_max_tokens()
+    if max_tokens is None:
+        # As OpenAI and vLLM: no limit means "until the context window is full".
+        max_tokens = max(1, max_total_tokens - prompt_tokens)
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=1.0 if request.temperature is None else request.temperature,
+        top_p=1.0 if request.top_p is None else request.top_p,
+        # vLLM spells "no top-k" as -1; the engine as 0.
+        top_k=0 if request.top_k in (None, -1) else request.top_k,
+        seed=request.seed,
+        stop=[s for s in request.stop_list() if s],
+        stop_token_ids=list(request.stop_token_ids or []),
+        ignore_eos=request.ignore_eos,
+    )

@@ -1,0 +1,135 @@
+"""Serving one OpenAI request end to end: translate, run on the engine, answer (JSON or SSE).
+
+The route handlers stay thin: they read the body and call `serve_chat` / `serve_completion`.
+Everything a request can get wrong is found before the engine runs it or raised by the engine
+before its first delta, so errors are plain HTTP errors; only failures after the first byte of
+a stream are error events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from litestar import Request, Response
+from litestar.background_tasks import BackgroundTask
+from litestar.response import Stream
+
+from regional_node.protocol import ChatCompletionRequest, CompletionRequest
+from regional_node.server.chat import ChatFormat
+from regional_node.server.completions import CompletionFormat
+from regional_node.server.config import NodeConfig
+from regional_node.server.disconnect import until_disconnect
+from regional_node.server.errors import api_error
+from regional_node.server.generation import GenerationRequest, collect, start_generation
+from regional_node.server.metrics import NodeMetrics
+from regional_node.server.pool import ModelPool, ServedModel
+from regional_node.server.prompts import chat_prompt_ids, completion_prompt, completion_prompt_ids
+from regional_node.server.sampling import check_supported, sampling_params
+from regional_node.server.streaming import SSE_HEADERS, SSE_MEDIA_TYPE, ChunkSource, sse_stream
+from regional_node.server.tenancy import tenancy_from
+from regional_node.server.wire import new_id
+
+_encoder = msgspec.json.Encoder()
+
+
+@dataclass
+class NodeState:
+    """What request handling needs, built once by create_app and injected into handlers."""
+
+    config: NodeConfig
+    pool: ModelPool
+    metrics: NodeMetrics
+
+
+async def serve_chat(
+    node: NodeState, request: Request[Any, Any, Any], body: ChatCompletionRequest
+) -> Response[Any]:
+    model = node.pool.get(body.model)
+    check_supported(body)
+    tokenizer = model.engine.tokenizer
+    try:
+        prompt_ids = await asyncio.to_thread(chat_prompt_ids, tokenizer, body)
+    except Exception as exc:
+        raise api_error(exc, prompt_param="messages") from None
+    response_id = new_id("chatcmpl")
+    source = ChatFormat(body, response_id, model.name, tokenizer)
+    job = _job(node, request.headers, model, body, prompt_ids, response_id, "chat", "messages")
+    return await _respond(node, request, job, source, body.stream, body.stream_options)
+
+
+async def serve_completion(
+    node: NodeState, request: Request[Any, Any, Any], body: CompletionRequest
+) -> Response[Any]:
+    model = node.pool.get(body.model)
+    check_supported(body)
+    prompt = completion_prompt(body)
+    tokenizer = model.engine.tokenizer
+    try:
+        prompt_ids = await asyncio.to_thread(completion_prompt_ids, tokenizer, prompt)
+    except Exception as exc:
+        raise api_error(exc, prompt_param="prompt") from None
+    response_id = new_id("cmpl")
+    source = CompletionFormat(body, response_id, model.name, tokenizer)
+    job = _job(node, request.headers, model, body, prompt_ids, response_id, "completions", "prompt")
+    return await _respond(node, request, job, source, body.stream, body.stream_options)
+
+
+def _job(
+    node: NodeState,
+    headers: Mapping[str, str],
+    model: ServedModel,
+    body: ChatCompletionRequest | CompletionRequest,
+    prompt_ids: list[int],
+    request_id: str,
+    endpoint: str,
+    prompt_param: str,
+) -> GenerationRequest:
+    continuation = list(body.continuation_token_ids or [])
+    params = sampling_params(
+        body, prompt_tokens=len(prompt_ids) + len(continuation), max_total_tokens=model.max_total_tokens
+    )
+    return GenerationRequest(
+        request_id=request_id,
+        model=model,
+        prompt_ids=prompt_ids,
+        params=params,
+        tenancy=tenancy_from(headers, body.user),
+        endpoint=endpoint,
+        prompt_param=prompt_param,
+        continuation_ids=continuation or None,
+    )
+
+
+async def _respond(
+    node: NodeState,
+    request: Request[Any, Any, Any],
+    job: GenerationRequest,
+    source: ChatFormat | CompletionFormat,
+    stream: bool,
+    stream_options: Any,
+) -> Response[Any]:
+    headers = {"x-request-id": job.request_id, "x-meridian-node": node.config.node_id}
+    if not stream:
+
+        async def run() -> bytes:
+            generation = await start_generation(job, node.metrics)
+            return _encoder.encode(source.response(await collect(generation)))
+
+        content = await until_disconnect(request, run())
+        return Response(content=content, media_type="application/json", headers=headers)
+
+    # Waiting for the first delta (queueing + prefill) also watches for a client that leaves.
+    generation = await until_disconnect(request, start_generation(job, node.metrics))
+    include_usage = bool(stream_options is not None and stream_options.include_usage)
+    chunks: ChunkSource = source
+    return Stream(
+        sse_stream(generation, chunks, include_usage=include_usage),
+        media_type=SSE_MEDIA_TYPE,
+        headers={**SSE_HEADERS, **headers},
+        # Runs after the body ends, on a disconnect too: the engine request never outlives it.
+        background=BackgroundTask(generation.close),
+    )

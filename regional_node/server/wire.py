@@ -1,0 +1,76 @@
+"""Pieces of the OpenAI wire format that chat and completions share: ids, usage, token strings."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from regional_node.protocol.types import ChatLogprobToken, CompletionLogprobs, PromptTokensDetails, Usage
+
+if TYPE_CHECKING:
+    from regional_node.engine.tokenizer import Tokenizer
+
+
+def new_id(prefix: str) -> str:
+    """`chatcmpl-…` / `cmpl-…`: unique per request, also the engine's request id."""
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Usage:
+    return Usage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+    )
+
+
+def token_strings(tokenizer: Tokenizer | None, token_ids: Sequence[int]) -> list[str]:
+    """Each token on its own, as logprobs report it (special tokens included)."""
+    if tokenizer is None:
+        # vLLM's spelling for a token without a tokenizer.
+        return [f"token_id:{token}" for token in token_ids]
+    return [tokenizer.decode([token], skip_special_tokens=False) for token in token_ids]
+
+
+def chat_logprob_tokens(
+    tokenizer: Tokenizer | None, token_ids: Sequence[int], logprobs: Sequence[float], top: int
+) -> list[ChatLogprobToken]:
+    """Chat `logprobs.content` entries. Only the sampled token's logprob is computed, so
+    `top_logprobs` (when asked for) lists just that token."""
+    entries = []
+    for text, logprob in zip(token_strings(tokenizer, token_ids), logprobs, strict=False):
+        raw = list(text.encode("utf-8"))
+        alternatives = [{"token": text, "logprob": logprob, "bytes": raw}] if top > 0 else []
+        entries.append(ChatLogprobToken(token=text, logprob=logprob, bytes=raw, top_logprobs=alternatives))
+    return entries
+
+
+def completion_logprobs(
+    tokenizer: Tokenizer | None,
+    token_ids: Sequence[int],
+    logprobs: Sequence[float],
+    top: int,
+    text_offset: int,
+) -> CompletionLogprobs:
+    """Legacy completions `logprobs`; `text_offset` is where this piece starts in the output text."""
+    tokens = token_strings(tokenizer, token_ids)
+    offsets = []
+    for token in tokens:
+        offsets.append(text_offset)
+        text_offset += len(token)
+    values = list(logprobs[: len(tokens)])
+    return CompletionLogprobs(
+        tokens=tokens,
+        token_logprobs=values,
+        top_logprobs=[{token: value} for token, value in zip(tokens, values, strict=False)]
+        if top > 0
+        else None,
+        text_offset=offsets,
+    )

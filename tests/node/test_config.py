@@ -1,0 +1,116 @@
+"""Node configuration: YAML and flags validated at start-up, errors naming the file and field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from regional_node.cli import build_parser, config_from_args, node_main, parse_model_flag
+from regional_node.server import ConfigError, load_config, validate_config
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "node.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_yaml_config_loads_with_defaults_and_relative_paths(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        "node_id: n1\nregion: eu-west\njurisdiction: eu\nmodels:\n  - name: small\n    path: ckpt\n"
+        "    engine: {num_kv_blocks: 32, options: {max_model_len: 512}}\n",
+    )
+    config = load_config(path)
+    model = config.models[0]
+    assert (config.node_id, config.region, config.jurisdiction, config.port) == ("n1", "eu-west", "eu", 8100)
+    assert model.path == str(tmp_path / "ckpt") and model.tier == "small"
+    kwargs = model.engine.engine_kwargs()
+    assert kwargs["num_kv_blocks"] == 32 and kwargs["max_model_len"] == 512 and kwargs["device"] == "cpu"
+    assert "options" not in kwargs
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("models:\n  - name: m\n    path: p\n    tier: huge\n", "models[0].tier"),
+        (
+            "models:\n  - name: m\n    path: p\n    engine: {block_size: zero}\n",
+            "models[0].engine.block_size",
+        ),
+        ("models:\n  - name: m\n    path: p\n    engine: {block_size: 0}\n", "models[0].engine.block_size"),
+        ("models:\n  - path: p\n", "models[0]"),
+        ("port: 99999\n", "port"),
+        ("listen_port: 1\n", "listen_port"),
+    ],
+    ids=["bad_tier", "wrong_type", "out_of_range", "missing_name", "bad_port", "unknown_field"],
+)
+def test_invalid_yaml_names_file_and_field(tmp_path: Path, text: str, field: str) -> None:
+    path = _write(tmp_path, text)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    message = str(caught.value)
+    assert message.startswith(str(path)) and field in message
+
+
+def test_yaml_syntax_error_names_the_file(tmp_path: Path) -> None:
+    path = _write(tmp_path, "models: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(path)
+
+
+def test_validation_needs_models_unique_names_and_checkpoints(tmp_path: Path, llama_checkpoint: Path) -> None:
+    empty = load_config(_write(tmp_path, "region: x\n"))
+    with pytest.raises(ConfigError, match="no models configured"):
+        validate_config(empty, source="node.yaml")
+    dup = _write(
+        tmp_path,
+        f"models:\n  - {{name: a, path: {llama_checkpoint}}}\n  - {{name: a, path: {llama_checkpoint}}}\n",
+    )
+    with pytest.raises(ConfigError, match=r"models\[1\].name: duplicate"):
+        validate_config(load_config(dup), source="node.yaml")
+    missing = _write(tmp_path, "models:\n  - {name: a, path: /no/such/folder}\n")
+    with pytest.raises(ConfigError, match=r"models\[0\].path"):
+        validate_config(load_config(missing), source="node.yaml")
+
+
+@pytest.mark.parametrize(
+    ("flag", "expected"),
+    [
+        ("small=/ckpt/a", {"name": "small", "path": "/ckpt/a", "tier": "small"}),
+        ("big=/ckpt/b:large", {"name": "big", "path": "/ckpt/b", "tier": "large"}),
+        ("/ckpt/named", {"name": "named", "path": "/ckpt/named", "tier": "small"}),
+        ("c=/odd:path", {"name": "c", "path": "/odd:path", "tier": "small"}),
+    ],
+)
+def test_model_flag_parses_name_path_tier(flag: str, expected: dict[str, str]) -> None:
+    assert parse_model_flag(flag) == expected
+
+
+def test_flags_override_the_file_and_apply_engine_settings(tmp_path: Path, llama_checkpoint: Path) -> None:
+    path = _write(
+        tmp_path, f"region: us-east\nport: 9000\nmodels:\n  - {{name: a, path: {llama_checkpoint}}}\n"
+    )
+    args = build_parser().parse_args(
+        [
+            "--config",
+            str(path),
+            "--port",
+            "9100",
+            "--jurisdiction",
+            "us",
+            "--num-kv-blocks",
+            "40",
+            "--no-prefix-caching",
+        ]
+    )
+    config = config_from_args(args)
+    assert (config.region, config.port, config.jurisdiction) == ("us-east", 9100, "us")
+    assert config.models[0].engine.num_kv_blocks == 40
+    assert config.models[0].engine.enable_prefix_caching is False
+
+
+def test_cli_reports_config_errors_with_exit_code_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert node_main(["--model", "x=/no/such/checkpoint"]) == 2
+    assert "models[0].path" in capsys.readouterr().err

@@ -1,0 +1,159 @@
+"""Every bad input gets an OpenAI-format error with OpenAI's status, and the node keeps serving."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.node.conftest import CHAT_MODEL, SMALL_POOL_MODEL, Node
+
+USER = [{"role": "user", "content": "Hi"}]
+
+
+def chat(**fields: Any) -> dict[str, Any]:
+    return {"model": CHAT_MODEL, "messages": USER, "max_tokens": 2, **fields}
+
+
+def completion(**fields: Any) -> dict[str, Any]:
+    return {"model": CHAT_MODEL, "prompt": "Hi", "max_tokens": 2, **fields}
+
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+# (id, path, json body, status, param, code)
+CASES = [
+    ("missing_messages", CHAT, {"model": CHAT_MODEL}, 400, "messages", None),
+    ("missing_model", CHAT, {"messages": USER}, 400, "model", None),
+    ("wrong_type", CHAT, chat(max_tokens="ten"), 400, "max_tokens", None),
+    ("wrong_message_type", CHAT, chat(messages="hello"), 400, "messages", None),
+    ("empty_messages", CHAT, chat(messages=[]), 400, "messages", None),
+    ("unknown_model", CHAT, chat(model="gpt-17"), 404, "model", "model_not_found"),
+    ("unknown_model_completions", COMPLETIONS, completion(model="nope"), 404, "model", "model_not_found"),
+    ("negative_temperature", CHAT, chat(temperature=-1), 400, "temperature", None),
+    ("zero_top_p", CHAT, chat(top_p=0), 400, "top_p", None),
+    ("zero_max_tokens", CHAT, chat(max_tokens=0), 400, "max_tokens", None),
+    ("n_above_one", CHAT, chat(n=2), 400, "n", None),
+    ("presence_penalty", CHAT, chat(presence_penalty=0.5), 400, "presence_penalty", None),
+    ("frequency_penalty", COMPLETIONS, completion(frequency_penalty=1.0), 400, "frequency_penalty", None),
+    (
+        "image_part",
+        CHAT,
+        chat(
+            messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}]
+        ),
+        400,
+        "messages[0].content[0].type",
+        None,
+    ),
+    (
+        "tool_role",
+        CHAT,
+        chat(messages=[{"role": "tool", "content": "x", "tool_call_id": "1"}]),
+        400,
+        "messages[0].role",
+        None,
+    ),
+    ("echo", COMPLETIONS, completion(echo=True), 400, "echo", None),
+    ("suffix", COMPLETIONS, completion(suffix="end"), 400, "suffix", None),
+    ("batched_prompts", COMPLETIONS, completion(prompt=["a", "b"]), 400, "prompt", None),
+    ("token_outside_vocab", COMPLETIONS, completion(prompt=[1, 10**7]), 400, "prompt", None),
+    ("prompt_too_long", COMPLETIONS, completion(prompt=[5] * 5000), 400, "prompt", "context_length_exceeded"),
+    (
+        "messages_too_long",
+        CHAT,
+        chat(messages=[{"role": "user", "content": "word " * 5000}]),
+        400,
+        "messages",
+        "context_length_exceeded",
+    ),
+    (
+        "max_tokens_past_context",
+        COMPLETIONS,
+        completion(max_tokens=5000),
+        400,
+        "prompt",
+        "context_length_exceeded",
+    ),
+    (
+        "too_large_for_kv_pool",
+        COMPLETIONS,
+        completion(model=SMALL_POOL_MODEL, prompt=[5] * 100, max_tokens=100),
+        400,
+        "prompt",
+        "request_too_large",
+    ),
+    (
+        "continuation_outside_vocab",
+        COMPLETIONS,
+        completion(continuation_token_ids=[10**7]),
+        400,
+        "continuation_token_ids",
+        None,
+    ),
+    ("stream_wrong_type", CHAT, chat(stream="yes"), 400, "stream", None),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "param", "code"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_bad_request_gets_openai_error(
+    http: httpx.Client, path: str, body: dict[str, Any], status: int, param: str | None, code: str | None
+) -> None:
+    response = http.post(path, json=body)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["message"]
+    assert error["param"] == param
+    if code is not None:
+        assert error["code"] == code
+    assert "Traceback" not in response.text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_errors_come_before_a_stream_starts(http: httpx.Client, stream: bool) -> None:
+    response = http.post(COMPLETIONS, json=completion(temperature=-2, stream=stream))
+    assert response.status_code == 400
+    assert response.headers["content-type"].startswith("application/json")
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"{not json", b"", b"[1, 2]", b'"text"'],
+    ids=["malformed", "empty", "array", "string"],
+)
+def test_body_that_is_not_a_json_object_is_400(http: httpx.Client, raw: bytes) -> None:
+    response = http.post(CHAT, content=raw, headers={"content-type": "application/json"})
+    assert response.status_code == 400
+    assert response.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_bad_priority_header_is_400(http: httpx.Client) -> None:
+    response = http.post(CHAT, json=chat(), headers={"x-meridian-priority": "urgent"})
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "x-meridian-priority"
+
+
+def test_wrong_method_is_405_in_openai_format(http: httpx.Client) -> None:
+    response = http.get(CHAT)
+    assert response.status_code == 405
+    assert response.json()["error"]["message"]
+
+
+def test_unknown_path_is_404_in_openai_format(http: httpx.Client) -> None:
+    response = http.post("/v1/embeddings", json={"model": CHAT_MODEL, "input": "x"})
+    assert response.status_code == 404
+    assert response.json()["error"]["message"]
+
+
+def test_node_keeps_serving_after_errors(node: Node, http: httpx.Client) -> None:
+    for case in CASES[:5]:
+        http.post(case[1], json=case[2])
+    response = http.post(CHAT, json=chat(max_tokens=3))
+    assert response.status_code == 200
+    assert response.json()["usage"]["completion_tokens"] >= 1
+    assert node.load()["num_running"] == 0
