@@ -1,0 +1,1 @@
+"""Parts of benchmarks/engine_throughput.py: workloads, timing summaries, and one runner per system."""

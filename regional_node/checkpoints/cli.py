@@ -1,0 +1,66 @@
+"""`meridian model init OUT_DIR --arch ... --size ...`: write a random local checkpoint.
+
+gateway/cli.py either calls `model_init_main(argv_after_model)` or mounts `add_model_commands` on
+its own subparsers; `python -m regional_node.checkpoints init ...` runs the same code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from regional_node.checkpoints.errors import CheckpointError, CheckpointExistsError
+from regional_node.checkpoints.sizes import ARCHES, SIZES
+from regional_node.checkpoints.writer import write_checkpoint
+
+
+def configure_model_parser(parser: argparse.ArgumentParser) -> None:
+    """Add the `init` subcommand to a parser that stands for `meridian model`."""
+    commands = parser.add_subparsers(dest="model_command", required=True, metavar="COMMAND")
+    init = commands.add_parser("init", help="write a random-initialised checkpoint (Hugging Face layout)")
+    init.add_argument("out_dir", type=Path, metavar="OUT_DIR")
+    init.add_argument("--arch", choices=ARCHES, default="llama")
+    init.add_argument("--size", choices=list(SIZES), default="tiny")
+    init.add_argument("--seed", type=int, default=0)
+    init.add_argument("--vocab-size", type=int, default=None, help="default: the size's vocabulary")
+    init.add_argument(
+        "--force", action="store_true", help="overwrite the checkpoint files in a non-empty OUT_DIR"
+    )
+    parser.set_defaults(handler=run_model_command)
+
+
+def add_model_commands(subparsers: Any) -> argparse.ArgumentParser:
+    """Mount `model ...` on an existing `add_subparsers()` object; dispatch with `args.handler(args)`."""
+    parser = subparsers.add_parser("model", help="manage local model checkpoints")
+    configure_model_parser(parser)
+    return parser
+
+
+def run_model_command(args: argparse.Namespace) -> int:
+    try:
+        summary = write_checkpoint(
+            args.out_dir,
+            arch=args.arch,
+            size=args.size,
+            seed=args.seed,
+            vocab_size=args.vocab_size,
+            force=args.force,
+        )
+    except CheckpointExistsError as error:
+        print(f"meridian model init: {error} (pass --force to overwrite)", file=sys.stderr)
+        return 1
+    except CheckpointError as error:
+        print(f"meridian model init: {error}", file=sys.stderr)
+        return 1
+    print(summary.line())
+    return 0
+
+
+def model_init_main(argv: list[str]) -> int:
+    """Entry point for the words after `meridian model`, e.g. `["init", "out", "--size", "tiny"]`."""
+    parser = argparse.ArgumentParser(prog="meridian model", description="Manage local model checkpoints.")
+    configure_model_parser(parser)
+    args = parser.parse_args(argv)
+    return args.handler(args)

@@ -1,0 +1,44 @@
+"""Session-wide random checkpoints (Hugging Face layout) shared by engine, node and gateway tests.
+
+Registered in tests/conftest.py through `pytest_plugins`. Each fixture writes its folder once per
+test session; the folders are read-only by convention — a test that needs a variant calls
+`make_checkpoint` with its own `tmp_path`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from regional_node.checkpoints import Arch, init_checkpoint
+
+
+def make_checkpoint(tmp_dir: Path, arch: Arch = "llama", size: str = "tiny", **overrides: int) -> Path:
+    """Write a checkpoint under `tmp_dir` and return its folder.
+
+    `overrides` are `init_checkpoint` keywords: `seed`, `vocab_size`, or any shape field such as
+    `num_key_value_heads=4` or `num_hidden_layers=1`. The folder name encodes them, so different
+    variants can share one `tmp_dir`.
+    """
+    suffix = "".join(f"-{key}={value}" for key, value in sorted(overrides.items()))
+    out_dir = Path(tmp_dir) / f"{arch}-{size}{suffix}"
+    return init_checkpoint(out_dir, arch=arch, size=size, force=True, **overrides)
+
+
+@pytest.fixture(scope="session")
+def llama_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tiny Llama (hidden 64, 2 layers, 4 heads / 2 kv heads, vocab 2048, untied lm_head)."""
+    return make_checkpoint(tmp_path_factory.mktemp("checkpoints"), "llama", "tiny")
+
+
+@pytest.fixture(scope="session")
+def qwen2_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tiny Qwen2 (as tiny Llama, plus q/k/v biases and tied embeddings)."""
+    return make_checkpoint(tmp_path_factory.mktemp("checkpoints"), "qwen2", "tiny")
+
+
+@pytest.fixture(scope="session")
+def small_llama_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Small Llama (~13M params): the engine benchmark's model; slower, use only where needed."""
+    return make_checkpoint(tmp_path_factory.mktemp("checkpoints"), "llama", "small")
