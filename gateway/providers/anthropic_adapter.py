@@ -1,0 +1,128 @@
+"""Upstream for Anthropic's Messages API: OpenAI chat requests in, OpenAI responses and chunks out.
+
+The translation itself is pure (anthropic_translate, anthropic_stream); this module adds the
+wire: `POST {base_url}/v1/messages` with `x-api-key` and `anthropic-version`, the timeouts, and
+error mapping. Only the chat endpoint exists on Anthropic; legacy completions are refused as
+"unsupported" so failover moves on without holding it against the provider.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import msgspec
+
+from gateway.providers.anthropic_errors import anthropic_status_error
+from gateway.providers.anthropic_stream import MessagesToChatStream
+from gateway.providers.anthropic_translate import (
+    TranslationError,
+    chat_to_messages,
+    messages_to_chat_response,
+)
+from gateway.providers.config import ProviderEntry
+from gateway.providers.errors import unsupported
+from gateway.providers.transport import build_client, decode_event, open_response, read_json, sse_events
+from gateway.upstream import Endpoint
+
+_FORWARDED_HEADERS = ("x-request-id",)
+_encoder = msgspec.json.Encoder()
+
+
+class AnthropicAdapter:
+    def __init__(
+        self, entry: ProviderEntry, api_key: str, *, client: httpx.AsyncClient | None = None
+    ) -> None:
+        self.entry = entry
+        self._url = entry.base_url.rstrip("/") + "/v1/messages"
+        self._auth = {"x-api-key": api_key, "anthropic-version": entry.anthropic_version}
+        self._client = client or build_client(entry.timeouts)
+        self._owns_client = client is None
+
+    def _request(
+        self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str], *, stream: bool
+    ) -> tuple[httpx.Request, str]:
+        if endpoint != "chat":
+            raise unsupported(self.entry.id, "the legacy completions endpoint")
+        logical = str(body.get("model", ""))
+        provider_model = self.entry.models.get(logical)
+        if provider_model is None:
+            raise unsupported(self.entry.id, f"model {logical!r}")
+        if body.get("continuation_token_ids"):
+            raise unsupported(self.entry.id, "a token-exact stream continuation")
+        try:
+            messages = chat_to_messages(
+                {**body, "stream": stream},
+                model=provider_model,
+                default_max_tokens=self.entry.default_max_tokens,
+            )
+        except TranslationError as exc:
+            raise unsupported(self.entry.id, f"this request ({exc.param}: {exc.message})") from None
+        forwarded = {k: v for k in _FORWARDED_HEADERS if (v := headers.get(k)) is not None}
+        request = self._client.build_request(
+            "POST",
+            self._url,
+            content=_encoder.encode(messages),
+            headers={**forwarded, **self._auth, "content-type": "application/json"},
+        )
+        return request, logical
+
+    async def _open(self, request: httpx.Request) -> httpx.Response:
+        return await open_response(
+            self._client,
+            request,
+            provider=self.entry.id,
+            timeouts=self.entry.timeouts,
+            on_status=anthropic_status_error,
+        )
+
+    async def complete(
+        self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str]
+    ) -> dict[str, Any]:
+        request, logical = self._request(endpoint, body, headers, stream=False)
+        response = await self._open(request)
+        try:
+            message = await read_json(response, provider=self.entry.id)
+        finally:
+            await response.aclose()
+        if message.get("type") == "error":
+            raise anthropic_status_error(self.entry.id, 500, message, "", None)
+        return messages_to_chat_response(message, model=logical, created=int(time.time()))
+
+    @contextlib.asynccontextmanager
+    async def stream(
+        self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str]
+    ) -> AsyncIterator[AsyncIterator[dict[str, Any]]]:
+        request, logical = self._request(endpoint, body, headers, stream=True)
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        translator = MessagesToChatStream(
+            provider=self.entry.id, model=logical, created=int(time.time()), include_usage=include_usage
+        )
+        response = await self._open(request)
+        chunks = self._chunks(response, translator)
+        try:
+            yield chunks
+        finally:
+            await chunks.aclose()
+            await response.aclose()
+
+    async def _chunks(
+        self, response: httpx.Response, translator: MessagesToChatStream
+    ) -> AsyncIterator[dict[str, Any]]:
+        events = sse_events(response, provider=self.entry.id, timeouts=self.entry.timeouts)
+        try:
+            async for event in events:
+                for chunk in translator.feed(event.event, decode_event(self.entry.id, event)):
+                    yield chunk
+                if translator.finished:
+                    return
+        finally:
+            await events.aclose()
+        translator.end()
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()

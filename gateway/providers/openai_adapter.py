@@ -1,0 +1,154 @@
+"""Upstream for OpenAI and any OpenAI-compatible API (chat/completions and completions).
+
+The body is already OpenAI's; the adapter swaps the logical model name for the provider's,
+drops Meridian's extension fields (OpenAI rejects unknown arguments), authenticates with the
+provider's key, and forwards none of the gateway's internal headers. Responses come back with
+the logical model name, so clients see the name they asked for whichever target served it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import msgspec
+
+from gateway.providers.config import ProviderEntry
+from gateway.providers.errors import ProviderError, status_error, unsupported
+from gateway.providers.transport import (
+    build_client,
+    decode_event,
+    open_response,
+    read_json,
+    sse_events,
+)
+from gateway.upstream import Endpoint
+
+_PATHS: dict[str, str] = {"chat": "/chat/completions", "completions": "/completions"}
+# Meridian/vLLM extensions our nodes understand and OpenAI would reject.
+_EXTENSIONS = frozenset(
+    {
+        "top_k",
+        "ignore_eos",
+        "stop_token_ids",
+        "return_token_ids",
+        "add_generation_prompt",
+        "continue_final_message",
+    }
+)
+# Headers of the client's request worth passing on: tracing only. Never the gateway's own.
+_FORWARDED_HEADERS = ("x-request-id",)
+_encoder = msgspec.json.Encoder()
+
+
+def provider_body(body: dict[str, Any], *, provider_model: str, stream: bool) -> dict[str, Any]:
+    """The request as the provider should see it."""
+    out = {k: v for k, v in body.items() if k not in _EXTENSIONS}
+    out["model"] = provider_model
+    out["stream"] = stream
+    if not stream:
+        out.pop("stream_options", None)  # OpenAI refuses stream_options without stream
+    return out
+
+
+def _openai_status_error(
+    provider: str, status: int, parsed: Any, text: str, retry_after: float | None
+) -> ProviderError:
+    error = parsed.get("error") if isinstance(parsed, dict) else None
+    message = error.get("message", text) if isinstance(error, dict) else text
+    body = {"error": error} if isinstance(error, dict) else None
+    return status_error(provider, status, str(message), body=body, retry_after=retry_after)
+
+
+class OpenAIAdapter:
+    def __init__(
+        self, entry: ProviderEntry, api_key: str, *, client: httpx.AsyncClient | None = None
+    ) -> None:
+        self.entry = entry
+        self._base_url = entry.base_url.rstrip("/")
+        self._auth = {"authorization": f"Bearer {api_key}"}
+        self._client = client or build_client(entry.timeouts)
+        self._owns_client = client is None
+
+    def _request(
+        self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str], *, stream: bool
+    ) -> tuple[httpx.Request, str]:
+        logical = str(body.get("model", ""))
+        provider_model = self.entry.models.get(logical)
+        if provider_model is None:
+            raise unsupported(self.entry.id, f"model {logical!r}")
+        if body.get("continuation_token_ids"):
+            raise unsupported(self.entry.id, "a token-exact stream continuation")
+        forwarded = {k: v for k in _FORWARDED_HEADERS if (v := headers.get(k)) is not None}
+        request = self._client.build_request(
+            "POST",
+            self._base_url + _PATHS[endpoint],
+            content=_encoder.encode(provider_body(body, provider_model=provider_model, stream=stream)),
+            headers={**forwarded, **self._auth, "content-type": "application/json"},
+        )
+        return request, logical
+
+    async def complete(
+        self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str]
+    ) -> dict[str, Any]:
+        request, logical = self._request(endpoint, body, headers, stream=False)
+        response = await open_response(
+            self._client,
+            request,
+            provider=self.entry.id,
+            timeouts=self.entry.timeouts,
+            on_status=_openai_status_error,
+        )
+        try:
+            result = await read_json(response, provider=self.entry.id)
+        finally:
+            await response.aclose()
+        result["model"] = logical
+        return result
+
+    @contextlib.asynccontextmanager
+    async def stream(
+        self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str]
+    ) -> AsyncIterator[AsyncIterator[dict[str, Any]]]:
+        request, logical = self._request(endpoint, body, headers, stream=True)
+        response = await open_response(
+            self._client,
+            request,
+            provider=self.entry.id,
+            timeouts=self.entry.timeouts,
+            on_status=_openai_status_error,
+        )
+        chunks = self._chunks(response, logical)
+        try:
+            yield chunks
+        finally:
+            await chunks.aclose()
+            # Closing the connection is how the provider learns the client went away.
+            await response.aclose()
+
+    async def _chunks(self, response: httpx.Response, logical: str) -> AsyncIterator[dict[str, Any]]:
+        started = time.monotonic()
+        events = sse_events(response, provider=self.entry.id, timeouts=self.entry.timeouts)
+        try:
+            async for event in events:
+                if event.data.strip() == "[DONE]":
+                    return
+                chunk = decode_event(self.entry.id, event)
+                if isinstance(chunk.get("error"), dict):
+                    message = chunk["error"].get("message", "stream error")
+                    raise ProviderError(f"{self.entry.id}: error in stream: {message}", kind="server_error")
+                chunk["model"] = logical
+                yield chunk
+        finally:
+            await events.aclose()
+        raise ProviderError(
+            f"{self.entry.id}: stream ended before [DONE] after {time.monotonic() - started:.1f}s",
+            kind="stream_broken",
+        )
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()

@@ -1,0 +1,68 @@
+"""A real gateway with commercial providers configured, on tests/gateway's harness (run_gateway:
+create_app served by uvicorn in a background thread), plus the tenants provider tests need."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gateway.policy import key_digest
+from router.types import Residency, TenantPolicy
+from tests.gateway.conftest import RunningGateway, gateway_config, run_gateway
+from tests.support.processes import free_port
+
+
+def tenant(
+    tenant_id: str, key: str, *, jurisdictions: tuple[str, ...] = (), commercial: bool = True
+) -> TenantPolicy:
+    return TenantPolicy(
+        tenant_id=tenant_id,
+        api_key_hashes=frozenset({key_digest(key)}),
+        residency=Residency(jurisdictions=frozenset(jurisdictions)),
+        allow_commercial=commercial,
+    )
+
+
+US_KEY, EU_KEY, PRIVATE_KEY = "sk-us-tenant", "sk-eu-tenant", "sk-private-tenant"
+TENANTS = (
+    tenant("us-co", US_KEY, jurisdictions=("us",)),
+    tenant("eu-co", EU_KEY, jurisdictions=("eu",)),
+    tenant("private-co", PRIVATE_KEY, commercial=False),  # may run anywhere, but never commercially
+)
+
+
+def dead_node(node_id: str, region: str, jurisdiction: str) -> dict[str, Any]:
+    """A node the directory lists but nothing answers for: the fleet cannot serve."""
+    url = f"http://127.0.0.1:{free_port()}"
+    return {
+        "node_id": node_id,
+        "url": url,
+        "region": region,
+        "jurisdiction": jurisdiction,
+        "models": ["tiny"],
+    }
+
+
+@contextmanager
+def running_gateway(
+    tmp_path: Path,
+    *,
+    providers: Sequence[dict[str, Any]],
+    nodes: Sequence[dict[str, Any]],
+    env: Mapping[str, str],
+) -> Iterator[RunningGateway]:
+    """A gateway in us-east serving the logical model `tiny` from `nodes` and `providers`."""
+    regions = tmp_path / "regions.yaml"
+    regions.write_text(yaml.safe_dump({"nodes": list(nodes)}), encoding="utf-8")
+    config = gateway_config(
+        regions,
+        home_region="us-east",
+        catalog=[{"name": "tiny", "tier": "small"}],
+        providers={"endpoints": list(providers)},
+    )
+    with run_gateway(config, tenants=TENANTS, env=env) as gateway:
+        yield gateway

@@ -1,0 +1,331 @@
+"""Stand-ins for OpenAI's and Anthropic's HTTP APIs, on loopback, that fail on request.
+
+Written from the public API references: OpenAI chat/completions (JSON and `data:` SSE chunks
+ending in `data: [DONE]`, `{"error": {...}}` errors) and Anthropic's Messages API (`x-api-key`
+and `anthropic-version` headers, the `event:`/`data:` stream message_start ... message_stop with
+pings, `{"type": "error", "error": {type, message}}` errors). The reply is the configured text
+split into word pieces, one "token" each; max_tokens and stop sequences cut it as a real API would.
+
+Each server runs uvicorn in its own thread, so sync tests, async tests and gateway processes can
+all call it. Faults are scripted per request with `fail_next` (or for every request with
+`always`): an error status (with Retry-After), a slow first byte, a stream cut or stalled midway,
+or (Anthropic) an `error` event midway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import uvicorn
+
+Kind = Literal["openai", "anthropic"]
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
+    529: "overloaded_error",
+}  # fmt: skip
+
+
+class StreamCut(Exception):
+    """Raised inside the app to make uvicorn drop the connection mid-body."""
+
+
+@dataclass
+class Fault:
+    status: int | None = None  # answer with this error status
+    retry_after: str | None = None  # Retry-After header with the error
+    first_byte_delay_s: float = 0.0  # wait before the response starts
+    cut_after: int | None = None  # drop the connection after this many stream frames
+    stall_after: int | None = None  # go silent after this many stream frames ...
+    stall_s: float = 0.0  # ... for this long
+    error_event: str | None = None  # Anthropic: an `error` event of this type after 2 deltas
+
+
+@dataclass
+class Recorded:
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+
+
+@dataclass
+class FakeProvider:
+    kind: Kind
+    api_key: str = "test-key"
+    reply: str = "Hello from the fake provider, nice to meet you."
+    requests: list[Recorded] = field(default_factory=list)
+    port: int = 0
+    _faults: list[Fault] = field(default_factory=list)
+    _always: Fault | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def base_url(self) -> str:
+        """As a provider entry's base_url: OpenAI's includes /v1, Anthropic's does not."""
+        root = f"http://127.0.0.1:{self.port}"
+        return root + "/v1" if self.kind == "openai" else root
+
+    def fail_next(self, fault: Fault, times: int = 1) -> None:
+        with self._lock:
+            self._faults.extend([fault] * times)
+
+    def always(self, fault: Fault | None) -> None:
+        with self._lock:
+            self._always = fault
+
+    def _next_fault(self) -> Fault:
+        with self._lock:
+            if self._faults:
+                return self._faults.pop(0)
+            return self._always or Fault()
+
+    # -- ASGI --------------------------------------------------------------------------------
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        raw = b""
+        while True:
+            message = await receive()
+            raw += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+        body = json.loads(raw or b"{}")
+        self.requests.append(Recorded(scope["path"], headers, body))
+        fault = self._next_fault()
+        if fault.first_byte_delay_s:
+            await asyncio.sleep(fault.first_byte_delay_s)
+        status, payload, extra = self._check(scope["path"], headers, fault)
+        if status != 200:
+            await _send_json(send, status, payload, extra)
+            return
+        pieces, finish, stop_seq = self._generate(body)
+        if body.get("stream"):
+            frames = self._openai_frames if self.kind == "openai" else self._anthropic_frames
+            await _send_stream(send, frames(body, pieces, finish, stop_seq, fault), fault)
+        else:
+            respond = self._openai_json if self.kind == "openai" else self._anthropic_json
+            await _send_json(send, 200, respond(body, pieces, finish, stop_seq), {})
+
+    def _check(self, path: str, headers: dict[str, str], fault: Fault) -> tuple[int, Any, dict[str, str]]:
+        expected = "/v1/messages" if self.kind == "anthropic" else "/v1/chat/completions"
+        if path != expected:
+            return 404, self._error(404, f"no route {path}"), {}
+        if self.kind == "openai":
+            authorized = headers.get("authorization") == f"Bearer {self.api_key}"
+        else:
+            authorized = headers.get("x-api-key") == self.api_key
+            if authorized and not headers.get("anthropic-version"):
+                return 400, self._error(400, "anthropic-version header is required"), {}
+        if not authorized:
+            return 401, self._error(401, "invalid x-api-key"), {}
+        if fault.status is not None:
+            extra = {"retry-after": fault.retry_after} if fault.retry_after is not None else {}
+            return fault.status, self._error(fault.status, f"injected HTTP {fault.status}"), extra
+        return 200, None, {}
+
+    def _error(self, status: int, message: str) -> dict[str, Any]:
+        if self.kind == "anthropic":
+            error_type = ANTHROPIC_ERROR_TYPES.get(status, "api_error")
+            return {"type": "error", "error": {"type": error_type, "message": message}}
+        error_type = "invalid_request_error" if status < 500 else "server_error"
+        return {"error": {"message": message, "type": error_type, "param": None, "code": None}}
+
+    def _generate(self, body: dict[str, Any]) -> tuple[list[str], str, str | None]:
+        words = self.reply.split(" ")
+        pieces = [w if i == 0 else " " + w for i, w in enumerate(words)]
+        stops = body.get("stop_sequences") if self.kind == "anthropic" else body.get("stop")
+        stops = [stops] if isinstance(stops, str) else list(stops or [])
+        for stop in stops:
+            at = self.reply.find(stop)
+            if at >= 0:
+                kept: list[str] = []
+                for piece in pieces:
+                    if len("".join(kept) + piece) > at:
+                        break
+                    kept.append(piece)
+                return kept, "stop_sequence", stop
+        limit = body.get("max_tokens") or body.get("max_completion_tokens")
+        if limit is not None and len(pieces) > int(limit):
+            return pieces[: int(limit)], "max_tokens", None
+        return pieces, "end_turn", None
+
+    def _prompt_tokens(self, body: dict[str, Any]) -> int:
+        texts = [json.dumps(m.get("content")) for m in body.get("messages", [])]
+        if isinstance(body.get("system"), str):
+            texts.append(body["system"])
+        return sum(len(t.split()) for t in texts)
+
+    # -- OpenAI wire -------------------------------------------------------------------------
+
+    def _openai_usage(self, body: dict[str, Any], pieces: list[str]) -> dict[str, Any]:
+        prompt = self._prompt_tokens(body)
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": len(pieces),
+            "total_tokens": prompt + len(pieces),
+            "prompt_tokens_details": {"cached_tokens": 0},
+        }
+
+    def _openai_json(
+        self, body: dict[str, Any], pieces: list[str], finish: str, _: str | None
+    ) -> dict[str, Any]:
+        return {
+            "id": "chatcmpl-fake1",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body["model"],
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "".join(pieces)},
+                    "finish_reason": "length" if finish == "max_tokens" else "stop",
+                    "logprobs": None,
+                }
+            ],
+            "usage": self._openai_usage(body, pieces),
+        }
+
+    def _openai_frames(
+        self, body: dict[str, Any], pieces: list[str], finish: str, _: str | None, fault: Fault
+    ) -> Iterator[bytes]:
+        def chunk(delta: dict[str, Any], reason: str | None = None) -> dict[str, Any]:
+            return {
+                "id": "chatcmpl-fake1",
+                "object": "chat.completion.chunk",
+                "created": 1,
+                "model": body["model"],
+                "choices": [{"index": 0, "delta": delta, "finish_reason": reason}],
+            }
+
+        yield b": keep-alive comment, which clients must ignore\n\n"
+        first = json.dumps(chunk({"role": "assistant", "content": ""}), indent=1)
+        # One event's JSON over several `data:` lines: legal SSE, and a parser's classic trap.
+        yield "".join(f"data: {line}\n" for line in first.splitlines()).encode() + b"\n"
+        for piece in pieces:
+            yield f"data: {json.dumps(chunk({'content': piece}))}\n\n".encode()
+        yield f"data: {json.dumps(chunk({}, 'length' if finish == 'max_tokens' else 'stop'))}\n\n".encode()
+        if (body.get("stream_options") or {}).get("include_usage"):
+            final = {**chunk({}), "choices": [], "usage": self._openai_usage(body, pieces)}
+            yield f"data: {json.dumps(final)}\n\n".encode()
+        yield b"data: [DONE]\n\n"
+
+    # -- Anthropic wire ----------------------------------------------------------------------
+
+    def _anthropic_usage(self, body: dict[str, Any], pieces: list[str]) -> dict[str, Any]:
+        # Pretend the first 2 prompt tokens were a cache hit, to exercise cache accounting.
+        prompt = self._prompt_tokens(body)
+        cached = min(2, prompt)
+        return {
+            "input_tokens": prompt - cached,
+            "output_tokens": len(pieces),
+            "cache_read_input_tokens": cached,
+        }
+
+    def _anthropic_json(
+        self, body: dict[str, Any], pieces: list[str], finish: str, stop: str | None
+    ) -> dict[str, Any]:
+        return {
+            "id": "msg_fake1",
+            "type": "message",
+            "role": "assistant",
+            "model": body["model"],
+            "content": [{"type": "text", "text": "".join(pieces)}],
+            "stop_reason": finish,
+            "stop_sequence": stop,
+            "usage": self._anthropic_usage(body, pieces),
+        }
+
+    def _anthropic_frames(
+        self, body: dict[str, Any], pieces: list[str], finish: str, stop: str | None, fault: Fault
+    ) -> Iterator[bytes]:
+        def event(name: str, data: dict[str, Any]) -> bytes:
+            return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+
+        usage = self._anthropic_usage(body, pieces)
+        start = {**self._anthropic_json(body, [], finish, stop), "stop_reason": None, "stop_sequence": None}
+        start["content"] = []
+        start["usage"] = {**usage, "output_tokens": 1}
+        yield event("message_start", {"type": "message_start", "message": start})
+        block = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+        yield event("content_block_start", block)
+        yield event("ping", {"type": "ping"})
+        for i, piece in enumerate(pieces):
+            if fault.error_event is not None and i == 2:
+                yield event(
+                    "error", {"type": "error", "error": {"type": fault.error_event, "message": "injected"}}
+                )
+                return
+            delta = {"type": "text_delta", "text": piece}
+            yield event("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta})
+        yield event("content_block_stop", {"type": "content_block_stop", "index": 0})
+        yield event(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": finish, "stop_sequence": stop},
+                "usage": {"output_tokens": len(pieces)},
+            },
+        )
+        yield event("message_stop", {"type": "message_stop"})
+
+
+async def _send_json(send: Any, status: int, payload: Any, extra: dict[str, str]) -> None:
+    data = json.dumps(payload).encode()
+    headers = [(b"content-type", b"application/json"), *((k.encode(), v.encode()) for k, v in extra.items())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": data})
+
+
+async def _send_stream(send: Any, frames: Iterator[bytes], fault: Fault) -> None:
+    headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    for i, frame in enumerate(frames):
+        if fault.cut_after is not None and i >= fault.cut_after:
+            raise StreamCut("injected: connection dropped mid-stream")
+        if fault.stall_after is not None and i == fault.stall_after:
+            await asyncio.sleep(fault.stall_s)
+        await send({"type": "http.response.body", "body": frame, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
+
+
+@contextmanager
+def serve_in_thread(app: Any, *, lifespan: Literal["on", "off"] = "off") -> Iterator[int]:
+    """Serve an ASGI app with uvicorn on a free loopback port in a background thread; yields the
+    port. The thread has its own event loop, so sync and async tests alike can call the app."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(app, log_level="critical", lifespan=lifespan, timeout_graceful_shutdown=1)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("server did not start")
+        time.sleep(0.01)
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        server.should_exit = True
+        server.force_exit = True
+        thread.join(timeout=5)
+        sock.close()
+
+
+@contextmanager
+def running(provider: FakeProvider) -> Iterator[FakeProvider]:
+    """Serve `provider` on a free loopback port for the block's duration."""
+    with serve_in_thread(provider) as port:
+        provider.port = port
+        yield provider
