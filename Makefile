@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: up test lint bench venv clean
+.PHONY: up test lint bench loadtest venv clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ bench: $(STAMP)
 	$(PY) benchmarks/engine_throughput.py
 	$(PY) benchmarks/quota.py
 	$(PY) benchmarks/gateway_overhead.py
+
+# Locust against a running `make up` (another terminal); MERIDIAN_API_KEY selects the tenant.
+loadtest: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[loadtest]'
+	$(VENV)/bin/locust -f loadtests/locustfile.py --host http://127.0.0.1:8080 --headless -u 16 -r 4 -t 60s
 
 clean:
 	rm -rf $(VENV) .meridian

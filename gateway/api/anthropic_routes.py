@@ -17,6 +17,8 @@ import msgspec
 from litestar import Controller, Request, Response, post
 
 from gateway.api.sse import ClientStreamResponse
+from gateway.call import CallContext
+from gateway.client_stream import ClientStream
 from gateway.providers.anthropic_errors import anthropic_error_body, error_type_for_status
 from gateway.providers.anthropic_stream import ChatToMessagesStream, Event
 from gateway.providers.anthropic_translate import (
@@ -25,7 +27,7 @@ from gateway.providers.anthropic_translate import (
     messages_request_to_chat,
 )
 from gateway.providers.anthropic_types import MessagesRequest
-from gateway.service import CallContext, ClientStream, RequestPipeline
+from gateway.service import RequestPipeline
 from regional_node.protocol import APIError, AuthenticationError, ChatCompletionRequest, InvalidRequestError
 from regional_node.protocol.types import decode_request
 

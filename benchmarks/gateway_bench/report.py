@@ -1,0 +1,184 @@
+"""From measured runs to the numbers the benchmark reports: percentiles, added latency, targets.
+
+Pure: no I/O except `table`, which only formats. Samples of a phase are pooled over its rounds
+before percentiles are taken; requests/s is pooled successes over pooled measured wall time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from gateway_bench.runner import Phase, Run, RunTable
+
+# The issue's targets, both against LiteLLM's proxy in front of the same upstream.
+TARGETS = {
+    # LiteLLM's added p50 latency (non-streamed, concurrency 1) / Meridian's.
+    "p50_added_latency_ratio": 5.0,
+    # Meridian's requests/s at concurrency 32 / LiteLLM's.
+    "requests_per_s_ratio": 3.0,
+}
+ADDED_KEYS = (
+    ("chat_c1", "latency", "p50"),
+    ("chat_c1", "latency", "p99"),
+    ("chat_c32", "latency", "p50"),
+    ("chat_c32", "latency", "p99"),
+    ("stream_c1", "ttfb", "p50"),
+    ("stream_c1", "ttfb", "p99"),
+)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100) with linear interpolation between closest ranks."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def _ms(seconds: float) -> float | None:
+    return None if math.isnan(seconds) else round(seconds * 1000, 3)
+
+
+def summarize_phase(phase: Phase, runs: Sequence[Run]) -> dict[str, Any]:
+    latencies = [x for run in runs for x in run.result.latencies_s]
+    ttfb = [x for run in runs for x in run.result.ttfb_s]
+    ok = sum(run.result.ok for run in runs)
+    wall = sum(run.result.wall_s for run in runs)
+    sent = sum(run.sent for run in runs)
+    summary: dict[str, Any] = {
+        "requests": ok,
+        "errors": sum(run.result.errors for run in runs),
+        "truncated": any(run.result.truncated for run in runs),
+        "latency_p50_ms": _ms(percentile(latencies, 50)),
+        "latency_p99_ms": _ms(percentile(latencies, 99)),
+        "latency_mean_ms": _ms(sum(latencies) / len(latencies)) if latencies else None,
+        "requests_per_s": round(ok / wall, 1) if wall > 0 else None,
+        # Near 1.0 would mean the load generator, not the system, set the pace.
+        "client_cpu_fraction": round(sum(r.result.client_cpu_s for r in runs) / wall, 3)
+        if wall > 0
+        else None,
+        # The system's own CPU per request: the least noise-sensitive cost measure on a shared host.
+        "proxy_cpu_ms_per_request": round(sum(r.proxy_cpu_s for r in runs) / sent * 1000, 4)
+        if sent
+        else None,
+        "per_round": [
+            {
+                "latency_p50_ms": _ms(percentile(run.result.latencies_s, 50)),
+                "requests_per_s": round(run.result.ok / run.result.wall_s, 1)
+                if run.result.wall_s > 0
+                else None,
+            }
+            for run in runs
+        ],
+    }
+    if phase.stream:
+        summary["ttfb_p50_ms"] = _ms(percentile(ttfb, 50))
+        summary["ttfb_p99_ms"] = _ms(percentile(ttfb, 99))
+    samples = [s for run in runs for s in run.result.error_samples]
+    if samples:
+        summary["error_samples"] = samples[:5]
+    return summary
+
+
+def summarize(table: RunTable, phases: Sequence[Phase]) -> dict[str, dict[str, Any]]:
+    return {
+        system: {phase.name: summarize_phase(phase, runs[phase.name]) for phase in phases}
+        for system, runs in table.items()
+    }
+
+
+def added_latency(
+    systems: dict[str, dict[str, Any]], proxy: str, baseline: str = "direct"
+) -> dict[str, float | None]:
+    """proxy - direct for each latency the benchmark reports, in ms (negative = within noise)."""
+    added: dict[str, float | None] = {}
+    for phase, metric, stat in ADDED_KEYS:
+        key = f"{metric}_{stat}_ms"
+        mine, base = systems[proxy].get(phase, {}).get(key), systems[baseline].get(phase, {}).get(key)
+        added[f"{phase}_{key}"] = round(mine - base, 3) if mine is not None and base is not None else None
+    return added
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or denominator is None or denominator <= 0:
+        return None
+    return round(numerator / denominator, 2)
+
+
+def compare(systems: dict[str, dict[str, Any]], added: dict[str, dict[str, float | None]]) -> dict[str, Any]:
+    """Meridian against LiteLLM: the target ratios and whether they are met."""
+    meridian_p50 = added["meridian"]["chat_c1_latency_p50_ms"]
+    litellm_p50 = added["litellm"]["chat_c1_latency_p50_ms"]
+    measured = {
+        "p50_added_latency_ratio": _ratio(litellm_p50, meridian_p50),
+        "requests_per_s_ratio": _ratio(
+            systems["meridian"]["chat_c32"]["requests_per_s"],
+            systems["litellm"]["chat_c32"]["requests_per_s"],
+        ),
+    }
+    if meridian_p50 is not None and meridian_p50 <= 0 and litellm_p50 is not None and litellm_p50 > 0:
+        measured["p50_added_latency_ratio"] = math.inf  # Meridian added nothing measurable
+    targets = {
+        name: {
+            "target": target,
+            "measured": None if measured[name] is None or math.isinf(measured[name]) else measured[name],
+            "met": measured[name] is not None and measured[name] >= target,
+        }
+        for name, target in TARGETS.items()
+    }
+    informative = {
+        "c32_p50_added_latency_ratio": _ratio(
+            added["litellm"]["chat_c32_latency_p50_ms"], added["meridian"]["chat_c32_latency_p50_ms"]
+        ),
+        "stream_ttfb_p50_added_ratio": _ratio(
+            added["litellm"]["stream_c1_ttfb_p50_ms"], added["meridian"]["stream_c1_ttfb_p50_ms"]
+        ),
+        "proxy_cpu_per_request_ratio": _ratio(
+            systems["litellm"]["chat_c32"]["proxy_cpu_ms_per_request"],
+            systems["meridian"]["chat_c32"]["proxy_cpu_ms_per_request"],
+        ),
+    }
+    return {"targets": targets, "other_ratios": informative}
+
+
+def _cell(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def table(
+    systems: dict[str, dict[str, Any]],
+    added: dict[str, dict[str, float | None]],
+    comparison: dict[str, Any] | None,
+) -> str:
+    """The short printed summary; the JSON has everything."""
+    header = (
+        f"{'system':<10}{'c1 p50':>9}{'c1 p99':>9}{'c32 p50':>9}{'c32 p99':>9}{'c32 req/s':>11}"
+        f"{'ttfb p50':>10}{'ttfb p99':>10}{'cpu ms/req':>12}{'errors':>8}"
+    )
+    lines = ["latency in ms (non-streamed chat; ttfb = streamed, first data event, c=1)", header]
+    for name, phases in systems.items():
+        c1, c32, stream = phases["chat_c1"], phases["chat_c32"], phases["stream_c1"]
+        errors = sum(phases[p]["errors"] for p in phases)
+        lines.append(
+            f"{name:<10}{_cell(c1['latency_p50_ms']):>9}{_cell(c1['latency_p99_ms']):>9}"
+            f"{_cell(c32['latency_p50_ms']):>9}{_cell(c32['latency_p99_ms']):>9}{_cell(c32['requests_per_s'], 0):>11}"
+            f"{_cell(stream['ttfb_p50_ms']):>10}{_cell(stream['ttfb_p99_ms']):>10}"
+            f"{_cell(c32['proxy_cpu_ms_per_request'], 3):>12}{errors:>8}"
+        )
+    for name, deltas in added.items():
+        lines.append(
+            f"{'+' + name:<10}{_cell(deltas['chat_c1_latency_p50_ms']):>9}{_cell(deltas['chat_c1_latency_p99_ms']):>9}"
+            f"{_cell(deltas['chat_c32_latency_p50_ms']):>9}{_cell(deltas['chat_c32_latency_p99_ms']):>9}{'':>11}"
+            f"{_cell(deltas['stream_c1_ttfb_p50_ms']):>10}{_cell(deltas['stream_c1_ttfb_p99_ms']):>10}"
+        )
+    if comparison is not None:
+        for name, target in comparison["targets"].items():
+            verdict = "met" if target["met"] else "MISSED"
+            shown = "inf" if target["measured"] is None and target["met"] else _cell(target["measured"])
+            lines.append(f"target {name}: {shown} (want >= {target['target']:g}) {verdict}")
+    return "\n".join(lines)

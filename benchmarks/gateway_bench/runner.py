@@ -1,0 +1,128 @@
+"""Measuring every system in the same conditions: phases run in rounds, systems interleaved.
+
+The machine's background load drifts (other engineers share its 2 cores), so no system may be
+measured only in a quiet or only in a busy spell. Concurrency-1 phases interleave the systems
+request by request in one client process; the concurrency-32 phase cannot (the systems would
+compete for the same cores), so it runs them back to back, in an order that rotates every round.
+Each measurement is one load-generator process (gateway_bench.load); each system's CPU time is
+read from /proc around it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import msgspec
+
+from gateway_bench.load import LoadResult, LoadSpec
+from gateway_bench.systems import REPO, System, python_env
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    stream: bool
+    concurrency: int
+    requests: int  # per system, over all rounds
+    warmup: int  # per measurement, on its fresh connections; not recorded
+
+
+@dataclass(frozen=True)
+class Run:
+    """One measurement of one phase on one system."""
+
+    result: LoadResult
+    proxy_cpu_s: float  # the system's own processes, over the whole client run (warm-up included)
+    sent: int  # requests the client sent in that span (warm-up included)
+
+
+RunTable = dict[str, dict[str, list[Run]]]  # system -> phase -> one Run per round
+
+
+def run_client(specs: Sequence[LoadSpec]) -> list[LoadResult]:
+    """One load-generator process; its deadline bounds it, and a margin bounds the process."""
+    bound = max(spec.deadline_s for spec in specs)
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway_bench.load", msgspec.json.encode(list(specs)).decode()],
+        capture_output=True,
+        env=python_env(),
+        cwd=str(REPO),
+        timeout=bound + 60,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"load generator failed ({result.returncode}): {result.stderr.decode()[-2000:]}")
+    return msgspec.json.decode(result.stdout, type=list[LoadResult])
+
+
+def spec_for(system: System, phase: Phase, requests: int, deadline_s: float) -> LoadSpec:
+    return LoadSpec(
+        base_url=system.base_url,
+        model=system.model,
+        api_key=system.api_key,
+        stream=phase.stream,
+        concurrency=phase.concurrency,
+        requests=requests,
+        warmup=phase.warmup,
+        deadline_s=deadline_s,
+    )
+
+
+def warm_up(systems: Sequence[System], requests: int, deadline_s: float) -> None:
+    """Unrecorded traffic first, streamed and not: lazy imports, caches and pools settle."""
+    for system in systems:
+        for stream in (False, True):
+            phase = Phase("warmup", stream=stream, concurrency=8, requests=0, warmup=requests)
+            run_client([spec_for(system, phase, 0, deadline_s)])
+
+
+def split(total: int, parts: int, index: int) -> int:
+    """`total` requests over `parts` rounds, as evenly as whole requests allow."""
+    return total // parts + (1 if index < total % parts else 0)
+
+
+def measured(systems: Sequence[System], specs: Sequence[LoadSpec]) -> list[Run]:
+    """One client process for `specs` (one per system, same order), with each system's CPU."""
+    before = [system.cpu_s() for system in systems]
+    results = run_client(specs)
+    everything = sum(spec.warmup + spec.requests for spec in specs)
+    return [
+        # The upstream also served every other system's requests in this batch, once each.
+        Run(result, system.cpu_s() - cpu, everything if system.is_upstream else spec.warmup + spec.requests)
+        for system, spec, result, cpu in zip(systems, specs, results, before, strict=True)
+    ]
+
+
+def measure(
+    systems: Sequence[System],
+    phases: Sequence[Phase],
+    *,
+    rounds: int,
+    deadline_s: float,
+    progress: bool = True,
+) -> RunTable:
+    """Concurrency-1 phases interleave the systems request by request (one client process);
+    others run the systems back to back, rotating who goes first each round."""
+    table: RunTable = {s.name: {p.name: [] for p in phases} for s in systems}
+    for index in range(rounds):
+        for phase in phases:
+            requests = split(phase.requests, rounds, index)
+            shift = index % len(systems)
+            order = [*systems[shift:], *systems[:shift]]
+            if phase.concurrency == 1:
+                batches = [order]
+            else:
+                batches = [[system] for system in order]
+            for batch in batches:
+                runs = measured(batch, [spec_for(s, phase, requests, deadline_s) for s in batch])
+                for system, run in zip(batch, runs, strict=True):
+                    table[system.name][phase.name].append(run)
+                    if progress:
+                        print(
+                            f"  round {index + 1}/{rounds} {phase.name:<10} {system.name:<9} "
+                            f"{run.result.ok} ok, {run.result.errors} errors, {run.result.wall_s:.2f}s",
+                            flush=True,
+                        )
+    return table

@@ -1,0 +1,182 @@
+"""What Meridian's gateway adds on top of an upstream: latency, requests/s, streaming first byte.
+
+    .venv/bin/python benchmarks/gateway_overhead.py [--compare-litellm] [--quick]
+
+What it does, in order:
+  1. Starts the fixed-response upstream (gateway_bench.upstream) in its own process: a raw ASGI
+     app under uvicorn (uvloop, httptools) answering /v1/chat/completions instantly with a canned
+     completion, or with `stream: true` a canned SSE stream (role chunk, 16 content chunks, finish
+     chunk, usage chunk when asked, [DONE]) with no delay; it also serves /ready, /health, /load
+     and /v1/models so that Meridian's prober sees a healthy idle node.
+  2. Starts Meridian's gateway with the real CLI (`python -m gateway.cli gateway --config FILE`)
+     in its own process: a static directory holding that one node, one catalog model, one tenant
+     with no limits, the in-process quota store, node credential from MERIDIAN_NODE_TOKEN, and
+     every other setting at its default (access log off, INFO start-up lines only).
+  3. With --compare-litellm, starts LiteLLM's proxy in front of the same upstream (one process,
+     no database, callbacks/telemetry/spend logs off, httptools installed alongside it); it is
+     pip-installed into /tmp/meridian-litellm-venv first if that venv has no `litellm` command.
+     gateway_bench/litellm_proxy.py says exactly how it is configured.
+  4. Warms every system up (unrecorded requests, streamed and not), then measures three phases
+     in `--rounds` rounds:
+       chat_c1    non-streamed chat, concurrency 1          latency p50/p99
+       chat_c32   non-streamed chat, concurrency 32         latency p50/p99, requests/s
+       stream_c1  streamed chat, concurrency 1              time to first data event p50/p99
+     The concurrency-1 phases interleave the systems request by request (direct, meridian,
+     litellm, then the next turn starting one further along); chat_c32 runs the systems back to
+     back in an order that rotates every round. "direct" is the upstream itself; added latency =
+     system - direct. Each measurement is a separate load-generator process (gateway_bench.load:
+     one keep-alive HTTP/1.1 connection per concurrent worker, fixed request counts, bounded by
+     --deadline-s) that reports its own CPU use; every reply is checked (200 and choices, or a
+     stream ending in [DONE]). Each system's CPU time is read from /proc around every
+     measurement (for "direct", the upstream, which also serves the proxies' requests).
+  5. Writes benchmarks/results/gateway_overhead.json (conditions, per-system summaries, added
+     latency, and with LiteLLM the target ratios) and prints a table. Targets: LiteLLM's p50
+     added latency (chat_c1) at least 5x Meridian's, and Meridian's chat_c32 requests/s at least
+     3x LiteLLM's.
+
+The client, the systems and the upstream share this machine's cores (and on the team machine,
+other engineers' work), so absolute numbers are noisy; the JSON records CPU count and load average
+before and after, and the per-round numbers show the spread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from gateway_bench.litellm_proxy import DEFAULT_VENV, litellm_version, start_litellm
+from gateway_bench.processes import stop_server
+from gateway_bench.report import added_latency, compare, summarize, table
+from gateway_bench.runner import Phase, measure, warm_up
+from gateway_bench.systems import REPO, System, start_meridian, start_upstream
+
+DEFAULT_OUT = REPO / "benchmarks" / "results" / "gateway_overhead.json"
+FULL = {"requests_c1": 300, "requests_c32": 3000, "streams": 300, "rounds": 3, "warmup": 200}
+QUICK = {"requests_c1": 60, "requests_c32": 600, "streams": 60, "rounds": 1, "warmup": 64}
+
+
+def phases(args: argparse.Namespace) -> list[Phase]:
+    return [
+        Phase("chat_c1", stream=False, concurrency=1, requests=args.requests_c1, warmup=10),
+        Phase("chat_c32", stream=False, concurrency=32, requests=args.requests_c32, warmup=64),
+        Phase("stream_c1", stream=True, concurrency=1, requests=args.streams, warmup=10),
+    ]
+
+
+def _versions(litellm_venv: Path | None) -> dict[str, str]:
+    versions = {}
+    for package in ("litestar", "uvicorn", "uvloop", "httptools", "httpx", "msgspec"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions[package] = importlib.metadata.version(package)
+    if litellm_venv is not None:
+        versions["litellm"] = litellm_version(litellm_venv)
+    return versions
+
+
+@contextlib.contextmanager
+def running_systems(work: Path, args: argparse.Namespace) -> Iterator[list[System]]:
+    """direct, meridian and (asked for) litellm, all stopped on the way out however it ends."""
+    started: list[System] = []
+    try:
+        upstream = start_upstream(work, chunks=args.chunks)
+        started.append(upstream)
+        started.append(start_meridian(work, upstream.base_url))
+        if args.compare_litellm:
+            started.append(start_litellm(work, upstream.base_url, args.litellm_venv))
+        yield started
+    finally:
+        for system in reversed(started):
+            for server in system.servers:
+                stop_server(server)
+
+
+def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
+    """Start the systems, measure them, and return the JSON document (nothing is written)."""
+    plan = phases(args)
+    conditions: dict[str, Any] = {
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "loadavg_before": [round(x, 2) for x in os.getloadavg()],
+        "rounds": args.rounds,
+        "phases": [vars(p) | {"requests_per_round": p.requests / args.rounds} for p in plan],
+        "warmup_requests_per_system": args.warmup,
+        "stream_content_chunks": args.chunks,
+        "deadline_s_per_measurement": args.deadline_s,
+        "layout": "client, upstream and each proxy are separate processes on 127.0.0.1; one proxy "
+        "process each (no workers); client = raw asyncio HTTP/1.1 keep-alive on uvloop; c=1 phases "
+        "interleave the systems request by request, c=32 runs them back to back in rotating order",
+    }
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="meridian-gateway-bench-") as folder:
+        work = Path(folder)
+        with running_systems(work, args) as systems:
+            print(f"systems up: {', '.join(f'{s.name} {s.base_url}' for s in systems)}", flush=True)
+            warm_up(systems, args.warmup, args.deadline_s)
+            runs = measure(systems, plan, rounds=args.rounds, deadline_s=args.deadline_s)
+        if args.keep_logs is not None:
+            args.keep_logs.mkdir(parents=True, exist_ok=True)
+            for log in work.glob("*.log"):
+                shutil.copy(log, args.keep_logs / log.name)
+    conditions["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+    # After the run: the LiteLLM venv may only exist now.
+    conditions["versions"] = _versions(args.litellm_venv if args.compare_litellm else None)
+    conditions["duration_s"] = round(time.monotonic() - started, 1)
+    summaries = summarize(runs, plan)
+    added = {name: added_latency(summaries, name) for name in summaries if name != "direct"}
+    comparison = compare(summaries, added) if "litellm" in summaries else None
+    return {
+        "conditions": conditions,
+        "systems": summaries,
+        "added_latency_ms": added,
+        "comparison": comparison,
+    }
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--compare-litellm", action="store_true", help="also measure LiteLLM's proxy")
+    parser.add_argument("--quick", action="store_true", help="fewer requests, one round (a rough look)")
+    parser.add_argument("--rounds", type=int)
+    parser.add_argument("--requests-c1", type=int, help="non-streamed requests at concurrency 1, per system")
+    parser.add_argument(
+        "--requests-c32", type=int, help="non-streamed requests at concurrency 32, per system"
+    )
+    parser.add_argument("--streams", type=int, help="streamed requests at concurrency 1, per system")
+    parser.add_argument("--warmup", type=int, help="unrecorded requests per system before measuring")
+    parser.add_argument("--chunks", type=int, default=16, help="content chunks per upstream stream")
+    parser.add_argument("--deadline-s", type=float, default=180.0, help="time bound of one measurement")
+    parser.add_argument("--litellm-venv", type=Path, default=DEFAULT_VENV)
+    parser.add_argument("--keep-logs", type=Path, help="copy the servers' logs to this folder")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+    for name, value in (QUICK if args.quick else FULL).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    result = run_benchmark(args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(table(result["systems"], result["added_latency_ms"], result["comparison"]))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,11 @@
+"""The gateway's HTTP front doors, one controller module each, registered by gateway.app."""
+
+from gateway.api.admin_routes import AdminController
+from gateway.api.anthropic_routes import AnthropicController
+from gateway.api.openai_routes import OpenAIController
+from gateway.api.usage_routes import UsageController
+
+# Every front door create_app registers by default; a new one (e.g. /v1/messages) joins here.
+FRONT_DOORS = (OpenAIController, AnthropicController, UsageController, AdminController)
+
+__all__ = ["FRONT_DOORS", "AdminController", "AnthropicController", "OpenAIController", "UsageController"]

@@ -1,0 +1,29 @@
+"""Operational endpoints: liveness with a fleet summary, and Prometheus metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Controller, Response, get
+
+from gateway.fleet import Fleet
+from gateway.metrics import GatewayMetrics
+
+_PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class AdminController(Controller):
+    @get("/health")
+    async def health(self, fleet: Fleet) -> dict[str, Any]:
+        """Liveness: 200 while the gateway runs. Node counts tell an operator what routing sees."""
+        nodes = fleet.snapshot().nodes
+        return {
+            "status": "ok",
+            "nodes": len(nodes),
+            "healthy_nodes": sum(1 for n in nodes if n.healthy),
+            "ejected": sorted(fleet.ejections.ejected()),
+        }
+
+    @get("/metrics")
+    async def metrics(self, metrics: GatewayMetrics) -> Response[bytes]:
+        return Response(metrics.render(), media_type=_PROMETHEUS_TEXT)

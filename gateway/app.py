@@ -1,0 +1,219 @@
+"""`create_app(config)`: the gateway's parts, built from one config, owned by one Litestar app.
+
+Nothing is global: every app has its own clients, metrics registry, policy store, directory,
+quota gate and background tasks, started in its lifespan and stopped (in reverse) when it ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from litestar import Litestar
+from litestar.di import Provide
+from litestar.types import ControllerRouterHandler
+
+from gateway.api import FRONT_DOORS
+from gateway.config import ConfigError, GatewayConfig
+from gateway.discovery.build import build_region_directory
+from gateway.discovery.interface import RegionDirectory
+from gateway.ejection import Ejections
+from gateway.fleet import Fleet, ProviderSet
+from gateway.forwarding import Forwarder
+from gateway.metrics import GatewayMetrics
+from gateway.node_upstream import ClientPool, NodeUpstream
+from gateway.policy import PolicyStore
+from gateway.probes import NodeProber, ProbeResult
+from gateway.providers import build_providers
+from gateway.quota import QuotaConfigError, build_quota_gate
+from gateway.quota.interface import QuotaGate
+from gateway.service import RequestPipeline
+from regional_node.protocol.http import handle_exception
+from router.types import NodeInfo, TenantPolicy
+
+logger = logging.getLogger(__name__)
+
+# Node clients (see ClientPool): enough that no pool grows long at a few hundred concurrent
+# requests; idle clients cost nothing.
+_NODE_CLIENTS = 8
+
+
+@dataclass
+class Gateway:
+    """Everything one gateway app owns."""
+
+    config: GatewayConfig
+    policies: PolicyStore
+    directory: RegionDirectory
+    quota: QuotaGate
+    providers: ProviderSet
+    clients: ClientPool  # requests to nodes: shared by all of them
+    probe_client: httpx.AsyncClient  # health probes, kept apart so probes never queue behind traffic
+    prober: NodeProber
+    fleet: Fleet
+    metrics: GatewayMetrics
+    pipeline: RequestPipeline
+
+    async def start(self) -> None:
+        await self.policies.start()
+        await self.directory.start()
+        start_providers = getattr(self.providers, "start", None)
+        if start_providers is not None:
+            await start_providers()
+        start_quota = getattr(self.quota, "start", None)  # warms Redis: scripts, connections
+        if start_quota is not None:
+            await start_quota()
+        await self.prober.start()
+        nodes = self.directory.snapshot()
+        ready = sum(1 for n in nodes if (r := self.prober.result(n.node_id)) is not None and r.ready)
+        logger.info(
+            "gateway started: %d tenants, %d nodes (%d ready)",
+            len(self.policies.current()),
+            len(nodes),
+            ready,
+        )
+
+    async def stop(self) -> None:
+        # Each step runs even if an earlier one fails: a half-stopped gateway leaks tasks.
+        for step in (
+            self.prober.stop,
+            self.directory.stop,
+            self.policies.stop,
+            self.providers.aclose,
+            self.quota.close,
+            self.clients.aclose,
+            self.probe_client.aclose,
+        ):
+            try:
+                await step()
+            except Exception:
+                logger.exception("error while stopping the gateway (%s)", getattr(step, "__qualname__", step))
+
+    @asynccontextmanager
+    async def lifespan(self, _: Litestar) -> AsyncIterator[None]:
+        try:
+            await self.start()
+            yield
+        finally:
+            await self.stop()
+
+
+def build_gateway(
+    config: GatewayConfig,
+    *,
+    extra_policies: Sequence[TenantPolicy] = (),
+    env: Mapping[str, str] | None = None,
+    directory: RegionDirectory | None = None,
+    quota: QuotaGate | None = None,
+) -> Gateway:
+    """Wire the parts; `directory` and `quota` may be injected (tests), else built from config."""
+    env = os.environ if env is None else env
+    metrics = GatewayMetrics()
+    node_token = env.get(config.node_auth.token_env) or None
+    if node_token is None:
+        logger.warning("%s is not set: requests to nodes carry no credential", config.node_auth.token_env)
+    timeouts = config.timeouts
+    clients = ClientPool(_NODE_CLIENTS, connect_timeout_s=timeouts.connect_s, read_timeout_s=timeouts.read_s)
+    probe_client = httpx.AsyncClient(timeout=httpx.Timeout(timeouts.probe_s))
+    directory = directory or build_region_directory(
+        config.directory, registry=metrics.registry, source=f"{config.source}: $.directory"
+    )
+
+    def on_probe(node: NodeInfo, result: ProbeResult) -> None:
+        metrics.node_ready.labels(node.node_id, node.region).set(1.0 if result.ready else 0.0)
+
+    auth_headers = {"authorization": f"Bearer {node_token}"} if node_token else {}
+    prober = NodeProber(
+        directory,
+        probe_client,
+        interval_s=timeouts.probe_interval_s,
+        timeout_s=timeouts.probe_s,
+        headers=auth_headers,
+        on_result=on_probe,
+    )
+
+    def node_upstream(node_id: str, url: str) -> NodeUpstream:
+        return NodeUpstream(
+            url,
+            clients,
+            node_token=node_token,
+            read_timeout_s=timeouts.read_s,
+            stream_idle_s=timeouts.stream_idle_s,
+            connect_timeout_s=timeouts.connect_s,
+            name=node_id,
+        )
+
+    providers = build_providers(
+        config.providers,
+        env=env,
+        metrics_registry=metrics.registry,
+        source=config.source,  # its errors name the field from the root: `$.providers.endpoints[0]...`
+        # Breaker openings are shared across replicas through the quota's Redis, if any.
+        redis_url=(config.quota or {}).get("redis_url"),
+    )
+    ejections = Ejections(base_s=config.ejection.base_s, max_s=config.ejection.max_s)
+    fleet = Fleet(directory, prober, ejections, providers, node_upstream)
+    if quota is None:
+        try:
+            quota = build_quota_gate(config.quota)
+        except QuotaConfigError as exc:
+            raise ConfigError(f"{config.source}: $.{exc}") from None
+    policies = PolicyStore(config.policies, extra=extra_policies)
+    # Loaded now, so a broken policy file stops start-up with its file and field named
+    # (PolicyError) before any server is up; start() then only begins hot reloading.
+    policies.load()
+    forwarder = Forwarder(fleet, metrics, retry=config.retry, stream_idle_s=timeouts.stream_idle_s)
+    pipeline = RequestPipeline(
+        config=config, policies=policies, quota=quota, fleet=fleet, forwarder=forwarder, metrics=metrics
+    )
+    return Gateway(
+        config=config,
+        policies=policies,
+        directory=directory,
+        quota=quota,
+        providers=providers,
+        clients=clients,
+        probe_client=probe_client,
+        prober=prober,
+        fleet=fleet,
+        metrics=metrics,
+        pipeline=pipeline,
+    )
+
+
+def create_app(
+    config: GatewayConfig,
+    *,
+    extra_policies: Sequence[TenantPolicy] = (),
+    env: Mapping[str, str] | None = None,
+    gateway: Gateway | None = None,
+    route_handlers: Sequence[ControllerRouterHandler] = FRONT_DOORS,
+) -> Litestar:
+    """The gateway app. `extra_policies` are in-memory tenants (e.g. `meridian up`'s demo tenant)."""
+    gateway = gateway or build_gateway(config, extra_policies=extra_policies, env=env)
+
+    def provide(value: Any) -> Provide:
+        async def dependency() -> Any:
+            return value
+
+        return Provide(dependency, use_cache=True)
+
+    return Litestar(
+        route_handlers=list(route_handlers),
+        dependencies={
+            "pipeline": provide(gateway.pipeline),
+            "fleet": provide(gateway.fleet),
+            "metrics": provide(gateway.metrics),
+        },
+        exception_handlers={Exception: handle_exception},
+        lifespan=[gateway.lifespan],
+        state={"gateway": gateway},  # type: ignore[arg-type]
+        openapi_config=None,
+        # Logging is the process's business (the CLI configures it), not each app's.
+        logging_config=None,
+    )

@@ -1,0 +1,52 @@
+"""`meridian up`'s flags. Environment variables give the defaults where a flag is awkward
+(`make up` passes no flags): MERIDIAN_PORT, MERIDIAN_HOME, MERIDIAN_DEMO_API_KEY."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def add_up_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="gateway listen address (default 127.0.0.1)")
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="gateway port (default $MERIDIAN_PORT or 8080); nodes use free ports",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="where checkpoints, generated configs and logs go (default $MERIDIAN_HOME or ./.meridian)",
+    )
+    parser.add_argument("--policies", type=Path, default=Path("policies"), help="tenant policy folder")
+    parser.add_argument(
+        "--ready-timeout", type=float, default=300.0, help="seconds to wait for the nodes to be ready"
+    )
+
+
+@dataclass(frozen=True)
+class UpOptions:
+    host: str
+    port: int
+    state_dir: Path
+    policies: Path
+    ready_timeout_s: float
+    demo_api_key: str | None  # None: generate one
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> UpOptions:
+        port = args.port if args.port is not None else int(os.environ.get("MERIDIAN_PORT") or 8080)
+        state_dir = args.state_dir or Path(os.environ.get("MERIDIAN_HOME") or ".meridian")
+        return cls(
+            host=args.host,
+            port=port,
+            state_dir=state_dir.resolve(),
+            policies=args.policies.resolve(),
+            ready_timeout_s=args.ready_timeout,
+            demo_api_key=os.environ.get("MERIDIAN_DEMO_API_KEY") or None,
+        )

@@ -1,0 +1,62 @@
+"""The gateway's Prometheus metrics, in a registry owned by one app (tests build many apps)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+# Gateway-added latency is milliseconds; whole requests on CPU nodes run to tens of seconds.
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "meridian_gateway_requests",
+            "Client requests by tenant, served model, region and outcome (HTTP status or stream_error).",
+            ["tenant", "model", "region", "status"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "meridian_gateway_request_duration_seconds",
+            "Time from receiving a request to its last byte.",
+            ["model", "stream"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "meridian_gateway_time_to_first_token_seconds",
+            "Time from receiving a streaming request to its first upstream chunk.",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.upstream_attempts = Counter(
+            "meridian_gateway_upstream_attempts",
+            "Attempts on upstream targets by outcome (ok, retryable, rejected, broken).",
+            ["target", "region", "outcome"],
+            registry=r,
+        )
+        self.failovers = Counter(
+            "meridian_gateway_failovers",
+            "Retries on another target before the first byte (retry) and streams continued "
+            "elsewhere after a break (continuation).",
+            ["kind"],
+            registry=r,
+        )
+        self.tokens = Counter(
+            "meridian_gateway_tokens",
+            "Tokens served, by tenant and kind (prompt, completion), from the nodes' usage.",
+            ["tenant", "kind"],
+            registry=r,
+        )
+        self.node_ready = Gauge(
+            "meridian_gateway_node_ready",
+            "1 when the node's last /ready probe answered 200.",
+            ["node_id", "region"],
+            registry=r,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

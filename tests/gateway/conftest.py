@@ -1,0 +1,204 @@
+"""Real processes for gateway tests: regional nodes (subprocesses) and a gateway served by uvicorn
+in a background thread of the test process, so tests can read its metrics and fleet state.
+
+Fleets are module-scoped: starting a node costs seconds, so each test module shares its nodes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from gateway.app import Gateway, build_gateway, create_app
+from gateway.config import config_from_dict
+from gateway.serve import uvicorn_config
+from router.types import Residency, TenantLimits, TenantPolicy
+from tests.support.processes import REPO_ROOT, free_port, python_command, stop_process, wait_http_ok
+
+NODE_TOKEN = "test-node-token"
+AUTH = {"authorization": f"Bearer {NODE_TOKEN}"}
+GLOBAL_KEY = "sk-test-global"
+EU_KEY = "sk-test-eu"
+SMALL_KEY = "sk-test-small"
+
+
+def _hash(key: str) -> frozenset[str]:
+    from gateway.policy import key_digest
+
+    return frozenset({key_digest(key)})
+
+
+TEST_TENANTS = (
+    TenantPolicy(tenant_id="t-global", api_key_hashes=_hash(GLOBAL_KEY)),
+    TenantPolicy(
+        tenant_id="t-eu", api_key_hashes=_hash(EU_KEY), residency=Residency(jurisdictions=frozenset({"eu"}))
+    ),
+    TenantPolicy(
+        tenant_id="t-small",
+        api_key_hashes=_hash(SMALL_KEY),
+        models=frozenset({"meridian-small"}),
+        limits=TenantLimits(max_tokens=32, context_tokens=256),
+    ),
+)
+
+
+class NodeProcess:
+    """One regional node process that a test may kill (SIGKILL), freeze, and start again."""
+
+    def __init__(
+        self, node_id: str, region: str, jurisdiction: str, models: dict[str, tuple[Path, str]], log_dir: Path
+    ) -> None:
+        self.node_id = node_id
+        self.region = region
+        self.jurisdiction = jurisdiction
+        self.models = models
+        self.port = free_port()
+        self.log_path = log_dir / f"{node_id}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        cmd = python_command("-m", "gateway.cli", "node", "--host", "127.0.0.1", "--port", str(self.port))
+        cmd += ["--node-id", self.node_id, "--region", self.region, "--jurisdiction", self.jurisdiction]
+        for name, (path, tier) in self.models.items():
+            cmd += ["--model", f"{name}={path}:{tier}"]
+        return cmd
+
+    def launch(self) -> None:
+        env = {
+            **os.environ,
+            "MERIDIAN_NODE_TOKEN": NODE_TOKEN,
+            "OMP_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                self.command(),
+                env=env,
+                cwd=REPO_ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        try:
+            wait_http_ok(self.url + "/ready", timeout, headers=AUTH, process=self.process)
+        except (TimeoutError, RuntimeError) as exc:
+            raise RuntimeError(
+                f"{exc}\n--- {self.node_id} log ---\n{self.log_path.read_text()[-3000:]}"
+            ) from None
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL, as a crashed machine would look to the gateway."""
+        if self.alive():
+            assert self.process is not None
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+    def freeze(self) -> None:
+        assert self.process is not None
+        os.killpg(self.process.pid, signal.SIGSTOP)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            stop_process(self.process)
+
+    def metrics(self) -> str:
+        return httpx.get(self.url + "/metrics", headers=AUTH, timeout=5).text
+
+
+def start_nodes(nodes: Sequence[NodeProcess]) -> None:
+    """Launch all first, then wait: the nodes start up in parallel."""
+    for node in nodes:
+        if not node.alive():
+            node.launch()
+    for node in nodes:
+        node.wait_ready()
+
+
+def write_regions(path: Path, nodes: Sequence[NodeProcess]) -> Path:
+    entries = [
+        {
+            "node_id": n.node_id,
+            "url": n.url,
+            "region": n.region,
+            "jurisdiction": n.jurisdiction,
+            "models": list(n.models),
+        }
+        for n in nodes
+    ]
+    path.write_text(yaml.safe_dump({"nodes": entries}), encoding="utf-8")
+    return path
+
+
+def gateway_config(regions_file: Path, **overrides: Any) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "home_region": "eu-west",
+        "policies": str(REPO_ROOT / "policies"),
+        "catalog": [{"name": "meridian-small", "tier": "small"}, {"name": "meridian-large", "tier": "large"}],
+        "directory": {"type": "static", "file": str(regions_file)},
+        "timeouts": {"probe_interval_s": 0.5, "probe_s": 0.5, "stream_idle_s": 20.0, "read_s": 60.0},
+        "retry": {"max_attempts": 3, "backoff_base_s": 0.01, "backoff_max_s": 0.05},
+        "ejection": {"base_s": 0.5, "max_s": 5.0},
+    }
+    config.update(overrides)
+    return config
+
+
+@dataclass
+class RunningGateway:
+    url: str
+    gateway: Gateway
+
+    def metric(self, name: str, **labels: str) -> float:
+        value = self.gateway.metrics.registry.get_sample_value(name, labels)
+        return value or 0.0
+
+
+@contextmanager
+def run_gateway(
+    config: dict[str, Any],
+    tenants: Sequence[TenantPolicy] = TEST_TENANTS,
+    env: Mapping[str, str] | None = None,
+) -> Iterator[RunningGateway]:
+    """A gateway on a free port, served from a background thread with its own event loop.
+    `env` adds environment variables the gateway reads (e.g. providers' API keys)."""
+    import uvicorn
+
+    parsed = config_from_dict(config, source="test-gateway.yaml")
+    gateway = build_gateway(
+        parsed, extra_policies=tenants, env={"MERIDIAN_NODE_TOKEN": NODE_TOKEN, **(env or {})}
+    )
+    app = create_app(parsed, gateway=gateway)
+    port = free_port()
+    server = uvicorn.Server(uvicorn_config(app, "127.0.0.1", port))
+    thread = threading.Thread(target=server.run, name="test-gateway", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive(), "the gateway thread died during start-up"
+        assert time.monotonic() < deadline, "the gateway did not start"
+        time.sleep(0.02)
+    try:
+        yield RunningGateway(url=f"http://127.0.0.1:{port}", gateway=gateway)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)

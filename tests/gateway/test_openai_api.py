@@ -1,0 +1,247 @@
+"""The gateway's OpenAI API end to end: real node processes, the official `openai` SDK."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.gateway.conftest import (
+    EU_KEY,
+    GLOBAL_KEY,
+    SMALL_KEY,
+    NodeProcess,
+    RunningGateway,
+    gateway_config,
+    run_gateway,
+    start_nodes,
+    write_regions,
+)
+
+ROUTE_HEADERS = ("x-request-id", "x-meridian-region", "x-meridian-model", "x-meridian-route")
+
+
+@pytest.fixture(scope="module")
+def nodes(
+    llama_checkpoint: Path, qwen2_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[NodeProcess]]:
+    logs = tmp_path_factory.mktemp("node-logs")
+    models = {"meridian-small": (llama_checkpoint, "small"), "meridian-large": (qwen2_checkpoint, "large")}
+    fleet = [
+        NodeProcess("us-east-1", "us-east", "us", models, logs),
+        NodeProcess("eu-west-1", "eu-west", "eu", models, logs),
+    ]
+    try:
+        start_nodes(fleet)
+        yield fleet
+    finally:
+        for node in fleet:
+            node.stop()
+
+
+@pytest.fixture(scope="module")
+def gw(nodes: list[NodeProcess], tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
+    regions = write_regions(tmp_path_factory.mktemp("gw") / "regions.yaml", nodes)
+    with run_gateway(gateway_config(regions)) as running:
+        yield running
+
+
+def sdk(gw: RunningGateway, key: str = GLOBAL_KEY) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0, timeout=30)
+
+
+def test_chat_completion_returns_usage_and_route_headers(gw: RunningGateway) -> None:
+    raw = sdk(gw).chat.completions.with_raw_response.create(
+        model="meridian-small",
+        messages=[{"role": "user", "content": "Hello there"}],
+        max_tokens=8,
+        temperature=0,
+    )
+    completion = raw.parse()
+    assert completion.model == "meridian-small"
+    assert completion.choices[0].message.content
+    assert completion.usage is not None and completion.usage.completion_tokens == 8
+    assert completion.usage.total_tokens == completion.usage.prompt_tokens + 8
+    for header in ROUTE_HEADERS:
+        assert raw.headers.get(header), header
+    assert raw.headers["x-meridian-model"] == "meridian-small"
+    # home_region is eu-west, so an unconstrained tenant is served there first.
+    assert raw.headers["x-meridian-region"] == "eu-west"
+    assert "token_ids" not in (completion.choices[0].model_extra or {})
+
+
+def test_streaming_chat_relays_chunks_and_final_usage(gw: RunningGateway) -> None:
+    with sdk(gw).chat.completions.with_streaming_response.create(
+        model="meridian-large",
+        messages=[{"role": "user", "content": "Tell me a story"}],
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    ) as response:
+        assert response.headers["x-meridian-model"] == "meridian-large"
+        assert response.headers["x-meridian-region"] in ("eu-west", "us-east")
+        chunks = list(response.parse())
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text
+    assert len({c.id for c in chunks}) == 1
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert all("token_ids" not in (choice.model_extra or {}) for c in chunks for choice in c.choices)
+
+
+def test_legacy_completions_stream_and_not(gw: RunningGateway) -> None:
+    client = sdk(gw)
+    whole = client.completions.create(model="meridian-small", prompt="Once upon", max_tokens=6, temperature=0)
+    streamed = client.completions.create(
+        model="meridian-small", prompt="Once upon", max_tokens=6, temperature=0, stream=True
+    )
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == whole.choices[0].text
+    assert whole.usage is not None and whole.usage.completion_tokens == 6
+
+
+def test_token_ids_are_passed_through_when_the_client_asks(gw: RunningGateway) -> None:
+    stream = sdk(gw).chat.completions.create(
+        model="meridian-small",
+        messages=[{"role": "user", "content": "ids please"}],
+        max_tokens=5,
+        temperature=0,
+        stream=True,
+        extra_body={"return_token_ids": True},
+    )
+    ids = [
+        t for c in stream for choice in c.choices for t in (choice.model_extra or {}).get("token_ids") or []
+    ]
+    assert len(ids) == 5
+
+
+def test_auto_model_is_resolved_to_a_catalog_model(gw: RunningGateway) -> None:
+    raw = sdk(gw).chat.completions.with_raw_response.create(
+        model="auto", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+    )
+    assert raw.headers["x-meridian-model"] == "meridian-small"
+    assert raw.parse().model == "meridian-small"
+
+
+def test_models_list_only_what_the_tenant_may_use(gw: RunningGateway) -> None:
+    assert {m.id for m in sdk(gw).models.list()} == {"meridian-small", "meridian-large"}
+    assert [m.id for m in sdk(gw, SMALL_KEY).models.list()] == ["meridian-small"]
+
+
+def test_bad_or_missing_key_is_401_in_openai_format(gw: RunningGateway) -> None:
+    with pytest.raises(openai.AuthenticationError) as info:
+        sdk(gw, "sk-wrong").chat.completions.create(
+            model="meridian-small", messages=[{"role": "user", "content": "x"}]
+        )
+    assert info.value.code == "invalid_api_key"
+    assert info.value.response.headers.get("x-request-id")
+    missing = httpx.post(gw.url + "/v1/chat/completions", json={"model": "meridian-small", "messages": []})
+    assert missing.status_code == 401
+    assert missing.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_model_outside_the_tenant_policy_is_403(gw: RunningGateway) -> None:
+    with pytest.raises(openai.PermissionDeniedError) as info:
+        sdk(gw, SMALL_KEY).chat.completions.create(
+            model="meridian-large", messages=[{"role": "user", "content": "x"}], max_tokens=4
+        )
+    assert info.value.code == "model_not_allowed"
+
+
+def test_unknown_model_is_404(gw: RunningGateway) -> None:
+    with pytest.raises(openai.NotFoundError) as info:
+        sdk(gw).chat.completions.create(
+            model="gpt-17", messages=[{"role": "user", "content": "x"}], max_tokens=4
+        )
+    assert info.value.code == "model_not_found"
+    assert "gpt-17" in info.value.message
+
+
+def test_over_the_tenant_caps_is_400(gw: RunningGateway) -> None:
+    client = sdk(gw, SMALL_KEY)
+    with pytest.raises(openai.BadRequestError) as over_max:
+        client.chat.completions.create(
+            model="meridian-small", messages=[{"role": "user", "content": "x"}], max_tokens=33
+        )
+    assert over_max.value.code == "max_tokens_exceeded"
+    with pytest.raises(openai.BadRequestError) as over_context:
+        client.chat.completions.create(
+            model="meridian-small", messages=[{"role": "user", "content": "word " * 400}], max_tokens=8
+        )
+    assert over_context.value.code == "context_length_exceeded"
+
+
+def test_malformed_bodies_are_400_naming_the_field(gw: RunningGateway) -> None:
+    headers = {"authorization": f"Bearer {GLOBAL_KEY}"}
+    not_json = httpx.post(gw.url + "/v1/chat/completions", content=b"{nope", headers=headers)
+    assert not_json.status_code == 400 and not_json.json()["error"]["type"] == "invalid_request_error"
+    bad_field = httpx.post(
+        gw.url + "/v1/chat/completions",
+        json={"model": "meridian-small", "messages": [{"role": "user", "content": "x"}], "max_tokens": "ten"},
+        headers=headers,
+    )
+    assert bad_field.status_code == 400
+    assert bad_field.json()["error"]["param"] == "max_tokens"
+    assert bad_field.headers.get("x-request-id")
+
+
+def test_eu_tenant_is_served_in_the_eu(gw: RunningGateway) -> None:
+    for _ in range(4):
+        raw = sdk(gw, EU_KEY).chat.completions.with_raw_response.create(
+            model="meridian-small", messages=[{"role": "user", "content": "hallo"}], max_tokens=2
+        )
+        assert raw.headers["x-meridian-region"] == "eu-west"
+
+
+def test_client_disconnect_cancels_the_node_request(gw: RunningGateway, nodes: list[NodeProcess]) -> None:
+    body = {
+        "model": "meridian-small",
+        "messages": [{"role": "user", "content": "go on forever"}],
+        "max_tokens": 3000,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    headers = {"authorization": f"Bearer {GLOBAL_KEY}"}
+    with httpx.stream(
+        "POST", gw.url + "/v1/chat/completions", json=body, headers=headers, timeout=30
+    ) as response:
+        node = next(n for n in nodes if n.node_id == response.headers["x-meridian-node"])
+        lines = response.iter_lines()
+        for _ in range(6):
+            next(lines)
+    # The client is gone: the node must abort the sequence (counted as "disconnected") at once,
+    # long before 3000 tokens would have been generated.
+    started = time.monotonic()
+    while _disconnected(node.metrics()) < 1:
+        assert time.monotonic() - started < 3, "the node kept generating for a disconnected client"
+        time.sleep(0.05)
+
+
+def _disconnected(metrics: str) -> float:
+    for line in metrics.splitlines():
+        if line.startswith("meridian_node_requests_total{") and 'outcome="disconnected"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_metrics_count_requests_tokens_and_attempts(gw: RunningGateway) -> None:
+    sdk(gw).chat.completions.create(
+        model="meridian-small", messages=[{"role": "user", "content": "m"}], max_tokens=3
+    )
+    text = httpx.get(gw.url + "/metrics").text
+    for name in (
+        "meridian_gateway_requests_total",
+        "meridian_gateway_request_duration_seconds_bucket",
+        "meridian_gateway_time_to_first_token_seconds_bucket",
+        "meridian_gateway_upstream_attempts_total",
+        "meridian_gateway_tokens_total",
+        "meridian_gateway_node_ready",
+    ):
+        assert name in text, name
+    assert gw.metric("meridian_gateway_tokens_total", tenant="t-global", kind="completion") >= 3
+    health = httpx.get(gw.url + "/health").json()
+    assert health["status"] == "ok" and health["healthy_nodes"] == 2

@@ -1,0 +1,68 @@
+"""Planning a request: model resolution, tenant caps, token estimates, forwarded bodies."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.config import TokenEstimateConfig
+from gateway.plan import estimate_prompt_tokens, plan_request
+from regional_node.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ContextLengthError,
+    InvalidRequestError,
+    NotFoundError,
+    PermissionDeniedError,
+    decode_request,
+)
+from router.types import CatalogModel, Target, TenantLimits, TenantPolicy
+
+CATALOG = (CatalogModel("meridian-small", "small"), CatalogModel("meridian-large", "large"))
+ESTIMATE = TokenEstimateConfig()
+NODE = Target("node", "n1", "http://n1", "eu-west", "eu", "meridian-small", "test")
+
+
+def chat(**body: object) -> tuple[ChatCompletionRequest, dict[str, object]]:
+    body = {"model": "meridian-small", "messages": [{"role": "user", "content": "x" * 40}], **body}
+    import json
+
+    return decode_request(json.dumps(body).encode(), ChatCompletionRequest), body
+
+
+def tenant(**limits: int) -> TenantPolicy:
+    return TenantPolicy("t", frozenset(), models=frozenset({"meridian-small"}), limits=TenantLimits(**limits))
+
+
+def test_prompt_estimate_is_bytes_over_four_plus_message_overhead() -> None:
+    request, _ = chat()
+    assert estimate_prompt_tokens(request, ESTIMATE) == 10 + 4
+    tokens = CompletionRequest(model="m", prompt=[1, 2, 3, 4, 5])
+    assert estimate_prompt_tokens(tokens, ESTIMATE) == 5
+
+
+def test_unknown_model_is_404_and_disallowed_model_is_403() -> None:
+    with pytest.raises(NotFoundError):
+        plan_request("chat", *chat(model="nope"), tenant(), CATALOG, ESTIMATE)
+    with pytest.raises(PermissionDeniedError):
+        plan_request("chat", *chat(model="meridian-large"), tenant(), CATALOG, ESTIMATE)
+
+
+def test_caps_reject_oversized_requests() -> None:
+    with pytest.raises(InvalidRequestError, match="cap of 16"):
+        plan_request("chat", *chat(max_tokens=17), tenant(max_tokens=16), CATALOG, ESTIMATE)
+    with pytest.raises(ContextLengthError):
+        plan_request("chat", *chat(max_tokens=10), tenant(context_tokens=20), CATALOG, ESTIMATE)
+
+
+def test_missing_max_tokens_is_bounded_by_the_tenant_caps() -> None:
+    assert plan_request("chat", *chat(), tenant(max_tokens=16), CATALOG, ESTIMATE).max_tokens == 16
+    assert plan_request("chat", *chat(), tenant(context_tokens=100), CATALOG, ESTIMATE).max_tokens == 100 - 14
+
+
+def test_streams_to_nodes_ask_for_usage_and_token_ids() -> None:
+    plan = plan_request("chat", *chat(max_completion_tokens=9, stream=True), tenant(), CATALOG, ESTIMATE)
+    body = plan.body_for(NODE, stream=True)
+    assert body["stream_options"] == {"include_usage": True} and body["return_token_ids"] is True
+    assert body["max_tokens"] == 9 and "max_completion_tokens" not in body
+    assert not plan.include_usage and not plan.wants_token_ids
+    assert plan.estimated_tokens == 14 + 9
