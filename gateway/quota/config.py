@@ -1,0 +1,68 @@
+"""The gateway config's `quota` section, validated into a typed struct.
+
+quota:                      # absent or {} -> in-process store (one replica, `make up`)
+  redis_url: redis://127.0.0.1:6379/0
+  timeout_ms: 200           # bound on every Redis call, connect included ...
+  congested_timeout_ms: 2000  # ... stretched up to this only while the gateway's own loop lags
+  cooldown_ms: 1000         # after a Redis failure, skip it this long, then probe once
+  local_share: 0.25         # fail-open: each replica enforces this share of every limit
+  key_prefix: mq
+  lease_ms: 30000           # concurrency lease; renewed every lease_ms / 3 while streaming
+  max_connections: 64       # Redis connections per gateway process
+  cluster: false            # redis_url names a Redis Cluster node
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+import msgspec
+
+from gateway.quota.errors import QuotaConfigError
+
+
+class QuotaConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    redis_url: str | None = None
+    timeout_ms: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 200
+    congested_timeout_ms: Annotated[int, msgspec.Meta(ge=1, le=60_000)] = 2_000
+    cooldown_ms: Annotated[int, msgspec.Meta(ge=0, le=600_000)] = 1_000
+    local_share: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.25
+    # Braces would break the tenant's hash tag, which must be the first {...} in every key.
+    key_prefix: Annotated[str, msgspec.Meta(pattern=r"^[^{}]+$")] = "mq"
+    lease_ms: Annotated[int, msgspec.Meta(ge=100, le=3_600_000)] = 30_000
+    max_connections: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 64
+    cluster: bool = False
+
+
+_URL_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def parse_quota_config(section: dict[str, Any] | None) -> QuotaConfig:
+    """Raises QuotaConfigError whose message starts with the offending field (`quota.timeout_ms`)."""
+    if section is None:
+        return QuotaConfig()
+    if not isinstance(section, dict):
+        raise QuotaConfigError(f"quota: expected a mapping, got {type(section).__name__}")
+    try:
+        config = msgspec.convert(section, QuotaConfig)
+    except msgspec.ValidationError as exc:
+        raise QuotaConfigError(_field_message(str(exc))) from None
+    if config.redis_url is not None and not config.redis_url.startswith(_URL_SCHEMES):
+        raise QuotaConfigError(
+            f"quota.redis_url: expected a redis://, rediss:// or unix:// URL, got {config.redis_url!r}"
+        )
+    if config.congested_timeout_ms < config.timeout_ms:
+        raise QuotaConfigError("quota.congested_timeout_ms: must be at least quota.timeout_ms")
+    if config.cluster and config.redis_url is None:
+        raise QuotaConfigError("quota.cluster: needs quota.redis_url")
+    return config
+
+
+def _field_message(message: str) -> str:
+    """msgspec says 'Expected `int` >= 1 - at `$.timeout_ms`'; lead with `quota.timeout_ms`."""
+    match = re.search(r" - at `\$\.?([^`]*)`$", message)
+    if match:
+        field = f"quota.{match.group(1)}" if match.group(1) else "quota"
+        return f"{field}: {message[: match.start()]}"
+    return f"quota: {message}"

@@ -1,0 +1,1 @@
+"""The quota Lua scripts (data files, read by gateway.quota.scripts)."""
