@@ -21,9 +21,10 @@ What it does, in order:
        chat_c1    non-streamed chat, concurrency 1          latency p50/p99
        chat_c32   non-streamed chat, concurrency 32         latency p50/p99, requests/s
        stream_c1  streamed chat, concurrency 1              time to first data event p50/p99
-     The concurrency-1 phases interleave the systems request by request (direct, meridian,
-     litellm, then the next turn starting one further along); chat_c32 runs the systems back to
-     back in an order that rotates every round. "direct" is the upstream itself; added latency =
+     The concurrency-1 phases interleave the systems in one client process: turns of 20
+     back-to-back requests per system (plus one unrecorded request to wake the system after its
+     idle spell), the first system rotating every turn; chat_c32 runs the systems back to back
+     in an order that rotates every round. "direct" is the upstream itself; added latency =
      system - direct. Each measurement is a separate load-generator process (gateway_bench.load:
      one keep-alive HTTP/1.1 connection per concurrent worker, fixed request counts, bounded by
      --deadline-s) that reports its own CPU use; every reply is checked (200 and choices, or a
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -84,6 +86,16 @@ def _versions(litellm_venv: Path | None) -> dict[str, str]:
     return versions
 
 
+def source_digest() -> str:
+    """SHA-256 over the gateway's Python sources: the tree is shared and changes between runs, so
+    a result names the code it measured."""
+    digest = hashlib.sha256()
+    for package in ("gateway", "router", "regional_node/protocol"):
+        for path in sorted((REPO / package).rglob("*.py")):
+            digest.update(path.relative_to(REPO).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 @contextlib.contextmanager
 def running_systems(work: Path, args: argparse.Namespace) -> Iterator[list[System]]:
     """direct, meridian and (asked for) litellm, all stopped on the way out however it ends."""
@@ -110,14 +122,19 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),
         "loadavg_before": [round(x, 2) for x in os.getloadavg()],
+        "meridian_source_sha256": source_digest(),
         "rounds": args.rounds,
         "phases": [vars(p) | {"requests_per_round": p.requests / args.rounds} for p in plan],
         "warmup_requests_per_system": args.warmup,
         "stream_content_chunks": args.chunks,
         "deadline_s_per_measurement": args.deadline_s,
-        "layout": "client, upstream and each proxy are separate processes on 127.0.0.1; one proxy "
-        "process each (no workers); client = raw asyncio HTTP/1.1 keep-alive on uvloop; c=1 phases "
-        "interleave the systems request by request, c=32 runs them back to back in rotating order",
+        "layout": {
+            "processes": "client, upstream and each proxy are separate processes on 127.0.0.1; "
+            "one process per proxy (no workers)",
+            "client": "raw asyncio HTTP/1.1 keep-alive client on uvloop, one connection per worker",
+            "c1_phases": "systems interleaved in turns of 20 requests, +1 unrecorded wake-up each",
+            "c32_phase": "systems back to back, order rotating every round",
+        },
     }
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="meridian-gateway-bench-") as folder:

@@ -90,7 +90,9 @@ class RequestPipeline:
     ) -> dict[str, Any]:
         plan = self._plan(ctx, endpoint, request, body)
         admission = await self._admit(ctx, plan)
-        actual_tokens = plan.estimated_tokens
+        # Charged only for what was served: a request that failed on every target gets its
+        # tokens back (the request itself still counts against requests/min).
+        actual_tokens = 0
         try:
             decision = self._route(ctx, plan.model.name, plan.affinity_key)
             async with lease_keeper(self._quota, admission):
@@ -102,7 +104,7 @@ class RequestPipeline:
                 )
             ctx.served_by(target, attempts, self._fleet.route_label(target))
             usage = result.get("usage") or {}
-            actual_tokens = int(usage.get("total_tokens", actual_tokens))
+            actual_tokens = int(usage.get("total_tokens") or plan.estimated_tokens)
             self.count_tokens(ctx, usage)
             result["model"] = target.model
             if not plan.wants_token_ids:
@@ -130,7 +132,7 @@ class RequestPipeline:
             )
         except BaseException:
             await run_shielded(lease.aclose, what="stop lease keeper")
-            await self.settle(admission, plan.estimated_tokens)
+            await self.settle(admission, 0)  # nothing was served
             raise
         ctx.served_by(opened.target, opened.attempts, self._fleet.route_label(opened.target))
         self._metrics.ttft.labels(opened.target.model).observe(time.monotonic() - ctx.started)

@@ -6,10 +6,14 @@ One spec: `concurrency` workers each own one keep-alive connection and take requ
 shared count until `requests` are done or `deadline_s` passes (the result then says
 `truncated`). Warm-up requests go first on the same connections and are not recorded.
 
-Several specs (all at concurrency 1): one connection per spec, and requests alternate between
-them one at a time, in an order that rotates every turn. At concurrency 1 a latency is a few
-milliseconds, and a burst of someone else's work on a shared machine would otherwise land on
-whichever system happened to be measured at that moment.
+Several specs (all at concurrency 1): one connection per spec; the specs take turns, each
+sending BLOCK requests back to back, and who goes first rotates every turn. At concurrency 1 a
+latency is a few milliseconds, and a burst of someone else's work on a shared machine would
+otherwise land on whichever system happened to be measured at that moment. Each block starts
+with one unrecorded request: a server that sat idle while the others had their turn answers its
+first request slower (on the 2-core team machine Meridian's p50 was 3.8 ms after a 12 ms idle
+gap against 2.2 ms back to back), and the gaps differ by system (a slow neighbour makes a long
+gap), so recording that request would penalise whichever system shares the run with a slow one.
 
 The process reports its own CPU use, so a reader can tell whether it was the bottleneck.
 """
@@ -30,6 +34,7 @@ from gateway_bench.http_client import Connection, HttpProtocolError, Reply, buil
 PATH = "/v1/chat/completions"
 PROMPT = [{"role": "user", "content": "Say hello to the benchmark."}]
 MAX_ERROR_SAMPLES = 5
+BLOCK = 20  # consecutive requests per turn when specs are interleaved
 _FAILURES = (
     OSError,
     TimeoutError,
@@ -61,6 +66,7 @@ class LoadResult(msgspec.Struct, kw_only=True):
     wall_s: float = 0.0  # measured span (interleaved: the sum of this spec's own request times)
     client_cpu_s: float = 0.0  # this process's CPU over the measured span
     truncated: bool = False  # the deadline stopped it before `requests` were done
+    sent: int = 0  # every request sent, warm-up and unrecorded ones included (for CPU per request)
 
 
 def request_bytes(spec: LoadSpec) -> tuple[str, int, bytes]:
@@ -101,6 +107,7 @@ class _Target:
     async def send(self, connection: Connection, *, recording: bool) -> float:
         """One request; records it when `recording`. Returns its duration, failed or not."""
         started = time.perf_counter()
+        self.result.sent += 1
         try:
             async with asyncio.timeout(self.spec.request_timeout_s):
                 reply = await connection.request(self.raw)
@@ -154,31 +161,39 @@ async def run_load(spec: LoadSpec) -> LoadResult:
     return target.result
 
 
-async def _alternate(targets: list[_Target], counts: list[int], *, recording: bool, deadline: float) -> None:
-    """Request i of every target before request i + 1 of any; who goes first rotates."""
-    for turn in range(max(counts)):
+async def _take_turns(targets: list[_Target], counts: list[int], *, recording: bool, deadline: float) -> None:
+    """Blocks of BLOCK consecutive requests per target, the targets taking turns (who goes first
+    rotates). When recording, each block starts with one unrecorded request (see the docstring)."""
+    done = [0] * len(targets)
+    turn = 0
+    while any(d < c for d, c in zip(done, counts, strict=True)):
         shift = turn % len(targets)
         for index in [*range(shift, len(targets)), *range(shift)]:
-            target = targets[index]
-            if turn >= counts[index]:
+            target, todo = targets[index], min(BLOCK, counts[index] - done[index])
+            if todo <= 0:
                 continue
+            done[index] += todo
             if time.monotonic() > deadline:
                 target.result.truncated |= recording
                 continue
-            spent = await target.send(target.connections[0], recording=recording)
             if recording:
-                target.result.wall_s += spent
+                await target.send(target.connections[0], recording=False)
+            for _ in range(todo):
+                spent = await target.send(target.connections[0], recording=recording)
+                if recording:
+                    target.result.wall_s += spent
+        turn += 1
 
 
 async def run_interleaved(specs: list[LoadSpec]) -> list[LoadResult]:
-    """Concurrency-1 specs, one request at a time each in turn (see the module docstring)."""
+    """Concurrency-1 specs taking turns in blocks (see the module docstring)."""
     assert all(spec.concurrency == 1 for spec in specs), "interleaving is for concurrency 1 only"
     targets = [_Target(spec) for spec in specs]
     deadline = time.monotonic() + max(spec.deadline_s for spec in specs)
     try:
-        await _alternate(targets, [s.warmup for s in specs], recording=False, deadline=deadline)
+        await _take_turns(targets, [s.warmup for s in specs], recording=False, deadline=deadline)
         cpu0 = time.process_time()
-        await _alternate(targets, [s.requests for s in specs], recording=True, deadline=deadline)
+        await _take_turns(targets, [s.requests for s in specs], recording=True, deadline=deadline)
         cpu = time.process_time() - cpu0
     finally:
         for target in targets:

@@ -2,7 +2,7 @@
 
 The machine's background load drifts (other engineers share its 2 cores), so no system may be
 measured only in a quiet or only in a busy spell. Concurrency-1 phases interleave the systems
-request by request in one client process; the concurrency-32 phase cannot (the systems would
+in blocks of requests in one client process (gateway_bench.load says how); the concurrency-32 phase cannot (the systems would
 compete for the same cores), so it runs them back to back, in an order that rotates every round.
 Each measurement is one load-generator process (gateway_bench.load); each system's CPU time is
 read from /proc around it.
@@ -87,11 +87,11 @@ def measured(systems: Sequence[System], specs: Sequence[LoadSpec]) -> list[Run]:
     """One client process for `specs` (one per system, same order), with each system's CPU."""
     before = [system.cpu_s() for system in systems]
     results = run_client(specs)
-    everything = sum(spec.warmup + spec.requests for spec in specs)
+    everything = sum(result.sent for result in results)
     return [
         # The upstream also served every other system's requests in this batch, once each.
-        Run(result, system.cpu_s() - cpu, everything if system.is_upstream else spec.warmup + spec.requests)
-        for system, spec, result, cpu in zip(systems, specs, results, before, strict=True)
+        Run(result, system.cpu_s() - cpu, everything if system.is_upstream else result.sent)
+        for system, result, cpu in zip(systems, results, before, strict=True)
     ]
 
 
@@ -103,8 +103,8 @@ def measure(
     deadline_s: float,
     progress: bool = True,
 ) -> RunTable:
-    """Concurrency-1 phases interleave the systems request by request (one client process);
-    others run the systems back to back, rotating who goes first each round."""
+    """Concurrency-1 phases interleave the systems in blocks (one client process); others run the
+    systems back to back, rotating who goes first each round."""
     table: RunTable = {s.name: {p.name: [] for p in phases} for s in systems}
     for index in range(rounds):
         for phase in phases:

@@ -54,7 +54,14 @@ def test_main_measures_direct_and_meridian_and_writes_every_key(
 
     result = json.loads(out.read_text())
     assert set(result) == {"conditions", "systems", "added_latency_ms", "comparison"}
-    conditions = {"cpu_count", "loadavg_before", "loadavg_after", "versions", "phases", "rounds"}
+    conditions = {
+        "cpu_count",
+        "loadavg_before",
+        "loadavg_after",
+        "versions",
+        "phases",
+        "meridian_source_sha256",
+    }
     assert conditions <= set(result["conditions"])
     assert set(result["systems"]) == {"direct", "meridian"}
     for system in result["systems"].values():
