@@ -1,0 +1,33 @@
+"""Bounded load shapes for the drills: every shape ends by itself."""
+
+from __future__ import annotations
+
+import os
+
+from locust import LoadTestShape
+
+
+class SpikeShape(LoadTestShape):
+    """Baseline, a sudden spike of users, then recovery; stops after the last stage.
+
+    Stage lengths and user counts come from MERIDIAN_SPIKE (baseline,spike,seconds) so the
+    drill can be scaled to the machine without editing code.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        baseline, spike, seconds = (int(x) for x in os.environ.get("MERIDIAN_SPIKE", "4,32,20").split(","))
+        # (end time in seconds, users, spawn rate)
+        self.stages = [
+            (seconds, baseline, baseline),
+            (2 * seconds, spike, spike),  # spawn the whole spike at once
+            (3 * seconds, baseline, spike),
+        ]
+
+    def tick(self) -> tuple[int, float] | None:
+        elapsed = self.get_run_time()
+        for end, users, rate in self.stages:
+            if elapsed < end:
+                return users, rate
+        return None
+

@@ -1,0 +1,84 @@
+"""The attention backend interface and the backend-neutral description of one step.
+
+A step's tokens are laid out as: every single-query sequence (decodes) first, sorted by context
+length, longest first; then every multi-token prefill chunk. New K/V are written to the paged pool
+through `slot_mapping` (slot = block * block_size + offset) before attention reads through the
+block tables, so a sequence always attends to its own new tokens as well.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+# One (key_cache, value_cache) pair per layer; the layout is the backend's choice (see its allocate_kv_cache).
+LayerKVCache = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class PrefillSpan:
+    """A chunk of `query_len` tokens at positions [context_len - query_len, context_len)."""
+
+    query_start: int
+    query_len: int
+    context_len: int
+    block_table: list[int]
+
+
+@dataclass
+class StepLayout:
+    num_tokens: int
+    slot_mapping: list[int]
+    decode_block_tables: list[list[int]] = field(default_factory=list)
+    decode_context_lens: list[int] = field(default_factory=list)
+    prefills: list[PrefillSpan] = field(default_factory=list)
+
+
+class AttentionBackend(Protocol):
+    """Paged causal attention. One instance per engine; `prepare` runs once per step, `forward` per layer."""
+
+    name: str
+
+    def allocate_kv_cache(
+        self,
+        *,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> list[LayerKVCache]: ...
+
+    def prepare(self, layout: StepLayout, block_size: int, device: torch.device) -> Any:
+        """Turn the step layout into whatever tensors `forward` needs (built once, used by every layer)."""
+        ...
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: LayerKVCache, metadata: Any
+    ) -> torch.Tensor:
+        """q: [T, heads, head_dim], k/v: [T, kv_heads, head_dim] for the step's new tokens.
+
+        Writes k/v into the cache, returns the attention output [T, heads, head_dim].
+        """
+        ...
+
+
+def kv_cache_bytes_per_block(
+    *, num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+) -> int:
+    element = torch.empty((), dtype=dtype).element_size()
+    return 2 * num_layers * block_size * num_kv_heads * head_dim * element
+
+
+def create_backend(name: str) -> AttentionBackend:
+    if name == "torch":
+        from regional_node.engine.attention.torch_backend import TorchAttentionBackend
+
+        return TorchAttentionBackend()
+    from regional_node.engine.errors import EngineConfigError
+
+    raise EngineConfigError(f"unknown attention_backend {name!r}; available: torch")

@@ -1,0 +1,247 @@
+"""The synchronous engine: requests in, one scheduled model step at a time, deltas out.
+
+Not thread-safe: one thread drives it (AsyncEngine owns that thread in the node server).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence as SequenceOf
+from pathlib import Path
+from typing import Any
+
+from regional_node.engine.block_manager import BlockManager
+from regional_node.engine.config import EngineConfig, ModelConfig
+from regional_node.engine.errors import EngineError, InvalidRequestError, StepFailedError
+from regional_node.engine.fairness import VirtualTokenCounter
+from regional_node.engine.loading import load_checkpoint
+from regional_node.engine.model_runner import ModelRunner, SamplingRequest
+from regional_node.engine.output_processor import RequestState, append_token
+from regional_node.engine.outputs import RequestDelta, RequestOutput
+from regional_node.engine.request_intake import RequestIntake
+from regional_node.engine.sampling_params import SamplingParams
+from regional_node.engine.scheduler import Scheduler
+from regional_node.engine.tokenizer import Tokenizer
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        *,
+        model_config: ModelConfig,
+        engine_config: EngineConfig,
+        runner: ModelRunner,
+        num_kv_blocks: int,
+        max_model_len: int,
+        tokenizer: Tokenizer | None,
+        eos_token_ids: tuple[int, ...],
+    ) -> None:
+        self.model_config = model_config
+        self.engine_config = engine_config
+        self.runner = runner
+        self.max_model_len = max_model_len
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
+        self.block_manager = BlockManager(
+            num_kv_blocks, engine_config.block_size, engine_config.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(
+            self.block_manager,
+            max_num_seqs=engine_config.max_num_seqs,
+            max_num_batched_tokens=engine_config.max_num_batched_tokens,
+            fairness=VirtualTokenCounter(
+                engine_config.fairness_prompt_weight, engine_config.fairness_output_weight
+            ),
+        )
+        self._intake = RequestIntake(
+            vocab_size=model_config.vocab_size,
+            max_model_len=max_model_len,
+            tokenizer=tokenizer,
+            eos_token_ids=eos_token_ids,
+            device=runner.device,
+        )
+        self._requests: dict[str, RequestState] = {}
+        self._pending: list[RequestDelta] = []  # abort notices, handed out by the next step()
+        self._arrivals = itertools.count()
+        self._generate_ids = itertools.count()
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        *,
+        device: str = "cpu",
+        dtype: str = "float32",
+        block_size: int = 16,
+        num_kv_blocks: int | None = None,
+        max_num_seqs: int = 64,
+        max_num_batched_tokens: int = 2048,
+        enable_prefix_caching: bool = True,
+        **more: Any,
+    ) -> LLMEngine:
+        """Load a Hugging Face checkpoint folder; `more` takes any other EngineConfig option."""
+        config = EngineConfig.from_options(
+            device=device,
+            dtype=dtype,
+            block_size=block_size,
+            num_kv_blocks=num_kv_blocks,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            enable_prefix_caching=enable_prefix_caching,
+            **more,
+        )
+        return cls(**vars(load_checkpoint(Path(path), config)))
+
+    # -- requests -------------------------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str,
+        prompt: list[int] | str,
+        params: SamplingParams,
+        *,
+        tenant: str = "default",
+        priority: str = "interactive",
+        cache_salt: str | None = None,
+        prompt_suffix_token_ids: list[int] | None = None,
+    ) -> None:
+        """Queue a request; raises an InvalidRequestError / RequestTooLargeError subclass at once if bad."""
+        if request_id in self._requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
+        state = self._intake.build(
+            request_id,
+            prompt,
+            params,
+            tenant=tenant,
+            priority=priority,
+            cache_salt=cache_salt,
+            prompt_suffix_token_ids=prompt_suffix_token_ids,
+            arrival=next(self._arrivals),
+        )
+        self.scheduler.add(state.seq)  # raises RequestTooLargeError before anything is recorded
+        self._requests[request_id] = state
+        self.prompt_tokens_total += state.seq.num_prompt_tokens
+
+    def abort_request(self, request_id: str) -> None:
+        """Stop a request and free its blocks now; the next step() reports it with finish_reason "abort"."""
+        state = self._requests.pop(request_id, None)
+        if state is None:
+            return
+        self.scheduler.finish(state.seq)
+        self._pending.append(state.delta([], "", [], "abort"))
+
+    def abort_all(self) -> list[str]:
+        """Abort every request without abort notices (the caller reports them); returns their ids."""
+        request_ids = list(self._requests)
+        for request_id in request_ids:
+            self.abort_request(request_id)
+        self._pending.clear()
+        return request_ids
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._pending) or self.scheduler.has_unfinished()
+
+    # -- one iteration --------------------------------------------------------------------------
+    def step(self) -> list[RequestDelta]:
+        deltas, self._pending = self._pending, []
+        out = self.scheduler.schedule()
+        if not out.chunks:
+            return deltas
+        sampling: list[SamplingRequest | None] = []
+        for chunk in out.chunks:
+            state = self._requests[chunk.seq.request_id]
+            sampling.append((state.params, state.generator) if chunk.completes else None)
+        try:
+            results = self.runner.execute(out.chunks, sampling)
+        except Exception as exc:
+            failed = [chunk.seq.request_id for chunk in out.chunks]
+            for request_id in failed:
+                state = self._requests.pop(request_id)
+                self.scheduler.finish(state.seq)
+            raise StepFailedError(f"model step failed: {exc!r}", failed) from exc
+        self.scheduler.step_done(out)
+        for chunk, result in zip(out.chunks, results, strict=True):
+            if result is None:
+                continue
+            state = self._requests[chunk.seq.request_id]
+            delta = append_token(state, *result)
+            self.generation_tokens_total += 1
+            if delta.finished:
+                self.scheduler.finish(state.seq)
+                del self._requests[chunk.seq.request_id]
+            deltas.append(delta)
+        return deltas
+
+    # -- convenience ----------------------------------------------------------------------------
+    def generate(
+        self,
+        prompts: SequenceOf[list[int] | str],
+        sampling_params: SamplingParams | SequenceOf[SamplingParams] | None = None,
+        *,
+        tenants: SequenceOf[str] | None = None,
+        priorities: SequenceOf[str] | None = None,
+    ) -> list[RequestOutput]:
+        """Run prompts to completion; one RequestOutput per prompt, in order. Drives step() itself,
+        so do not mix with a concurrently running AsyncEngine."""
+        n = len(prompts)
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params or SamplingParams()] * n
+        else:
+            params_list = list(sampling_params)
+        for name, values in (
+            ("sampling_params", params_list),
+            ("tenants", tenants),
+            ("priorities", priorities),
+        ):
+            if values is not None and len(values) != n:
+                raise InvalidRequestError(f"{name} has {len(values)} entries for {n} prompts", name)
+        results: dict[str, RequestOutput] = {}
+        try:
+            for i, prompt in enumerate(prompts):
+                request_id = f"generate-{next(self._generate_ids)}"
+                self.add_request(
+                    request_id,
+                    prompt,
+                    params_list[i],
+                    tenant=tenants[i] if tenants is not None else "default",
+                    priority=priorities[i] if priorities is not None else "interactive",
+                )
+                results[request_id] = RequestOutput(
+                    request_id, list(self._requests[request_id].seq.token_ids)
+                )
+            remaining = set(results)
+            while remaining:
+                if not self.has_unfinished_requests():
+                    raise EngineError(f"internal error: requests {sorted(remaining)} were lost")
+                for delta in self.step():
+                    out = results.get(delta.request_id)
+                    if out is not None:
+                        out.add(delta)
+                        if delta.finished:
+                            remaining.discard(delta.request_id)
+        except BaseException:
+            for request_id in results:
+                self.abort_request(request_id)
+            self._pending = [d for d in self._pending if d.request_id not in results]
+            raise
+        return list(results.values())
+
+    def stats(self) -> dict[str, Any]:
+        bm, sched = self.block_manager, self.scheduler
+        query, hit = sched.stats.prefix_cache_query_tokens, sched.stats.prefix_cache_hit_tokens
+        return {
+            "kv_blocks_total": bm.num_blocks,
+            "kv_blocks_used": bm.num_used_blocks,
+            "kv_blocks_cached": bm.num_cached_blocks,
+            "kv_cache_usage": bm.num_used_blocks / bm.num_blocks,
+            "num_running": len(sched.running),
+            "num_waiting": len(sched.waiting),
+            "waiting_tokens": sched.waiting.num_tokens,
+            "num_preemptions": sched.stats.num_preemptions,
+            "prefix_cache_query_tokens": query,
+            "prefix_cache_hit_tokens": hit,
+            "prefix_cache_hit_rate": hit / query if query else 0.0,
+            "prompt_tokens_total": self.prompt_tokens_total,
+            "generation_tokens_total": self.generation_tokens_total,
+        }

@@ -1,0 +1,1 @@
+"""Model code (ours, PyTorch) for the supported Hugging Face architectures."""

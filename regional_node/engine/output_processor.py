@@ -1,0 +1,75 @@
+"""Per-request output state: appends sampled tokens, decides when a request stops, and produces
+the text delta each step (detokenization plus stop-string hold-back)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from regional_node.engine.detokenizer import IncrementalDetokenizer
+from regional_node.engine.outputs import FinishReason, RequestDelta
+from regional_node.engine.sampling_params import SamplingParams
+from regional_node.engine.sequence import Sequence
+from regional_node.engine.stop_strings import StopStringMatcher
+
+
+@dataclass(eq=False)
+class RequestState:
+    seq: Sequence
+    params: SamplingParams
+    generator: Any  # torch.Generator for sampled requests, None for greedy ones
+    stop_token_ids: frozenset[int]
+    detokenizer: IncrementalDetokenizer | None
+    stop_matcher: StopStringMatcher | None
+
+    def delta(
+        self, token_ids: list[int], text: str, logprobs: list[float], finish: FinishReason | None
+    ) -> RequestDelta:
+        seq = self.seq
+        return RequestDelta(
+            request_id=seq.request_id,
+            new_token_ids=token_ids,
+            new_text=text,
+            new_logprobs=logprobs,
+            finished=finish is not None,
+            finish_reason=finish,
+            prompt_tokens=seq.num_prompt_tokens,
+            cached_tokens=seq.num_cached_prompt_tokens,
+            num_output_tokens=seq.num_output_tokens,
+        )
+
+
+def append_token(state: RequestState, token: int, logprob: float) -> RequestDelta:
+    """Add one sampled token to the request and say what the client gets for it.
+
+    Stop tokens (EOS unless ignore_eos, and stop_token_ids) stay in the token ids but add no text.
+    """
+    seq = state.seq
+    seq.token_ids.append(token)
+    finish: FinishReason | None = None
+    text = ""
+    if token in state.stop_token_ids:
+        finish = "stop"
+        text = _flush(state)
+    else:
+        piece = state.detokenizer.push(token) if state.detokenizer is not None else ""
+        if state.stop_matcher is not None and piece:
+            piece, stopped = state.stop_matcher.feed(piece)
+            if stopped:
+                finish = "stop"
+        text = piece
+        if finish is None and seq.num_output_tokens >= state.params.max_tokens:
+            finish = "length"
+            text += _flush(state)
+    return state.delta([token], text, [logprob], finish)
+
+
+def _flush(state: RequestState) -> str:
+    """Text still held back when a request ends for a reason other than a stop string."""
+    if state.detokenizer is None:
+        return ""
+    text = state.detokenizer.flush()
+    if state.stop_matcher is not None:
+        emitted, stopped = state.stop_matcher.feed(text)
+        return emitted if stopped else emitted + state.stop_matcher.flush()
+    return text

@@ -1,0 +1,68 @@
+"""Turns each sequence's last-position logits into its next token and that token's log-probability.
+
+Processing order (as transformers): temperature, then top-k, then top-p. The reported logprob is
+the log-softmax of the distribution actually sampled from, i.e. after those three steps; for greedy
+requests (temperature 0) it is the log-softmax of the raw logits.
+
+Random draws come from each request's own torch.Generator, one uniform number per token, turned into
+a token by inverse-CDF over the processed distribution. So a seeded request gets the same tokens
+whatever else shares its batch, and across preemptions.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from regional_node.engine.sampling_params import SamplingParams
+
+
+def sample(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+) -> tuple[list[int], list[float]]:
+    """logits: [num_seqs, vocab]; returns (token ids, logprobs), one per row."""
+    logits = logits.float()
+    if all(p.greedy for p in params):
+        # max - logsumexp is the chosen token's log-softmax, without writing the whole [n, vocab] table.
+        best, tokens = logits.max(dim=-1)
+        return tokens.tolist(), (best - torch.logsumexp(logits, dim=-1)).tolist()
+
+    device = logits.device
+    temperatures = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], device=device)
+    logits = logits / temperatures[:, None]
+    if any(p.top_k > 0 or p.top_p < 1.0 for p in params if not p.greedy):
+        logits = _apply_top_k_top_p(logits, params)
+    logprobs = torch.log_softmax(logits, dim=-1)
+    greedy_tokens = logits.argmax(dim=-1)
+
+    sampled_rows = [i for i, p in enumerate(params) if not p.greedy]
+    uniforms = torch.stack(
+        [torch.rand((), generator=generators[i], device=device) for i in sampled_rows]  # type: ignore[arg-type]
+    )
+    cdf = logprobs[sampled_rows].exp().cumsum(dim=-1)
+    # right=True: the first token whose cumulative mass exceeds u, so zero-probability tokens are skipped.
+    target = (uniforms * cdf[:, -1]).unsqueeze(1)
+    sampled = torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=logits.shape[-1] - 1)
+    tokens = greedy_tokens.clone()
+    tokens[sampled_rows] = sampled
+    chosen = logprobs.gather(1, tokens[:, None]).squeeze(1)
+    return tokens.tolist(), chosen.tolist()
+
+
+def _apply_top_k_top_p(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    vocab = logits.shape[-1]
+    device = logits.device
+    top_k = torch.tensor(
+        [p.top_k if 0 < p.top_k < vocab and not p.greedy else vocab for p in params], device=device
+    )
+    top_p = torch.tensor([p.top_p if not p.greedy else 1.0 for p in params], device=device)
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    ranks = torch.arange(vocab, device=device)[None, :]
+    remove = ranks >= top_k[:, None]
+    sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
+    probs = sorted_logits.softmax(dim=-1)
+    # Drop a token when the mass strictly before it already reaches top_p (the top token always stays).
+    mass_before = probs.cumsum(dim=-1) - probs
+    remove |= (mass_before >= top_p[:, None]) & (top_p[:, None] < 1.0)
+    remove[:, 0] = False
+    mask = torch.zeros_like(remove).scatter_(1, order, remove)
+    return logits.masked_fill(mask, float("-inf"))

@@ -1,0 +1,190 @@
+"""Iteration-level scheduling: which sequences run this step, and how many tokens each computes.
+
+Pure Python over block accounting (no torch), so every rule here is unit-tested directly.
+
+Each step has one token budget (max_num_batched_tokens) shared by decodes and prefill chunks:
+  1. running sequences that decode, highest tier and earliest admitted first, get their one token;
+     when the pool is out of blocks, the lowest-tier, most recently admitted running sequence is
+     preempted (blocks freed, recomputed later with its generated tokens kept), which always lets
+     the oldest one proceed;
+  2. running sequences part-way through a long prompt get their next chunk from what is left;
+  3. then waiting requests are admitted in fairness order (fairness.py) while the budget, the
+     sequence limit and the free blocks allow. Admission reserves blocks for all known tokens.
+A request that could not fit even alone in the pool is refused when added, so nothing deadlocks.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from regional_node.engine.block_manager import BlockManager
+from regional_node.engine.errors import RequestTooLargeError
+from regional_node.engine.fairness import VirtualTokenCounter, WaitingQueue
+from regional_node.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledChunk:
+    """seq computes tokens [start, start + num_tokens) this step."""
+
+    seq: Sequence
+    start: int
+    num_tokens: int
+
+    @property
+    def completes(self) -> bool:
+        """True when the chunk reaches the last known token, so the step samples a new one."""
+        return self.start + self.num_tokens == self.seq.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+    num_batched_tokens: int = 0
+
+
+@dataclass
+class SchedulerStats:
+    num_preemptions: int = 0
+    prefix_cache_query_tokens: int = 0
+    prefix_cache_hit_tokens: int = 0
+
+
+class Scheduler:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        fairness: VirtualTokenCounter | None = None,
+    ) -> None:
+        self.blocks = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.fairness = fairness or VirtualTokenCounter()
+        self.waiting = WaitingQueue(self.fairness)
+        # Sorted by (tier, admission order): the head is served first, the tail preempted first.
+        self.running: list[Sequence] = []
+        self.stats = SchedulerStats()
+        self._admissions = 0
+        # Head-room kept free when admitting beside running sequences, so that new admissions do
+        # not immediately force preemptions of sequences that are decoding.
+        self._watermark = max(1, block_manager.num_blocks // 100)
+
+    # -- request lifecycle ------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        needed = self.blocks.blocks_for(seq.max_total_tokens)
+        if needed > self.blocks.num_blocks:
+            raise RequestTooLargeError(
+                f"request needs {needed} KV blocks for {seq.max_total_tokens} tokens but the pool holds "
+                f"{self.blocks.num_blocks} blocks of {self.blocks.block_size}; shorten the prompt or max_tokens"
+            )
+        seq.status = SequenceStatus.WAITING
+        self.fairness.arrive(seq.tenant)
+        self.waiting.push(seq)
+
+    def finish(self, seq: Sequence) -> None:
+        """Remove seq (finished or aborted) wherever it is and free its blocks."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+            self.blocks.release(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        else:
+            return
+        seq.status = SequenceStatus.FINISHED
+        self.fairness.depart(seq.tenant)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.running) or len(self.waiting) > 0
+
+    # -- one step ---------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        running = self.running
+        # Decodes first, so a long prompt being prefilled never stalls the sequences admitted after it.
+        i = 0
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            if seq.num_uncomputed_tokens > 1:  # a prefill in progress: served from what is left
+                i += 1
+                continue
+            while self.blocks.blocks_needed(seq, seq.num_tokens) > self.blocks.num_free_blocks:
+                victim = running.pop()
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is seq:
+                    break
+            if seq.status is not SequenceStatus.RUNNING:
+                break
+            self.blocks.grow(seq, seq.num_tokens)
+            self._take(out, seq, 1)
+            budget -= 1
+            i += 1
+        for seq in running:
+            if budget == 0:
+                break
+            if seq.num_uncomputed_tokens > 1:
+                n = min(seq.num_uncomputed_tokens, budget)
+                # Admission reserved blocks for every known token, so a prefill chunk never allocates.
+                assert self.blocks.blocks_needed(seq, seq.num_computed_tokens + n) == 0
+                self._take(out, seq, n)
+                budget -= n
+        if not out.preempted:
+            self._admit(out, budget)
+        return out
+
+    def _admit(self, out: SchedulerOutput, budget: int) -> None:
+        bs = self.blocks.block_size
+        while budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting.peek()
+            if seq is None:
+                break
+            hit = self.blocks.prefix_hit(seq)
+            reserve = self._watermark if self.running else 0
+            if self.blocks.admission_cost(seq, hit) + reserve > self.blocks.num_free_blocks:
+                break  # head-of-line waits: skipping it could starve large requests
+            self.waiting.remove(seq)
+            self.blocks.admit(seq, hit)
+            if not seq.ever_admitted:
+                # Counted once per request: recomputation after preemption is not a client query.
+                seq.ever_admitted = True
+                seq.num_cached_prompt_tokens = len(hit) * bs
+                self.stats.prefix_cache_query_tokens += seq.num_prompt_tokens
+                self.stats.prefix_cache_hit_tokens += len(hit) * bs
+            seq.status = SequenceStatus.RUNNING
+            seq.admitted_order = self._admissions
+            self._admissions += 1
+            bisect.insort(self.running, seq, key=lambda s: (s.rank, s.admitted_order))
+            n = min(seq.num_uncomputed_tokens, budget)
+            self._take(out, seq, n)
+            budget -= n
+
+    def _take(self, out: SchedulerOutput, seq: Sequence, n: int) -> None:
+        start = seq.num_computed_tokens
+        out.chunks.append(ScheduledChunk(seq, start, n))
+        out.num_batched_tokens += n
+        # Fairness charges each token position once: recomputation after preemption is free.
+        end = start + n
+        first_new = max(start, seq.num_charged_tokens)
+        if end > first_new:
+            prompt = max(0, min(end, seq.num_prompt_tokens) - first_new)
+            self.fairness.charge(seq.tenant, prompt, end - first_new - prompt)
+            seq.num_charged_tokens = end
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.blocks.release(seq)
+        seq.status = SequenceStatus.WAITING
+        self.stats.num_preemptions += 1
+        self.waiting.push(seq, front=True)
+
+    def step_done(self, out: SchedulerOutput) -> None:
+        """Record the KV the model just wrote and publish newly full blocks to the prefix cache."""
+        for chunk in out.chunks:
+            seq = chunk.seq
+            seq.num_computed_tokens = chunk.start + chunk.num_tokens
+            self.blocks.cache_computed(seq)

@@ -1,0 +1,212 @@
+"""Scheduling rules, driven without a model: a chunk that completes a sequence 'samples' token 7."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from regional_node.engine.block_manager import BlockManager
+from regional_node.engine.errors import RequestTooLargeError
+from regional_node.engine.scheduler import Scheduler, SchedulerOutput
+from regional_node.engine.sequence import Sequence, SequenceStatus
+
+_ids = itertools.count()
+
+
+def make_seq(
+    prompt_len: int, max_tokens: int = 4, tenant: str = "default", priority: str = "interactive"
+) -> Sequence:
+    n = next(_ids)
+    return Sequence(
+        request_id=f"r{n}",
+        token_ids=[(n * 31 + i) % 1000 for i in range(prompt_len)],
+        num_prompt_tokens=prompt_len,
+        max_tokens=max_tokens,
+        tenant=tenant,
+        priority=priority,  # type: ignore[arg-type]
+        arrival=n,
+    )
+
+
+def make_scheduler(
+    num_blocks: int = 64, block_size: int = 4, budget: int = 64, max_seqs: int = 16
+) -> Scheduler:
+    return Scheduler(
+        BlockManager(num_blocks, block_size), max_num_seqs=max_seqs, max_num_batched_tokens=budget
+    )
+
+
+def fake_step(s: Scheduler, sampled: list[Sequence] | None = None) -> tuple[SchedulerOutput, list[Sequence]]:
+    """One scheduled step with a stand-in model; returns the output and the sequences that finished.
+
+    Sequences that got a token are appended to `sampled` when given."""
+    out = s.schedule()
+    s.step_done(out)
+    finished = []
+    for chunk in out.chunks:
+        if chunk.completes:
+            if sampled is not None:
+                sampled.append(chunk.seq)
+            chunk.seq.token_ids.append(7)
+            if chunk.seq.num_output_tokens >= chunk.seq.max_tokens:
+                s.finish(chunk.seq)
+                finished.append(chunk.seq)
+    return out, finished
+
+
+def run_to_completion(s: Scheduler, max_steps: int = 10_000) -> int:
+    for step in range(max_steps):
+        if not s.has_unfinished():
+            return step
+        fake_step(s)
+    raise AssertionError("scheduler did not drain: deadlock or starvation")
+
+
+def test_request_that_can_never_fit_fails_when_added() -> None:
+    s = make_scheduler(num_blocks=4, block_size=4)
+    with pytest.raises(RequestTooLargeError, match="KV blocks"):
+        s.add(make_seq(prompt_len=15, max_tokens=3))  # 17 tokens of KV > 16 slots
+    s.add(make_seq(prompt_len=14, max_tokens=3))  # exactly 16: fits alone
+    assert run_to_completion(s) > 0
+
+
+def test_long_prompt_is_prefilled_in_chunks_while_others_decode() -> None:
+    s = make_scheduler(budget=8)
+    batch = make_seq(3, max_tokens=20, priority="batch")
+    s.add(batch)
+    fake_step(s)  # decoding from now on
+    long = make_seq(30, priority="interactive")  # runs ahead of the batch sequence...
+    s.add(long)
+    starts = []
+    for _ in range(5):
+        out, _ = fake_step(s)
+        assert out.num_batched_tokens <= 8
+        assert any(c.seq is batch and c.num_tokens == 1 for c in out.chunks)  # ...which still decodes
+        starts += [c.start for c in out.chunks if c.seq is long]
+    assert starts == [0, 7, 14, 21, 28]
+
+
+def test_interactive_admitted_before_batch() -> None:
+    s = make_scheduler(max_seqs=1)
+    batch = make_seq(4, tenant="a", priority="batch")
+    inter = make_seq(4, tenant="b", priority="interactive")
+    s.add(batch)
+    s.add(inter)
+    out, _ = fake_step(s)
+    assert [c.seq for c in out.chunks] == [inter]
+
+
+def test_preemption_takes_lowest_priority_most_recent_and_keeps_generated_tokens() -> None:
+    s = make_scheduler(num_blocks=8, block_size=4, budget=64)
+    old = make_seq(7, max_tokens=10, priority="batch")
+    inter = make_seq(7, max_tokens=10, priority="interactive")
+    new_batch = make_seq(3, max_tokens=10, priority="batch")
+    s.add(old)
+    fake_step(s)
+    s.add(inter)
+    fake_step(s)
+    s.add(new_batch)
+    fake_step(s)
+    assert new_batch.status is SequenceStatus.RUNNING
+    victims: list[Sequence] = []
+    while not victims:
+        out, _ = fake_step(s)
+        victims = out.preempted
+    assert victims[0] is new_batch
+    assert new_batch.status is SequenceStatus.WAITING
+    assert new_batch.num_output_tokens >= 1  # generated tokens are kept and recomputed
+    assert s.stats.num_preemptions >= 1
+    run_to_completion(s)
+    assert s.blocks.num_used_blocks == 0
+
+
+def test_heavy_tenant_cannot_starve_a_light_one() -> None:
+    s = make_scheduler(num_blocks=400, budget=64, max_seqs=8)
+    heavy = [make_seq(8, max_tokens=8, tenant="A") for _ in range(100)]
+    for seq in heavy:
+        s.add(seq)
+    for _ in range(3):
+        fake_step(s)
+    light = [make_seq(8, max_tokens=8, tenant="B") for _ in range(5)]
+    for seq in light:
+        s.add(seq)
+    heavy_done = 0
+    first_token: set[str] = set()
+    while len(first_token & {q.request_id for q in light}) < len(light):
+        sampled: list[Sequence] = []
+        _, finished = fake_step(s, sampled)
+        first_token |= {q.request_id for q in sampled}
+        heavy_done += sum(1 for q in finished if q.tenant == "A")
+    assert heavy_done < 50
+
+
+def test_returning_tenant_is_lifted_and_cannot_bank_credit() -> None:
+    s = make_scheduler(num_blocks=400, budget=32, max_seqs=4)
+    for _ in range(20):
+        s.add(make_seq(8, tenant="A"))
+    for _ in range(10):
+        fake_step(s)
+    s.add(make_seq(8, tenant="B"))
+    assert s.fairness.counter("B") == s.fairness.counter("A")
+
+
+def test_aborting_waiting_and_running_frees_everything() -> None:
+    s = make_scheduler()
+    running, waiting = make_seq(9), make_seq(9)
+    s.add(running)
+    fake_step(s)
+    s.add(waiting)
+    s.finish(running)
+    s.finish(waiting)
+    assert not s.has_unfinished()
+    assert s.blocks.num_used_blocks == 0
+    assert len(s.waiting) == 0 and s.waiting.num_tokens == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    requests=st.lists(
+        st.tuples(
+            st.integers(1, 40),
+            st.integers(1, 12),
+            st.sampled_from(["interactive", "batch"]),
+            st.sampled_from("abc"),
+        ),
+        min_size=1,
+        max_size=25,
+    ),
+    num_blocks=st.integers(13, 40),
+    budget=st.integers(1, 48),
+    max_seqs=st.integers(1, 8),
+    arrive_every=st.integers(0, 3),
+)
+def test_budget_respected_no_deadlock_and_no_leak(
+    requests: list[tuple[int, int, str, str]], num_blocks: int, budget: int, max_seqs: int, arrive_every: int
+) -> None:
+    s = make_scheduler(num_blocks=num_blocks, block_size=4, budget=budget, max_seqs=max_seqs)
+    pending = [make_seq(p, m, tenant=t, priority=pr) for p, m, pr, t in requests]
+    finished: list[Sequence] = []
+    for step in range(20_000):
+        if pending and (arrive_every == 0 or step % arrive_every == 0):
+            seq = pending.pop(0)
+            try:
+                s.add(seq)
+            except RequestTooLargeError:
+                assert s.blocks.blocks_for(seq.max_total_tokens) > num_blocks
+        if not pending and not s.has_unfinished():
+            break
+        out, done = fake_step(s)
+        finished += done
+        assert out.num_batched_tokens <= budget
+        assert len(s.running) <= max_seqs
+        assert len({c.seq.request_id for c in out.chunks}) == len(out.chunks)
+        for seq in s.running:  # every running sequence's KV fits in its own block table
+            assert len(seq.block_table) * 4 >= seq.num_computed_tokens
+    else:
+        raise AssertionError("did not drain")
+    assert all(q.num_output_tokens == q.max_tokens for q in finished)
+    assert s.blocks.num_used_blocks == 0
+    assert all(r == 0 for r in s.blocks.ref_counts)
