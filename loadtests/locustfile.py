@@ -106,6 +106,8 @@ class MeridianUser(HttpUser):
             "max_tokens": random.randint(8, 32),
             "temperature": 0,
         }
-        with self.client.post("/v1/completions", json=body, name="completion", catch_response=True) as response:
+        with self.client.post(
+            "/v1/completions", json=body, name="completion", catch_response=True
+        ) as response:
             if response.status_code != 200:
                 response.failure(f"{response.status_code}: {response.text[:200]}")

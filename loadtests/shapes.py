@@ -30,4 +30,3 @@ class SpikeShape(LoadTestShape):
             if elapsed < end:
                 return users, rate
         return None
-

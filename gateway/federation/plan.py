@@ -72,6 +72,11 @@ class FederationPlan:
     def log_dir(self) -> Path:
         return self.state_dir / "logs"
 
+    @property
+    def run_file(self) -> Path:
+        """The running federation's node processes, for drills (loadtests/failover_drill.py)."""
+        return self.state_dir / "run.json"
+
     def checkpoint_dir(self, model: ModelSpec) -> Path:
         return self.state_dir / "models" / model.name
 

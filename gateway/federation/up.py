@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import secrets
@@ -142,6 +143,7 @@ async def run_up(options: UpOptions, *, announce: Announce = print) -> int:
         announce(f"Starting {len(nodes)} nodes ({', '.join(n.region for n in plan.nodes)})...")
         for node in nodes:
             await node.start()
+        _write_run_file(plan, nodes)
         auth = {"authorization": f"Bearer {node_token}"}
         ready = [
             node.wait_ready(spec.url + "/ready", timeout_s=options.ready_timeout_s, headers=auth)
@@ -168,9 +170,18 @@ async def run_up(options: UpOptions, *, announce: Announce = print) -> int:
         if server is not None:
             await server.stop()
         await asyncio.gather(*(node.stop() for node in nodes))
+        plan.run_file.unlink(missing_ok=True)
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
         announce("Stopped.")
+
+
+def _write_run_file(plan: FederationPlan, nodes: list[ChildProcess]) -> None:
+    running = [
+        {"node_id": spec.node_id, "pid": node.pid, "url": spec.url, "region": spec.region}
+        for node, spec in zip(nodes, plan.nodes, strict=True)
+    ]
+    plan.run_file.write_text(json.dumps({"gateway": plan.url, "nodes": running}, indent=2))
 
 
 async def _watch(node: ChildProcess, announce: Announce) -> None:
