@@ -184,6 +184,8 @@ class LLMEngine:
     ) -> list[RequestOutput]:
         """Run prompts to completion; one RequestOutput per prompt, in order. Drives step() itself,
         so do not mix with a concurrently running AsyncEngine."""
+        if isinstance(prompts, str):
+            prompts = [prompts]  # one text prompt, not a list of one-character prompts
         n = len(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params_list = [sampling_params or SamplingParams()] * n
@@ -207,8 +209,12 @@ class LLMEngine:
                     tenant=tenants[i] if tenants is not None else "default",
                     priority=priorities[i] if priorities is not None else "interactive",
                 )
+                seq = self._requests[request_id].seq
                 results[request_id] = RequestOutput(
-                    request_id, list(self._requests[request_id].seq.token_ids)
+                    request_id,
+                    list(seq.token_ids),
+                    prompt_tokens=seq.num_prompt_tokens,
+                    cached_tokens=seq.num_cached_prompt_tokens,
                 )
             remaining = set(results)
             while remaining:

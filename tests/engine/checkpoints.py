@@ -94,7 +94,7 @@ def write_tokenizer(out: Path, *, chat_template: str | None = CHAT_TEMPLATE) -> 
 
 
 @functools.cache
-def _hf_model(path: str) -> Any:
+def hf_model(path: str) -> Any:
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
@@ -102,7 +102,7 @@ def _hf_model(path: str) -> Any:
 
 @functools.cache
 def _hf_greedy(path: str, prompt: tuple[int, ...], max_new_tokens: int, stop_at_eos: bool) -> tuple[int, ...]:
-    model = _hf_model(path)
+    model = hf_model(path)
     with torch.inference_mode():
         out = model.generate(
             torch.tensor([prompt]),

@@ -10,7 +10,7 @@ import torch
 
 from regional_node.engine import LLMEngine, SamplingParams
 from regional_node.engine.sampler import sample
-from tests.engine.checkpoints import _hf_model, hf_greedy, random_prompts
+from tests.engine.checkpoints import hf_greedy, hf_model, random_prompts
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def test_degenerate_filters_equal_greedy(engine: LLMEngine, llama_dir: Path, par
 
 def reference_logprobs(llama_dir: Path, prompt: list[int], output: list[int]) -> torch.Tensor:
     """transformers' log-softmax over the vocabulary at every generated position."""
-    model = _hf_model(str(llama_dir))
+    model = hf_model(str(llama_dir))
     with torch.inference_mode():
         logits = model(torch.tensor([prompt + output])).logits[0, len(prompt) - 1 : -1]
     return torch.log_softmax(logits.float(), dim=-1)

@@ -58,7 +58,13 @@ class AttentionBackend(Protocol):
         ...
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: LayerKVCache, metadata: Any
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: LayerKVCache,
+        metadata: Any,
     ) -> torch.Tensor:
         """q: [T, heads, head_dim], k/v: [T, kv_heads, head_dim] for the step's new tokens.
 

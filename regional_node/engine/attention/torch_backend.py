@@ -12,6 +12,10 @@ query rows, so grouped-query attention needs no K/V repetition.
 Prefill chunks: a chunk with no cached prefix attends to its own new K/V with SDPA's is_causal;
 a chunk after a cached prefix (or an earlier chunk) gathers its context and uses an offset
 causal mask.
+
+Measured alternative, not taken: keeping each bucket's gathered K/V across steps and appending
+only the new token saves the gather, but the matmuls then read from memory instead of cache and
+the net gain was within noise, for a second copy of the running sequences' KV.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import torch.nn.functional as F
 from regional_node.engine.attention.base import LayerKVCache, StepLayout
 
 # A new decode bucket starts when a context is shorter than this share of the bucket's longest
-# (measured on CPU: padding waste costs more than one extra gather + two matmuls) ...
+# (measured on CPU: more padding costs more than one extra gather + two matmuls) ...
 _BUCKET_RATIO = 0.85
 # ... but never for fewer sequences than this (per-call overhead dominates small buckets).
 _MIN_BUCKET = 8
@@ -33,7 +37,7 @@ _MIN_BUCKET = 8
 
 @dataclass
 class _DecodeBucket:
-    start: int
+    start: int  # the bucket's sequences are the step's tokens [start, end)
     end: int
     block_ids: torch.Tensor  # [n * max_blocks], padded with block 0 (masked out)
     bias: torch.Tensor  # [1, n, 1, max_blocks * block_size]: 0 to attend, -inf for padding
@@ -59,7 +63,7 @@ class TorchAttentionBackend:
 
     def __init__(self) -> None:
         self._workspace: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._dtype = torch.float32  # of the KV cache, set by allocate_kv_cache
+        self._dtype = torch.float32  # the KV cache's, set by allocate_kv_cache
 
     def allocate_kv_cache(
         self,
@@ -83,7 +87,7 @@ class TorchAttentionBackend:
     def prepare(self, layout: StepLayout, block_size: int, device: torch.device) -> TorchAttentionMetadata:
         slot_mapping = torch.tensor(layout.slot_mapping, dtype=torch.long, device=device)
         buckets = [
-            self._decode_bucket(layout, start, end, block_size, device, self._dtype)
+            self._decode_bucket(layout, start, end, block_size, device)
             for start, end in _bucket_bounds(layout.decode_context_lens)
         ]
         prefills = []
@@ -100,9 +104,8 @@ class TorchAttentionBackend:
             prefills.append(_Prefill(span.query_start, span.query_len, block_ids, mask))
         return TorchAttentionMetadata(slot_mapping, buckets, prefills)
 
-    @staticmethod
     def _decode_bucket(
-        layout: StepLayout, start: int, end: int, block_size: int, device: torch.device, dtype: torch.dtype
+        self, layout: StepLayout, start: int, end: int, block_size: int, device: torch.device
     ) -> _DecodeBucket:
         lens = layout.decode_context_lens[start:end]
         max_blocks = -(-lens[0] // block_size)  # sorted longest first
@@ -114,7 +117,7 @@ class TorchAttentionBackend:
         block_ids = torch.tensor(flat, dtype=torch.long, device=device)
         ctx = torch.tensor(lens, dtype=torch.long, device=device)
         padding = torch.arange(max_blocks * block_size, device=device)[None, :] >= ctx[:, None]
-        bias = torch.zeros(padding.shape, dtype=dtype, device=device).masked_fill_(padding, -math.inf)
+        bias = torch.zeros(padding.shape, dtype=self._dtype, device=device).masked_fill_(padding, -math.inf)
         return _DecodeBucket(start, end, block_ids, bias[None, :, None, :])
 
     def _gather(self, kv_cache: LayerKVCache, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -148,28 +151,12 @@ class TorchAttentionBackend:
         metadata: TorchAttentionMetadata,
     ) -> torch.Tensor:
         k_cache, v_cache = kv_cache
-        kv_heads, _, _, head_dim = k_cache.shape
-        heads = q.shape[1]
-        group = heads // kv_heads
+        kv_heads, head_dim = k_cache.shape[0], k_cache.shape[3]
         k_cache.view(kv_heads, -1, head_dim).index_copy_(1, metadata.slot_mapping, k.transpose(0, 1))
         v_cache.view(kv_heads, -1, head_dim).index_copy_(1, metadata.slot_mapping, v.transpose(0, 1))
         out = torch.empty_like(q)
-        scale = head_dim**-0.5
         for b in metadata.decode_buckets:
-            n = b.end - b.start
-            keys, values = self._gather(kv_cache, b.block_ids)
-            context = keys.shape[1] // n
-            # [n, heads, d] -> [kv_heads * n, group, d]: each sequence's KV group is one batch entry.
-            query = (q[b.start : b.end] * scale).view(n, kv_heads, group, head_dim).transpose(0, 1)
-            query = query.reshape(kv_heads * n, group, head_dim)
-            scores = torch.bmm(query, keys.view(kv_heads * n, context, head_dim).transpose(1, 2))
-            scores = scores.view(kv_heads, n, group, context).add_(b.bias).softmax(dim=-1)
-            res = torch.bmm(
-                scores.view(kv_heads * n, group, context), values.view(kv_heads * n, context, head_dim)
-            )
-            # One copy straight into the output rows (heads are [kv_head, group]-major, as in q).
-            res = res.view(kv_heads, n, group, head_dim).transpose(0, 1)
-            out[b.start : b.end].view(n, kv_heads, group, head_dim).copy_(res)
+            self._decode(b, q, kv_cache, out)
         for p in metadata.prefills:
             query = q[p.start : p.start + p.length].transpose(0, 1).unsqueeze(0)
             if p.block_ids is None:
@@ -183,6 +170,25 @@ class TorchAttentionBackend:
                 )
             out[p.start : p.start + p.length] = res[0].transpose(0, 1)
         return out
+
+    def _decode(self, b: _DecodeBucket, q: torch.Tensor, kv_cache: LayerKVCache, out: torch.Tensor) -> None:
+        kv_heads, head_dim = kv_cache[0].shape[0], kv_cache[0].shape[3]
+        heads = q.shape[1]
+        group = heads // kv_heads
+        n = b.end - b.start
+        keys, values = self._gather(kv_cache, b.block_ids)
+        context = keys.shape[1] // n
+        # [n, heads, d] -> [kv_heads * n, group, d]: each sequence's KV group is one batch entry.
+        query = (q[b.start : b.end] * head_dim**-0.5).view(n, kv_heads, group, head_dim).transpose(0, 1)
+        query = query.reshape(kv_heads * n, group, head_dim)
+        scores = torch.bmm(query, keys.view(kv_heads * n, context, head_dim).transpose(1, 2))
+        scores = scores.view(kv_heads, n, group, context).add_(b.bias).softmax(dim=-1)
+        res = torch.bmm(
+            scores.view(kv_heads * n, group, context), values.view(kv_heads * n, context, head_dim)
+        )
+        # One copy straight into the output rows (heads are [kv_head, group]-major, as in q).
+        res = res.view(kv_heads, n, group, head_dim).transpose(0, 1)
+        out[b.start : b.end].view(n, kv_heads, group, head_dim).copy_(res)
 
 
 def _bucket_bounds(context_lens: list[int]) -> list[tuple[int, int]]:
