@@ -6,6 +6,7 @@ Not thread-safe: one thread drives it (AsyncEngine owns that thread in the node 
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Sequence as SequenceOf
 from pathlib import Path
 from typing import Any
@@ -119,6 +120,7 @@ class LLMEngine:
             prompt_suffix_token_ids=prompt_suffix_token_ids,
             arrival=next(self._arrivals),
         )
+        state.arrival_time = time.monotonic()
         self.scheduler.add(state.seq)  # raises RequestTooLargeError before anything is recorded
         self._requests[request_id] = state
         self.prompt_tokens_total += state.seq.num_prompt_tokens
@@ -149,8 +151,10 @@ class LLMEngine:
         if not out.chunks:
             return deltas
         sampling: list[SamplingRequest | None] = []
+        now = time.monotonic()
         for chunk in out.chunks:
             state = self._requests[chunk.seq.request_id]
+            state.mark_scheduled(now)
             sampling.append((state.params, state.generator) if chunk.completes else None)
         try:
             results = self.runner.execute(out.chunks, sampling)

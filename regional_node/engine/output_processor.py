@@ -3,6 +3,7 @@ the text delta each step (detokenization plus stop-string hold-back)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,12 @@ class RequestState:
     stop_token_ids: frozenset[int]
     detokenizer: IncrementalDetokenizer | None
     stop_matcher: StopStringMatcher | None
+    arrival_time: float = 0.0  # time.monotonic() when the request was added
+    first_scheduled_time: float | None = None
+
+    def mark_scheduled(self, now: float) -> None:
+        if self.first_scheduled_time is None:
+            self.first_scheduled_time = now
 
     def delta(
         self, token_ids: list[int], text: str, logprobs: list[float], finish: FinishReason | None
@@ -61,7 +68,11 @@ def append_token(state: RequestState, token: int, logprob: float) -> RequestDelt
         if finish is None and seq.num_output_tokens >= state.params.max_tokens:
             finish = "length"
             text += _flush(state)
-    return state.delta([token], text, [logprob], finish)
+    delta = state.delta([token], text, [logprob], finish)
+    if seq.num_output_tokens == 1 and state.first_scheduled_time is not None:
+        delta.queue_time_s = state.first_scheduled_time - state.arrival_time
+        delta.prefill_time_s = time.monotonic() - state.first_scheduled_time
+    return delta
 
 
 def _flush(state: RequestState) -> str:

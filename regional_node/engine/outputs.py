@@ -21,6 +21,10 @@ class RequestDelta:
     prompt_tokens: int
     cached_tokens: int
     num_output_tokens: int
+    # Set on the delta carrying a request's first generated token: arrival → first scheduled,
+    # and first scheduled → first token (the prefill, chunks and preemptions included).
+    queue_time_s: float | None = None
+    prefill_time_s: float | None = None
 
 
 @dataclass

@@ -62,13 +62,12 @@ class _Clock:
     prefill: float | None = None
 
     def split(self, delta: RequestDelta) -> None:
-        """Take the engine's queue/prefill split when it reports one (optional delta fields
-        `queue_time_s` and `prefill_time_s`, seconds); the node alone cannot see when the engine
-        first schedules a request."""
+        """Take the engine's queue/prefill split from the first delta that carries it; the node
+        alone cannot see when the engine first schedules a request."""
         if self.queue_wait is None:
-            self.queue_wait = getattr(delta, "queue_time_s", None)
+            self.queue_wait = delta.queue_time_s
         if self.prefill is None:
-            self.prefill = getattr(delta, "prefill_time_s", None)
+            self.prefill = delta.prefill_time_s
 
     def tick(self, new_tokens: int) -> None:
         if new_tokens <= 0:

@@ -53,6 +53,14 @@ async def test_streams_one_delta_per_token_with_matching_tokens(engine: AsyncEng
     assert deltas[0].prompt_tokens == 9
 
 
+async def test_first_delta_reports_queue_and_prefill_time(engine: AsyncEngine) -> None:
+    deltas = await collect(engine.generate(random_prompts([30], seed=21)[0], GREEDY))
+    first, rest = deltas[0], deltas[1:]
+    assert first.queue_time_s is not None and first.queue_time_s >= 0
+    assert first.prefill_time_s is not None and first.prefill_time_s > 0
+    assert all(d.queue_time_s is None and d.prefill_time_s is None for d in rest)
+
+
 async def test_concurrent_requests(engine: AsyncEngine, llama_dir: Path) -> None:
     prompts = random_prompts([3, 17, 40, 8, 25], seed=21)
     results = await asyncio.gather(

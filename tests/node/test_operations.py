@@ -57,8 +57,12 @@ def test_metrics_cover_latency_tokens_and_engine_state(http: httpx.Client) -> No
         "decode_seconds",
     ):
         assert f"meridian_node_{histogram}_bucket" in samples, histogram
-    # Declared always; observed only when the engine reports its queue/prefill split.
     assert {"meridian_node_queue_wait_seconds", "meridian_node_prefill_seconds"} <= families
+    for histogram in ("queue_wait_seconds", "prefill_seconds"):
+        counts = [
+            s.value for s in samples[f"meridian_node_{histogram}_count"] if s.labels["model"] == CHAT_MODEL
+        ]
+        assert counts and counts[0] >= 1, histogram
     for name in (
         "meridian_node_num_requests_running",
         "meridian_node_num_requests_waiting",
