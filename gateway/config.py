@@ -8,13 +8,13 @@ config file's folder, so a config can be moved together with its policies and re
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
 import yaml
 
+from gateway.config_fields import field_first
 from router.types import CatalogModel
 
 
@@ -141,7 +141,7 @@ def config_from_dict(data: Any, *, source: str = "<memory>", base_dir: Path | No
     try:
         config = msgspec.convert({**data, "source": source}, GatewayConfig)
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"{source}: {_field_message(str(exc))}") from None
+        raise ConfigError(f"{source}: {field_first(str(exc))}") from None
     config = _resolve_paths(config, base_dir or Path.cwd())
     _check(config)
     return config
@@ -159,14 +159,3 @@ def load_config(path: str | Path) -> GatewayConfig:
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     return config_from_dict(data, source=str(path), base_dir=path.resolve().parent)
-
-
-def _field_message(message: str) -> str:
-    """msgspec says 'Expected `int`, got `str` - at `$.listen.port`'; lead with the field instead."""
-    match = re.search(r" - at `([^`]*)`$", message)
-    if match:
-        return f"{match.group(1)}: {message[: match.start()]}"
-    missing = re.search(r"missing required field `([^`]+)`", message)
-    if missing:
-        return f"$.{missing.group(1)}: required field is missing"
-    return message

@@ -8,7 +8,6 @@ its first successful probe.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 import httpx
 import msgspec
 
+from gateway.background import cancel_and_wait
 from gateway.discovery.interface import RegionDirectory
 from router.types import NodeInfo, NodeLoad
 
@@ -68,11 +68,8 @@ class NodeProber:
         self._task = asyncio.create_task(self._loop(), name="node-prober")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     def result(self, node_id: str) -> ProbeResult | None:
         return self._results.get(node_id)

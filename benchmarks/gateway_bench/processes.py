@@ -7,24 +7,18 @@ whose tail is shown when a server fails to come up.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gateway.federation.process_group import free_port, stop_process_group
+
+__all__ = ["Server", "free_port", "process_tree_cpu_s", "start_server", "stop_server", "wait_until"]
+
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    """A loopback TCP port nothing listens on right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -77,19 +71,7 @@ def wait_until(server: Server, ready: Callable[[], bool], timeout_s: float) -> N
 
 def stop_server(server: Server, grace_s: float = 5.0) -> None:
     """SIGTERM the process group, then SIGKILL whatever is left after `grace_s`."""
-    process = server.process
-    if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=grace_s)
-    # Children the leader left behind go too.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
+    stop_process_group(server.process, grace_s)
 
 
 def _stat_fields(pid: int) -> list[str] | None:

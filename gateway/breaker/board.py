@@ -9,10 +9,10 @@ slow or down both sides give up after its short timeout and local state carries 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
+from gateway.background import cancel_and_wait
 from gateway.breaker.config import BreakerConfig
 from gateway.breaker.metrics import BreakerMetrics
 from gateway.breaker.shared import Mark, SharedBreakerStore, SharedStoreUnavailable
@@ -110,11 +110,8 @@ class BreakerBoard:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     async def aclose(self) -> None:
-        if self._sync_loop is not None:
-            self._sync_loop.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sync_loop
-            self._sync_loop = None
+        await cancel_and_wait(self._sync_loop)
+        self._sync_loop = None
         # Publications are bounded by the store's timeout, so this cannot hang shutdown.
         await self.flush()
 

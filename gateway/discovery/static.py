@@ -17,13 +17,13 @@ last good membership stays in force, as the RegionDirectory contract asks.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from pathlib import Path
 
 import msgspec
 import yaml
 
+from gateway.background import cancel_and_wait
 from gateway.config import ConfigError
 from router.types import NodeInfo
 
@@ -97,11 +97,8 @@ class StaticDirectory:
         self._task = asyncio.create_task(self._watch(), name="static-directory-watch")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     def snapshot(self) -> tuple[NodeInfo, ...]:
         return self._nodes

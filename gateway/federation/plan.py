@@ -6,7 +6,6 @@ layout can be read (and tested) without starting anything.
 
 from __future__ import annotations
 
-import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,6 +13,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+
+from gateway.federation.process_group import free_port
 
 
 @dataclass(frozen=True)
@@ -125,13 +126,6 @@ class FederationPlan:
         self.config_file.write_text(
             header + yaml.safe_dump(self.gateway_config(), sort_keys=False), encoding="utf-8"
         )
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def plan_federation(

@@ -9,11 +9,11 @@ file and field) is logged once and kept in `last_error` until a good version rep
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+from gateway.background import cancel_and_wait
 from gateway.policy.errors import PolicyError
 from gateway.policy.loader import build_policy_set, policy_files, read_source
 from gateway.policy.policy_set import PolicySet, as_extra
@@ -105,10 +105,7 @@ class PolicyStore:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def __aenter__(self) -> PolicyStore:
         await self.start()

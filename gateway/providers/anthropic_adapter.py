@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-import msgspec
 
 from gateway.providers.anthropic_errors import anthropic_status_error
 from gateway.providers.anthropic_stream import MessagesToChatStream
@@ -25,11 +24,15 @@ from gateway.providers.anthropic_translate import (
 )
 from gateway.providers.config import ProviderEntry
 from gateway.providers.errors import unsupported
-from gateway.providers.transport import build_client, decode_event, open_response, read_json, sse_events
+from gateway.providers.transport import (
+    build_client,
+    build_post,
+    decode_event,
+    open_response,
+    read_json,
+    sse_events,
+)
 from gateway.upstream import Endpoint
-
-_FORWARDED_HEADERS = ("x-request-id",)
-_encoder = msgspec.json.Encoder()
 
 
 class AnthropicAdapter:
@@ -61,13 +64,7 @@ class AnthropicAdapter:
             )
         except TranslationError as exc:
             raise unsupported(self.entry.id, f"this request ({exc.param}: {exc.message})") from None
-        forwarded = {k: v for k in _FORWARDED_HEADERS if (v := headers.get(k)) is not None}
-        request = self._client.build_request(
-            "POST",
-            self._url,
-            content=_encoder.encode(messages),
-            headers={**forwarded, **self._auth, "content-type": "application/json"},
-        )
+        request = build_post(self._client, self._url, messages, auth=self._auth, client_headers=headers)
         return request, logical
 
     async def _open(self, request: httpx.Request) -> httpx.Response:

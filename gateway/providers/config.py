@@ -31,6 +31,7 @@ from urllib.parse import urlparse
 import msgspec
 
 from gateway.breaker import BreakerConfig
+from gateway.config_fields import field_first
 
 ProviderKind = Literal["openai", "anthropic"]
 ServeAs = Literal["model", "fallback"]
@@ -96,7 +97,7 @@ def parse_providers(section: Mapping[str, Any] | None, *, source: str = "<memory
     try:
         parsed = msgspec.convert(dict(section), ProvidersSection)
     except msgspec.ValidationError as exc:
-        raise ProviderConfigError(f"{source}: {_field_message(str(exc))}") from None
+        raise ProviderConfigError(f"{source}: {field_first(str(exc), root='$.providers')}") from None
     _check(parsed, source)
     return parsed
 
@@ -154,14 +155,3 @@ def _check(section: ProvidersSection, source: str) -> None:
         fail("sync_interval_s", "must be positive")
     if section.store_timeout_s <= 0:
         fail("store_timeout_s", "must be positive")
-
-
-def _field_message(message: str) -> str:
-    """msgspec says '... - at `$.endpoints[0].kind`'; lead with the field, rooted at providers."""
-    match = re.search(r" - at `\$([^`]*)`$", message)
-    if match:
-        return f"$.providers{match.group(1)}: {message[: match.start()]}"
-    missing = re.search(r"missing required field `([^`]+)`", message)
-    if missing:
-        return f"$.providers.{missing.group(1)}: required field is missing"
-    return f"$.providers: {message}"

@@ -14,12 +14,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-import msgspec
 
 from gateway.providers.config import ProviderEntry
 from gateway.providers.errors import ProviderError, status_error, unsupported
 from gateway.providers.transport import (
     build_client,
+    build_post,
     decode_event,
     open_response,
     read_json,
@@ -39,9 +39,6 @@ _EXTENSIONS = frozenset(
         "continue_final_message",
     }
 )
-# Headers of the client's request worth passing on: tracing only. Never the gateway's own.
-_FORWARDED_HEADERS = ("x-request-id",)
-_encoder = msgspec.json.Encoder()
 
 
 def provider_body(body: dict[str, Any], *, provider_model: str, stream: bool) -> dict[str, Any]:
@@ -82,26 +79,29 @@ class OpenAIAdapter:
             raise unsupported(self.entry.id, f"model {logical!r}")
         if body.get("continuation_token_ids"):
             raise unsupported(self.entry.id, "a token-exact stream continuation")
-        forwarded = {k: v for k in _FORWARDED_HEADERS if (v := headers.get(k)) is not None}
-        request = self._client.build_request(
-            "POST",
+        request = build_post(
+            self._client,
             self._base_url + _PATHS[endpoint],
-            content=_encoder.encode(provider_body(body, provider_model=provider_model, stream=stream)),
-            headers={**forwarded, **self._auth, "content-type": "application/json"},
+            provider_body(body, provider_model=provider_model, stream=stream),
+            auth=self._auth,
+            client_headers=headers,
         )
         return request, logical
 
-    async def complete(
-        self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str]
-    ) -> dict[str, Any]:
-        request, logical = self._request(endpoint, body, headers, stream=False)
-        response = await open_response(
+    async def _open(self, request: httpx.Request) -> httpx.Response:
+        return await open_response(
             self._client,
             request,
             provider=self.entry.id,
             timeouts=self.entry.timeouts,
             on_status=_openai_status_error,
         )
+
+    async def complete(
+        self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str]
+    ) -> dict[str, Any]:
+        request, logical = self._request(endpoint, body, headers, stream=False)
+        response = await self._open(request)
         try:
             result = await read_json(response, provider=self.entry.id)
         finally:
@@ -114,13 +114,7 @@ class OpenAIAdapter:
         self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str]
     ) -> AsyncIterator[AsyncIterator[dict[str, Any]]]:
         request, logical = self._request(endpoint, body, headers, stream=True)
-        response = await open_response(
-            self._client,
-            request,
-            provider=self.entry.id,
-            timeouts=self.entry.timeouts,
-            on_status=_openai_status_error,
-        )
+        response = await self._open(request)
         chunks = self._chunks(response, logical)
         try:
             yield chunks

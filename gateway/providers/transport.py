@@ -22,6 +22,9 @@ from gateway.providers.errors import ProviderError, parse_retry_after
 from gateway.providers.sse import SSEDecoder, SSEEvent
 
 _decoder = msgspec.json.Decoder()
+_encoder = msgspec.json.Encoder()
+# Headers of the client's request worth passing on: tracing only. Never the gateway's own.
+_FORWARDED_HEADERS = ("x-request-id",)
 
 # (provider, status, parsed body or None, raw text, retry_after) -> the error to raise
 StatusMapper = Callable[[str, int, Any, str, float | None], ProviderError]
@@ -31,6 +34,19 @@ def build_client(timeouts: ProviderTimeouts) -> httpx.AsyncClient:
     return httpx.AsyncClient(
         timeout=httpx.Timeout(timeouts.idle_s, connect=timeouts.connect_s),
         limits=httpx.Limits(max_connections=200, max_keepalive_connections=50),
+    )
+
+
+def build_post(
+    client: httpx.AsyncClient, url: str, payload: Any, *, auth: dict[str, str], client_headers: dict[str, str]
+) -> httpx.Request:
+    """A JSON POST of `payload` to the provider, with its auth and the client's tracing headers."""
+    forwarded = {k: v for k in _FORWARDED_HEADERS if (v := client_headers.get(k)) is not None}
+    return client.build_request(
+        "POST",
+        url,
+        content=_encoder.encode(payload),
+        headers={**forwarded, **auth, "content-type": "application/json"},
     )
 
 

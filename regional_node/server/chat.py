@@ -16,33 +16,26 @@ from regional_node.protocol.types import (
     Usage,
 )
 from regional_node.server.generation import Result
-from regional_node.server.wire import chat_logprob_tokens, now, usage
+from regional_node.server.wire import ResponseFormat, chat_logprob_tokens, usage
 
 if TYPE_CHECKING:
     from regional_node.engine import RequestDelta
     from regional_node.engine.tokenizer import Tokenizer
 
 
-class ChatFormat:
+class ChatFormat(ResponseFormat[ChatCompletionRequest]):
     """Renders one chat request's results; also the chunk source for server/streaming.py."""
 
     def __init__(
         self, request: ChatCompletionRequest, response_id: str, model: str, tokenizer: Tokenizer | None
     ) -> None:
-        self.request = request
-        self.response_id = response_id
-        self.model = model
-        self.created = now()
-        self._tokenizer = tokenizer
+        super().__init__(request, response_id, model, tokenizer)
         self._top = request.top_logprobs or 0
 
     def _logprobs(self, token_ids: list[int], logprobs: list[float]) -> ChatLogprobs | None:
         if not self.request.logprobs:
             return None
         return ChatLogprobs(content=chat_logprob_tokens(self._tokenizer, token_ids, logprobs, self._top))
-
-    def _token_ids(self, token_ids: list[int]) -> list[int] | None:
-        return list(token_ids) if self.request.return_token_ids else None
 
     def response(self, result: Result) -> ChatCompletionResponse:
         choice = ChatChoice(

@@ -12,24 +12,20 @@ from regional_node.protocol.types import (
     Usage,
 )
 from regional_node.server.generation import Result
-from regional_node.server.wire import completion_logprobs, now, usage
+from regional_node.server.wire import ResponseFormat, completion_logprobs, usage
 
 if TYPE_CHECKING:
     from regional_node.engine import RequestDelta
     from regional_node.engine.tokenizer import Tokenizer
 
 
-class CompletionFormat:
+class CompletionFormat(ResponseFormat[CompletionRequest]):
     """Renders one completions request's results; also the chunk source for server/streaming.py."""
 
     def __init__(
         self, request: CompletionRequest, response_id: str, model: str, tokenizer: Tokenizer | None
     ) -> None:
-        self.request = request
-        self.response_id = response_id
-        self.model = model
-        self.created = now()
-        self._tokenizer = tokenizer
+        super().__init__(request, response_id, model, tokenizer)
         # Characters of output text streamed so far: logprobs' text_offset counts from here.
         self._offset = 0
 
@@ -39,9 +35,6 @@ class CompletionFormat:
         if self.request.logprobs is None:
             return None
         return completion_logprobs(self._tokenizer, token_ids, logprobs, self.request.logprobs, offset)
-
-    def _token_ids(self, token_ids: list[int]) -> list[int] | None:
-        return list(token_ids) if self.request.return_token_ids else None
 
     def _body(self, choices: list[CompletionChoice], body_usage: Usage | None) -> CompletionResponse:
         return CompletionResponse(

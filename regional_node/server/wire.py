@@ -5,12 +5,36 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
-from regional_node.protocol.types import ChatLogprobToken, CompletionLogprobs, PromptTokensDetails, Usage
+from regional_node.protocol.types import (
+    ChatCompletionRequest,
+    ChatLogprobToken,
+    CompletionLogprobs,
+    CompletionRequest,
+    PromptTokensDetails,
+    Usage,
+)
 
 if TYPE_CHECKING:
     from regional_node.engine.tokenizer import Tokenizer
+
+
+RequestT = TypeVar("RequestT", ChatCompletionRequest, CompletionRequest)
+
+
+class ResponseFormat(Generic[RequestT]):
+    """What chat and completions formats both hold: the request, its response id, model and creation time."""
+
+    def __init__(self, request: RequestT, response_id: str, model: str, tokenizer: Tokenizer | None) -> None:
+        self.request = request
+        self.response_id = response_id
+        self.model = model
+        self.created = now()
+        self._tokenizer = tokenizer
+
+    def _token_ids(self, token_ids: list[int]) -> list[int] | None:
+        return list(token_ids) if self.request.return_token_ids else None
 
 
 def new_id(prefix: str) -> str:

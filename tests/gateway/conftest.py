@@ -134,6 +134,25 @@ def start_nodes(nodes: Sequence[NodeProcess]) -> None:
         node.wait_ready()
 
 
+@contextmanager
+def running_fleet(
+    placements: Sequence[tuple[str, str, str]],
+    models: dict[str, tuple[Path, str]],
+    logs: Path,
+) -> Iterator[list[NodeProcess]]:
+    """One node per (node_id, region, jurisdiction), each serving every model; all stopped on exit."""
+    fleet = [
+        NodeProcess(node_id, region, jurisdiction, models, logs)
+        for node_id, region, jurisdiction in placements
+    ]
+    try:
+        start_nodes(fleet)
+        yield fleet
+    finally:
+        for node in fleet:
+            node.stop()
+
+
 def write_regions(path: Path, nodes: Sequence[NodeProcess]) -> Path:
     entries = [
         {
@@ -202,3 +221,11 @@ def run_gateway(
     finally:
         server.should_exit = True
         thread.join(timeout=15)
+
+
+@contextmanager
+def gateway_over(nodes: Sequence[NodeProcess], work: Path) -> Iterator[RunningGateway]:
+    """A gateway with the default test config, its static directory (in `work`) listing `nodes`."""
+    regions = write_regions(work / "regions.yaml", nodes)
+    with run_gateway(gateway_config(regions)) as running:
+        yield running

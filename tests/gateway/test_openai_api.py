@@ -16,10 +16,8 @@ from tests.gateway.conftest import (
     SMALL_KEY,
     NodeProcess,
     RunningGateway,
-    gateway_config,
-    run_gateway,
-    start_nodes,
-    write_regions,
+    gateway_over,
+    running_fleet,
 )
 
 ROUTE_HEADERS = ("x-request-id", "x-meridian-region", "x-meridian-model", "x-meridian-route")
@@ -29,24 +27,18 @@ ROUTE_HEADERS = ("x-request-id", "x-meridian-region", "x-meridian-model", "x-mer
 def nodes(
     llama_checkpoint: Path, qwen2_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[list[NodeProcess]]:
-    logs = tmp_path_factory.mktemp("node-logs")
     models = {"meridian-small": (llama_checkpoint, "small"), "meridian-large": (qwen2_checkpoint, "large")}
-    fleet = [
-        NodeProcess("us-east-1", "us-east", "us", models, logs),
-        NodeProcess("eu-west-1", "eu-west", "eu", models, logs),
+    placements = [
+        ("us-east-1", "us-east", "us"),
+        ("eu-west-1", "eu-west", "eu"),
     ]
-    try:
-        start_nodes(fleet)
+    with running_fleet(placements, models, tmp_path_factory.mktemp("node-logs")) as fleet:
         yield fleet
-    finally:
-        for node in fleet:
-            node.stop()
 
 
 @pytest.fixture(scope="module")
 def gw(nodes: list[NodeProcess], tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
-    regions = write_regions(tmp_path_factory.mktemp("gw") / "regions.yaml", nodes)
-    with run_gateway(gateway_config(regions)) as running:
+    with gateway_over(nodes, tmp_path_factory.mktemp("gw")) as running:
         yield running
 
 

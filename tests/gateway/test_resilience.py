@@ -25,10 +25,9 @@ from tests.gateway.conftest import (
     GLOBAL_KEY,
     NodeProcess,
     RunningGateway,
-    gateway_config,
-    run_gateway,
+    gateway_over,
+    running_fleet,
     start_nodes,
-    write_regions,
 )
 
 REQUEST_TIMEOUT_S = 45.0
@@ -38,25 +37,19 @@ REQUEST_TIMEOUT_S = 45.0
 def nodes(
     llama_checkpoint: Path, qwen2_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[list[NodeProcess]]:
-    logs = tmp_path_factory.mktemp("node-logs")
     models = {"meridian-small": (llama_checkpoint, "small"), "meridian-large": (qwen2_checkpoint, "large")}
-    fleet = [
-        NodeProcess("eu-west-1", "eu-west", "eu", models, logs),
-        NodeProcess("eu-west-2", "eu-west", "eu", models, logs),
-        NodeProcess("us-east-1", "us-east", "us", models, logs),
+    placements = [
+        ("eu-west-1", "eu-west", "eu"),
+        ("eu-west-2", "eu-west", "eu"),
+        ("us-east-1", "us-east", "us"),
     ]
-    try:
-        start_nodes(fleet)
+    with running_fleet(placements, models, tmp_path_factory.mktemp("node-logs")) as fleet:
         yield fleet
-    finally:
-        for node in fleet:
-            node.stop()
 
 
 @pytest.fixture(scope="module")
 def gw(nodes: list[NodeProcess], tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
-    regions = write_regions(tmp_path_factory.mktemp("gw") / "regions.yaml", nodes)
-    with run_gateway(gateway_config(regions)) as running:
+    with gateway_over(nodes, tmp_path_factory.mktemp("gw")) as running:
         yield running
 
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,14 +19,20 @@ from pathlib import Path
 
 import httpx
 
+from gateway.federation.process_group import free_port, stop_process_group
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+__all__ = [
+    "REPO_ROOT",
+    "RunningProcess",
+    "free_port",
+    "python_command",
+    "start_process",
+    "stop_process",
+    "wait_http_ok",
+]
 
 
 def wait_http_ok(
@@ -120,16 +124,4 @@ def start_process(
 
 def stop_process(process: subprocess.Popen[bytes], grace: float = 5.0) -> int | None:
     """SIGTERM the process group, wait up to `grace` seconds, then SIGKILL it. Returns the exit code."""
-    if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=grace)
-    # Children the group leader left behind (it exited, they did not) go too.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
-    return process.returncode
+    return stop_process_group(process, grace)

@@ -59,14 +59,14 @@ class AttentionBackend(Protocol):
 
     def forward(
         self,
-        layer: int,
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
         kv_cache: LayerKVCache,
         metadata: Any,
     ) -> torch.Tensor:
-        """q: [T, heads, head_dim], k/v: [T, kv_heads, head_dim] for the step's new tokens.
+        """q: [T, heads, head_dim], k/v: [T, kv_heads, head_dim] for the step's new tokens;
+        `kv_cache` is this layer's pair, so a backend needs no layer index.
 
         Writes k/v into the cache, returns the attention output [T, heads, head_dim].
         """
