@@ -39,6 +39,17 @@ class VirtualTokenCounter:
         else:
             self._active.pop(tenant, None)
             self._last_left = self.counter(tenant)
+            if len(self._counters) > 2 * len(self._active) + 64:
+                self._forget_idle()
+
+    def _forget_idle(self) -> None:
+        """Drop idle tenants at or below the floor, so one-off tenants do not pile up forever.
+
+        The floor (lowest active counter, else the last one to leave) never falls, and a returning
+        tenant is lifted to it, so forgetting a counter that is not above it changes nothing.
+        """
+        floor = min((self._counters.get(t, 0.0) for t in self._active), default=self._last_left)
+        self._counters = {t: c for t, c in self._counters.items() if t in self._active or c > floor}
 
     def charge(self, tenant: str, prompt_tokens: int, output_tokens: int) -> None:
         cost = self.prompt_weight * prompt_tokens + self.output_weight * output_tokens

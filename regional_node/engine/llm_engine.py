@@ -135,8 +135,9 @@ class LLMEngine:
 
     def abort_all(self) -> list[str]:
         """Abort every request without abort notices (the caller reports them); returns their ids."""
-        request_ids = list(self._requests)
-        for request_id in request_ids:
+        # Requests already aborted but not yet reported count too: their callers still wait for an end.
+        request_ids = [d.request_id for d in self._pending] + list(self._requests)
+        for request_id in list(self._requests):
             self.abort_request(request_id)
         self._pending.clear()
         return request_ids
@@ -146,9 +147,9 @@ class LLMEngine:
 
     # -- one iteration --------------------------------------------------------------------------
     def step(self) -> list[RequestDelta]:
-        deltas, self._pending = self._pending, []
         out = self.scheduler.schedule()
         if not out.chunks:
+            deltas, self._pending = self._pending, []
             return deltas
         sampling: list[SamplingRequest | None] = []
         now = time.monotonic()
@@ -165,6 +166,7 @@ class LLMEngine:
                 self.scheduler.finish(state.seq)
             raise StepFailedError(f"model step failed: {exc!r}", failed) from exc
         self.scheduler.step_done(out)
+        deltas: list[RequestDelta] = []
         for chunk, result in zip(out.chunks, results, strict=True):
             if result is None:
                 continue
@@ -175,7 +177,9 @@ class LLMEngine:
                 self.scheduler.finish(state.seq)
                 del self._requests[chunk.seq.request_id]
             deltas.append(delta)
-        return deltas
+        # Abort notices are taken only now, so a step that raises leaves them for the next one.
+        pending, self._pending = self._pending, []
+        return pending + deltas
 
     # -- convenience ----------------------------------------------------------------------------
     def generate(

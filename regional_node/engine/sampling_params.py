@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 
 from regional_node.engine.errors import InvalidRequestError
 
+# What torch.Generator.manual_seed accepts (negative seeds wrap around); anything else raises there.
+_SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1
+
 
 @dataclass
 class SamplingParams:
@@ -37,8 +40,14 @@ class SamplingParams:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p!r}", "top_p")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise InvalidRequestError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}", "top_k")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise InvalidRequestError(f"seed must be an integer, got {self.seed!r}", "seed")
+        if self.seed is not None and (
+            isinstance(self.seed, bool)
+            or not isinstance(self.seed, int)
+            or not _SEED_MIN <= self.seed <= _SEED_MAX
+        ):
+            raise InvalidRequestError(
+                f"seed must be an integer in [{_SEED_MIN}, {_SEED_MAX}], got {self.seed!r}", "seed"
+            )
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
             raise InvalidRequestError("stop must be a list of non-empty strings", "stop")
         if not isinstance(self.stop_token_ids, list) or not all(

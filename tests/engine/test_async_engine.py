@@ -139,6 +139,30 @@ async def test_failing_step_fails_its_requests_and_engine_recovers(engine: Async
     assert len(await collect(engine.generate([1, 2, 3], GREEDY))) == 12
 
 
+async def test_explicit_abort_ends_stream_even_when_the_next_step_crashes(engine: AsyncEngine) -> None:
+    inner = engine.engine
+    original_abort, original_schedule = inner.abort_request, inner.scheduler.schedule
+
+    def crash_once() -> object:
+        inner.scheduler.schedule = original_schedule  # type: ignore[method-assign]
+        raise RuntimeError("scheduler bug")
+
+    def abort_then_crash(request_id: str) -> None:
+        original_abort(request_id)
+        inner.scheduler.schedule = crash_once  # type: ignore[method-assign]
+
+    stream = engine.generate([1, 2, 3, 4, 5], LONG, request_id="victim")
+    await anext(stream)
+    inner.abort_request = abort_then_crash  # type: ignore[method-assign]
+    try:
+        await engine.abort("victim")
+        with pytest.raises(EngineError, match="scheduler bug"):
+            await asyncio.wait_for(collect(stream), timeout=10)
+    finally:
+        inner.abort_request = original_abort  # type: ignore[method-assign]
+    await wait_until_idle(engine)
+
+
 async def test_shutdown_fails_open_streams(llama_dir: Path) -> None:
     engine = AsyncEngine(LLMEngine.from_pretrained(llama_dir))
     await engine.start()

@@ -17,6 +17,7 @@ from regional_node.engine import (
     LLMEngine,
     RequestTooLargeError,
     SamplingParams,
+    StepFailedError,
     UnsupportedArchitectureError,
 )
 from tests.engine.checkpoints import write_checkpoint
@@ -68,6 +69,8 @@ def test_prompt_plus_max_tokens_longer_than_context(engine: LLMEngine) -> None:
         (SamplingParams(top_k=-1), "top_k"),
         (SamplingParams(stop=[""]), "stop"),
         (SamplingParams(stop_token_ids=[-1]), "stop_token_ids"),
+        (SamplingParams(seed=2**64), "seed"),
+        (SamplingParams(seed=-(2**63) - 1), "seed"),
     ],
 )
 def test_bad_sampling_values_name_the_field(engine: LLMEngine, params: SamplingParams, param: str) -> None:
@@ -189,4 +192,36 @@ def test_pool_sized_from_memory_budget(llama_dir: Path) -> None:
     # 2 layers x 2 (K, V) x 16 slots x 2 heads x 16 dims x 4 bytes = 8 KiB per block.
     engine = LLMEngine.from_pretrained(llama_dir, kv_cache_memory_bytes=80 * 8192)
     assert engine.stats()["kv_blocks_total"] == 80
+    assert_still_serving(engine)
+
+
+def test_abort_notice_survives_a_failing_step(engine: LLMEngine) -> None:
+    engine.add_request("aborted", [1, 2, 3], SamplingParams(max_tokens=20, temperature=0.0))
+    engine.add_request("doomed", [4, 5, 6], SamplingParams(max_tokens=20, temperature=0.0))
+    engine.step()
+    engine.abort_request("aborted")
+    runner = engine.runner
+    original = runner.execute
+
+    def broken(*args: object, **kwargs: object) -> object:
+        raise RuntimeError("device fell over")
+
+    runner.execute = broken  # type: ignore[method-assign]
+    try:
+        with pytest.raises(StepFailedError):
+            engine.step()
+    finally:
+        runner.execute = original  # type: ignore[method-assign]
+    assert engine.has_unfinished_requests()
+    deltas = engine.step()
+    assert [(d.request_id, d.finish_reason) for d in deltas] == [("aborted", "abort")]
+    assert_still_serving(engine)
+
+
+def test_abort_all_reports_requests_whose_abort_notice_is_pending(engine: LLMEngine) -> None:
+    engine.add_request("pending-abort", [1, 2, 3], OK)
+    engine.add_request("live", [4, 5, 6], OK)
+    engine.abort_request("pending-abort")
+    assert sorted(engine.abort_all()) == ["live", "pending-abort"]
+    assert not engine.has_unfinished_requests()
     assert_still_serving(engine)

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from regional_node.engine.block_manager import BlockManager
 from regional_node.engine.errors import RequestTooLargeError
+from regional_node.engine.fairness import VirtualTokenCounter
 from regional_node.engine.scheduler import Scheduler, SchedulerOutput
 from regional_node.engine.sequence import Sequence, SequenceStatus
 
@@ -151,6 +152,37 @@ def test_returning_tenant_is_lifted_and_cannot_bank_credit() -> None:
         fake_step(s)
     s.add(make_seq(8, tenant="B"))
     assert s.fairness.counter("B") == s.fairness.counter("A")
+
+
+def test_fairness_forgets_one_off_tenants() -> None:
+    s = make_scheduler(num_blocks=400, budget=32, max_seqs=4)
+    for i in range(500):
+        s.add(make_seq(8, max_tokens=2, tenant=f"one-off-{i}"))
+        run_to_completion(s)
+    assert len(s.fairness._counters) <= 64 + 1
+
+
+def test_fairness_forgets_idle_tenants_once_the_active_ones_pass_them() -> None:
+    s = make_scheduler(num_blocks=400, budget=32, max_seqs=4)
+    s.add(make_seq(8, max_tokens=1000, tenant="steady"))
+    for i in range(300):
+        s.add(make_seq(8, max_tokens=2, tenant=f"one-off-{i}"))
+        for _ in range(3):
+            fake_step(s)
+    assert len(s.fairness._counters) <= 2 * 1 + 64 + 1
+
+
+def test_forgetting_idle_tenants_keeps_a_heavy_tenants_debt() -> None:
+    vtc = VirtualTokenCounter()
+    vtc.arrive("heavy")
+    vtc.arrive("light")
+    vtc.charge("heavy", 1000, 0)
+    vtc.depart("heavy")
+    for i in range(200):
+        vtc.arrive(f"one-off-{i}")
+        vtc.depart(f"one-off-{i}")
+    vtc.arrive("heavy")
+    assert vtc.counter("heavy") == 1000
 
 
 def test_aborting_waiting_and_running_frees_everything() -> None:
