@@ -218,7 +218,8 @@ def decode_request(body: bytes, request_type: type[RequestT]) -> RequestT:
     except msgspec.ValidationError as exc:
         message = str(exc)
         match = _PATH_FIELD.search(message)
-        param = match.group(1) if match and match.group(1) else None
+        # `$[...]` is msgspec's "somewhere in the document" (e.g. a number out of range), not a field.
+        param = match.group(1) if match and match.group(1) and not match.group(1).startswith("[") else None
         missing = re.search(r"missing required field `([^`]+)`", message)
         if missing:
             param = missing.group(1)

@@ -21,6 +21,11 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _TOKEN_GAP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 
+# Tenants come from a header or the OpenAI `user` field (often one id per end user), so their
+# number is unbounded; past this many, new tenants share one series instead of adding their own.
+MAX_TENANT_SERIES = 100
+OTHER_TENANT = "other"
+
 # (metric suffix, stats() key, help): gauges read from engine.stats() at scrape time.
 _GAUGES = (
     ("num_requests_running", "num_running", "Requests in the engine's running batch."),
@@ -112,6 +117,7 @@ class NodeMetrics:
             registry=r,
         )
         r.register(EngineStatsCollector(p, engine_stats))
+        self._tenants: set[str] = set()
 
     def observe_timings(self, model: str, timings: RequestTimings) -> None:
         self.e2e.labels(model).observe(timings.e2e)
@@ -128,6 +134,11 @@ class NodeMetrics:
             gaps.observe(gap)
 
     def observe_tokens(self, model: str, tenant: str, prompt_tokens: int, generation_tokens: int) -> None:
+        if tenant not in self._tenants:
+            if len(self._tenants) >= MAX_TENANT_SERIES:
+                tenant = OTHER_TENANT
+            else:
+                self._tenants.add(tenant)
         self.prompt_tokens.labels(model, tenant).inc(prompt_tokens)
         self.generation_tokens.labels(model, tenant).inc(generation_tokens)
 

@@ -7,7 +7,7 @@ from typing import Any
 import msgspec
 from litestar import Request, Response, get, post
 
-from regional_node.protocol import ChatCompletionRequest, CompletionRequest, decode_request
+from regional_node.protocol import ChatCompletionRequest, CompletionRequest, NotFoundError, decode_request
 from regional_node.protocol.types import ModelCard, ModelList
 from regional_node.server.auth import PUBLIC
 from regional_node.server.load import load_report
@@ -43,6 +43,16 @@ async def list_models(node: NodeState) -> Response[bytes]:
     return _json(ModelList(data=cards))
 
 
+@get("/v1/models/{model:path}")
+async def retrieve_model(model: str, node: NodeState) -> Response[bytes]:
+    """OpenAI's `models.retrieve`; names may hold `/`, hence the path parameter."""
+    name = model.lstrip("/")
+    if name not in {config.name for config in node.pool.configs}:
+        raise NotFoundError(f"The model `{name}` does not exist on this node.", param="model")
+    served = {served.name: served for served in node.pool.models()}
+    return _json(ModelCard(id=name, created=served[name].created if name in served else 0))
+
+
 @get("/health", opt=PUBLIC)
 async def health() -> Response[bytes]:
     """Liveness: the process answers. Never depends on models, so it is 200 during loading."""
@@ -69,4 +79,4 @@ async def metrics(node: NodeState) -> Response[bytes]:
     return Response(content=node.metrics.render(), media_type=CONTENT_TYPE)
 
 
-ROUTES = [chat_completions, completions, list_models, health, ready, load, metrics]
+ROUTES = [chat_completions, completions, list_models, retrieve_model, health, ready, load, metrics]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import openai
+import pytest
 
 from tests.node.conftest import CHAT_MODEL
 
@@ -89,3 +90,10 @@ def test_stop_token_ids_end_generation(client: openai.OpenAI) -> None:
 def test_models_list_names_every_served_model(client: openai.OpenAI) -> None:
     names = {model.id for model in client.models.list()}
     assert names == {"tiny", "tiny-llama"}
+
+
+def test_models_retrieve_answers_for_a_served_model(client: openai.OpenAI) -> None:
+    model = client.models.retrieve("tiny")
+    assert (model.id, model.object) == ("tiny", "model")
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-17")

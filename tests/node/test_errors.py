@@ -157,3 +157,10 @@ def test_node_keeps_serving_after_errors(node: Node, http: httpx.Client) -> None
     assert response.status_code == 200
     assert response.json()["usage"]["completion_tokens"] >= 1
     assert node.load()["num_running"] == 0
+
+
+def test_number_out_of_range_names_no_bogus_param(http: httpx.Client) -> None:
+    raw = b'{"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "temperature": 1e400}'
+    response = http.post(CHAT, content=raw, headers={"content-type": "application/json"})
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] is None
