@@ -126,7 +126,9 @@ def validate_config(config: NodeConfig, *, source: str) -> NodeConfig:
 
 def effective_token(config: NodeConfig) -> str | None:
     """The bearer token every call but /health must carry, or None for an open node."""
-    token = os.environ.get(TOKEN_ENV) or config.auth_token
+    # Stripped because tokens often come from files or secrets with a trailing newline; the
+    # gateway strips the same way, so both sides agree.
+    token = (os.environ.get(TOKEN_ENV) or config.auth_token or "").strip()
     return token or None
 
 

@@ -114,3 +114,12 @@ def test_flags_override_the_file_and_apply_engine_settings(tmp_path: Path, llama
 def test_cli_reports_config_errors_with_exit_code_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert node_main(["--model", "x=/no/such/checkpoint"]) == 2
     assert "models[0].path" in capsys.readouterr().err
+
+
+def test_node_token_from_a_secret_file_ignores_its_trailing_newline(monkeypatch: pytest.MonkeyPatch) -> None:
+    from regional_node.server.config import TOKEN_ENV, NodeConfig, effective_token
+
+    monkeypatch.setenv(TOKEN_ENV, "s3cret\n")
+    assert effective_token(NodeConfig()) == "s3cret"
+    monkeypatch.setenv(TOKEN_ENV, "  \n")
+    assert effective_token(NodeConfig()) is None
