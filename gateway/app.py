@@ -114,7 +114,7 @@ def build_gateway(
     """Wire the parts; `directory` and `quota` may be injected (tests), else built from config."""
     env = os.environ if env is None else env
     metrics = GatewayMetrics()
-    node_token = env.get(config.node_auth.token_env) or None
+    node_token = (env.get(config.node_auth.token_env) or "").strip() or None  # as the node strips it
     if node_token is None:
         logger.warning("%s is not set: requests to nodes carry no credential", config.node_auth.token_env)
     timeouts = config.timeouts

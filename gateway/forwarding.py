@@ -21,7 +21,7 @@ from gateway.fleet import Fleet
 from gateway.metrics import GatewayMetrics
 from gateway.shielded import run_shielded
 from gateway.upstream import Endpoint, UpstreamError
-from router import backoff_delays
+from router import MAX_ATTEMPTS_BOUND, backoff_delays
 from router.types import Target
 
 T = TypeVar("T")
@@ -106,7 +106,8 @@ class Forwarder:
         self, targets: Sequence[Target], attempt: Callable[[Target], Awaitable[T]], *, model: str
     ) -> tuple[Target, T, int]:
         failures: list[tuple[Target, UpstreamError]] = []
-        max_attempts = self._retry.max_attempts
+        # Clamped like the back-off schedule, so a large configured value cannot outrun it.
+        max_attempts = min(self._retry.max_attempts, MAX_ATTEMPTS_BOUND)
         delays = backoff_delays(
             max_attempts, self._retry.backoff_base_s, self._retry.backoff_max_s, self._rng
         )

@@ -74,14 +74,16 @@ def estimate_text_tokens(text: str, config: TokenEstimateConfig) -> int:
 def estimate_prompt_tokens(
     request: ChatCompletionRequest | CompletionRequest, config: TokenEstimateConfig
 ) -> int:
+    # Tokens the client carries over from an earlier generation are prompt for the node.
+    carried = len(request.continuation_token_ids or ())
     if isinstance(request, ChatCompletionRequest):
         text_tokens = sum(estimate_text_tokens(m.text(), config) for m in request.messages)
-        return text_tokens + _MESSAGE_OVERHEAD_TOKENS * len(request.messages)
+        return carried + text_tokens + _MESSAGE_OVERHEAD_TOKENS * len(request.messages)
     prompt = request.prompt
     if isinstance(prompt, str):
-        return estimate_text_tokens(prompt, config)
+        return carried + estimate_text_tokens(prompt, config)
     # A list of strings, of token ids, or of token-id lists: token ids count exactly.
-    total = 0
+    total = carried
     for part in prompt:
         if isinstance(part, str):
             total += estimate_text_tokens(part, config)
@@ -116,6 +118,9 @@ def _check_caps(policy: TenantPolicy, prompt_tokens: int, requested: int | None)
         )
     max_tokens = requested if requested is not None else limits.max_tokens
     if limits.context_tokens is not None:
+        if requested is None and max_tokens is not None:
+            # The tenant's cap is only a default here: forward what fits the context cap.
+            max_tokens = min(max_tokens, max(limits.context_tokens - prompt_tokens, 0)) or None
         total = prompt_tokens + (max_tokens or 0)
         if prompt_tokens >= limits.context_tokens or total > limits.context_tokens:
             raise ContextLengthError(

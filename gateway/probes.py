@@ -100,7 +100,7 @@ class NodeProber:
             response = await self._client.get(
                 node.url + "/ready", headers=self._headers, timeout=self._timeout
             )
-        except httpx.HTTPError:
+        except (httpx.HTTPError, httpx.InvalidURL):  # a bad URL must not end the whole round
             return False
         return response.status_code == 200
 
@@ -112,7 +112,7 @@ class NodeProber:
             if response.status_code != 200:
                 return None
             report = _load_decoder.decode(response.content)
-        except (httpx.HTTPError, msgspec.DecodeError):
+        except (httpx.HTTPError, httpx.InvalidURL, msgspec.DecodeError):
             return None
         return NodeLoad(
             kv_cache_usage=report.kv_cache_usage,

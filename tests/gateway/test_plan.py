@@ -66,3 +66,17 @@ def test_streams_to_nodes_ask_for_usage_and_token_ids() -> None:
     assert body["max_tokens"] == 9 and "max_completion_tokens" not in body
     assert not plan.include_usage and not plan.wants_token_ids
     assert plan.estimated_tokens == 14 + 9
+
+
+def test_missing_max_tokens_fits_the_context_cap_when_the_max_tokens_cap_would_not() -> None:
+    # Prompt ~14 tokens; the cap of 16 does not fit a 20-token context, but 6 does: no 400 for a
+    # max_tokens the client never sent.
+    plan = plan_request("chat", *chat(), tenant(max_tokens=16, context_tokens=20), CATALOG, ESTIMATE)
+    assert plan.max_tokens == 20 - 14
+
+
+def test_client_continuation_tokens_count_towards_the_prompt_estimate() -> None:
+    request, body = chat(continuation_token_ids=list(range(100)))
+    assert estimate_prompt_tokens(request, ESTIMATE) == 14 + 100
+    with pytest.raises(ContextLengthError):
+        plan_request("chat", request, body, tenant(context_tokens=50), CATALOG, ESTIMATE)
