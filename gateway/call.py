@@ -10,7 +10,9 @@ from router.types import Target, TenantPolicy
 
 def header_safe(value: str) -> str:
     """Route reasons become header values: ASCII, one line, bounded."""
-    return value.encode("ascii", "replace").decode("ascii").replace("\n", " ")[:512]
+    # Control characters (CR, LF, ...) in directory data would break the response's headers.
+    printable = "".join(ch if " " <= ch <= "~" else " " for ch in value)
+    return printable[:512]
 
 
 @dataclass

@@ -9,12 +9,13 @@ config file's folder, so a config can be moved together with its policies and re
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 import yaml
 
 from gateway.config_fields import field_first
+from router import MAX_ATTEMPTS_BOUND
 from router.types import CatalogModel
 
 
@@ -45,26 +46,32 @@ class NodeAuthConfig(_Section):
     token_env: str = "MERIDIAN_NODE_TOKEN"
 
 
+# Bounds checked at start, so a bad value is a ConfigError naming the field, not a failed request.
+Positive = Annotated[float, msgspec.Meta(gt=0)]
+NonNegative = Annotated[float, msgspec.Meta(ge=0)]
+
+
 class TimeoutsConfig(_Section):
-    connect_s: float = 2.0  # TCP connect to a node or provider
-    read_s: float = 120.0  # a whole non-streaming response
-    stream_idle_s: float = 30.0  # the longest gap between two streamed chunks (first one included)
-    probe_s: float = 0.5  # one health probe (/ready, /load)
-    probe_interval_s: float = 1.0  # between probe rounds
+    connect_s: Positive = 2.0  # TCP connect to a node or provider
+    read_s: Positive = 120.0  # a whole non-streaming response
+    stream_idle_s: Positive = 30.0  # the longest gap between two streamed chunks (first one included)
+    probe_s: Positive = 0.5  # one health probe (/ready, /load)
+    probe_interval_s: Positive = 1.0  # between probe rounds
 
 
 class RetryConfig(_Section):
-    max_attempts: int = 3  # targets tried before the first byte, the first one included
-    backoff_base_s: float = 0.02  # full-jitter back-off between attempts: U(0, base * 2^n)
-    backoff_max_s: float = 0.25
-    max_continuations: int = 2  # how often one broken stream may be continued on another node
+    # Targets tried before the first byte, the first one included.
+    max_attempts: Annotated[int, msgspec.Meta(ge=1, le=MAX_ATTEMPTS_BOUND)] = 3
+    backoff_base_s: NonNegative = 0.02  # full-jitter back-off between attempts: U(0, base * 2^n)
+    backoff_max_s: NonNegative = 0.25
+    max_continuations: Annotated[int, msgspec.Meta(ge=0)] = 2  # how often one broken stream may be continued on another node
 
 
 class EjectionConfig(_Section):
     # A node that fails a request is out for base_s, doubling with each further failure up to max_s;
     # then a single trial request decides whether it is back.
-    base_s: float = 1.0
-    max_s: float = 30.0
+    base_s: Positive = 1.0
+    max_s: Positive = 30.0
 
 
 class TokenEstimateConfig(_Section):
@@ -113,11 +120,6 @@ def _check(config: GatewayConfig) -> None:
         )
     if config.directory_type() == "static" and not isinstance(config.directory.get("file"), str):
         raise ConfigError(f"{config.source}: $.directory.file: a static directory needs a regions file")
-    if config.retry.max_attempts < 1:
-        raise ConfigError(f"{config.source}: $.retry.max_attempts: must be at least 1")
-    for name in ("connect_s", "read_s", "stream_idle_s", "probe_s", "probe_interval_s"):
-        if getattr(config.timeouts, name) <= 0:
-            raise ConfigError(f"{config.source}: $.timeouts.{name}: must be positive")
     if config.token_estimate.bytes_per_token <= 0:
         raise ConfigError(f"{config.source}: $.token_estimate.bytes_per_token: must be positive")
 

@@ -55,6 +55,9 @@ def test_valid_config_loads_with_defaults_and_paths_relative_to_the_file(tmp_pat
         (("home_region: eu-west\n", ""), "$.home_region"),
         (("type: static", "type: zookeeper"), "$.directory.type"),
         (("timeouts: {connect_s: 1.5}", "timeouts: {connect_s: 0}"), "$.timeouts.connect_s"),
+        (("timeouts: {connect_s: 1.5}", "retry: {max_attempts: 11}"), "$.retry.max_attempts"),
+        (("timeouts: {connect_s: 1.5}", "retry: {backoff_base_s: -1}"), "$.retry.backoff_base_s"),
+        (("timeouts: {connect_s: 1.5}", "ejection: {base_s: 0}"), "$.ejection.base_s"),
     ],
 )
 def test_invalid_config_names_file_and_field(tmp_path: Path, change: tuple[str, str], field: str) -> None:
