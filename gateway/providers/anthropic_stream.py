@@ -14,6 +14,7 @@ from typing import Any
 from gateway.providers.anthropic_errors import anthropic_stream_error
 from gateway.providers.anthropic_translate import (
     finish_reason,
+    matched_stop,
     stop_reason,
     usage_to_anthropic,
     usage_to_openai,
@@ -67,8 +68,11 @@ class MessagesToChatStream:
         if kind == "message_delta":
             # Its usage counts are cumulative: they replace, not add to, message_start's.
             self._usage.update({k: v for k, v in (data.get("usage") or {}).items() if v is not None})
-            reason = (data.get("delta") or {}).get("stop_reason")
-            return [self._chunk({}, finish_reason(reason) or "stop")]
+            delta = data.get("delta") or {}
+            reason = delta.get("stop_reason")
+            chunk = self._chunk({}, finish_reason(reason) or "stop")
+            chunk["choices"][0].update(matched_stop(reason, delta.get("stop_sequence")))
+            return [chunk]
         if kind == "message_stop":
             self.finished = True
             if not self._include_usage:

@@ -136,23 +136,31 @@ def finish_reason(stop_reason: str | None) -> str | None:
     return STOP_REASON_TO_FINISH.get(stop_reason, "stop")
 
 
+def matched_stop(stop_reason: str | None, stop_sequence: Any) -> dict[str, str]:
+    """The matched stop string, vLLM-style (`stop_reason`), so the /v1/messages front door can
+    answer `stop_sequence` when an Anthropic provider served (OpenAI's "stop" alone cannot say)."""
+    if stop_reason == "stop_sequence" and isinstance(stop_sequence, str):
+        return {"stop_reason": stop_sequence}
+    return {}
+
+
 def messages_to_chat_response(message: dict[str, Any], *, model: str, created: int) -> dict[str, Any]:
     text = "".join(
         str(block.get("text") or "") for block in message.get("content") or [] if block.get("type") == "text"
     )
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": {"role": "assistant", "content": text},
+        "finish_reason": finish_reason(message.get("stop_reason")),
+        "logprobs": None,
+    }
+    choice.update(matched_stop(message.get("stop_reason"), message.get("stop_sequence")))
     return {
         "id": str(message.get("id", "")),
         "object": "chat.completion",
         "created": created,
         "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "finish_reason": finish_reason(message.get("stop_reason")),
-                "logprobs": None,
-            }
-        ],
+        "choices": [choice],
         "usage": usage_to_openai(message.get("usage") or {}),
     }
 

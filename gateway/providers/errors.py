@@ -9,7 +9,9 @@ and the client never sees a misleading "invalid API key".
 
 from __future__ import annotations
 
+import datetime
 import email.utils
+import math
 import time
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -72,18 +74,26 @@ def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -
     millis = headers.get("retry-after-ms")
     if millis is not None:
         try:
-            return max(float(millis) / 1000.0, 0.0)
+            seconds = float(millis) / 1000.0
         except ValueError:
             pass
+        else:
+            # inf or nan would take the target out until restart (or not at all): ignore them.
+            return max(seconds, 0.0) if math.isfinite(seconds) else None
     value = headers.get("retry-after")
     if value is None:
         return None
     try:
-        return max(float(value), 0.0)
+        seconds = float(value)
     except ValueError:
         pass
+    else:
+        return max(seconds, 0.0) if math.isfinite(seconds) else None
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
         return None
+    if when.tzinfo is None:
+        # asctime dates and "-0000" carry no zone; an HTTP-date is always GMT, never local time.
+        when = when.replace(tzinfo=datetime.UTC)
     return max(when.timestamp() - (time.time() if now is None else now), 0.0)

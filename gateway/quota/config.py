@@ -49,8 +49,10 @@ def parse_quota_config(section: dict[str, Any] | None) -> QuotaConfig:
     except msgspec.ValidationError as exc:
         raise QuotaConfigError(_field_message(str(exc))) from None
     if config.redis_url is not None and not config.redis_url.startswith(_URL_SCHEMES):
+        # Only the scheme: the rest of the URL may hold the Redis password.
+        scheme = config.redis_url.partition("://")[0] if "://" in config.redis_url else "no scheme"
         raise QuotaConfigError(
-            f"quota.redis_url: expected a redis://, rediss:// or unix:// URL, got {config.redis_url!r}"
+            f"quota.redis_url: expected a redis://, rediss:// or unix:// URL, got {scheme!r}"
         )
     if config.congested_timeout_ms < config.timeout_ms:
         raise QuotaConfigError("quota.congested_timeout_ms: must be at least quota.timeout_ms")

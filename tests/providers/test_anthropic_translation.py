@@ -297,3 +297,32 @@ def test_chunks_become_the_full_event_sequence() -> None:
 )  # fmt: skip
 def test_our_statuses_map_to_anthropic_error_types(status: int, error_type: str) -> None:
     assert error_type_for_status(status) == error_type
+
+
+def test_matched_stop_sequence_survives_the_round_trip_through_an_anthropic_provider() -> None:
+    """/v1/messages served by Anthropic: its stop_sequence must reach the client, not end_turn."""
+    message = {
+        "id": "msg_1",
+        "content": [{"type": "text", "text": "x"}],
+        "stop_reason": "stop_sequence",
+        "stop_sequence": "END",
+        "usage": {"input_tokens": 1, "output_tokens": 1},
+    }
+    chat = messages_to_chat_response(message, model="tiny", created=1)
+    assert chat["choices"][0]["finish_reason"] == "stop"
+    back = chat_response_to_message(chat, stop_sequences=["END"])
+    assert (back["stop_reason"], back["stop_sequence"]) == ("stop_sequence", "END")
+
+
+def test_matched_stop_sequence_survives_the_streamed_round_trip() -> None:
+    translator = MessagesToChatStream(provider="p", model="tiny", created=1, include_usage=True)
+    events = anthropic_events(["a"], "stop_sequence")
+    for name, data in events:
+        if name == "message_delta":
+            data["delta"]["stop_sequence"] = "END"
+    front = ChatToMessagesStream(message_id="msg_1", model="tiny", stop_sequences=["END"])
+    for name, data in events:
+        for chunk in translator.feed(name, data):
+            front.feed(chunk)
+    delta = next(data for name, data in front.finish() if name == "message_delta")
+    assert delta["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "END"}

@@ -45,3 +45,10 @@ def test_invalid_section_names_the_field(section: dict, field: str) -> None:
 def test_section_must_be_a_mapping() -> None:
     with pytest.raises(QuotaConfigError, match="quota: expected a mapping"):
         build_quota_gate(["redis://x"])  # type: ignore[arg-type]
+
+
+def test_bad_redis_url_error_does_not_reveal_its_password() -> None:
+    """Config errors end up in start-up logs; the URL's password must not."""
+    with pytest.raises(QuotaConfigError, match=r"quota\.redis_url") as info:
+        build_quota_gate({"redis_url": "http://default:s3cr3t-pass@redis.internal:6379/0"})
+    assert "s3cr3t-pass" not in str(info.value)
