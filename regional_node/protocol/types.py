@@ -54,6 +54,11 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    # Features the node refuses explicitly (server/sampling.py) rather than silently ignoring.
+    logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
     # Meridian extensions (vLLM uses the same names for the first four).
     top_k: int | None = None
     ignore_eos: bool = False
@@ -90,6 +95,7 @@ class CompletionRequest(_SamplingFields, kw_only=True):
     logprobs: int | None = None
     echo: bool = False
     suffix: str | None = None
+    best_of: int | None = None
 
     def requested_max_tokens(self) -> int:
         # OpenAI's legacy completions default to 16 tokens.

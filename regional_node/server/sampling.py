@@ -1,7 +1,7 @@
 """OpenAI request fields to the engine's SamplingParams, and the features this node refuses.
 
-Refusals are explicit 400s naming the field (n > 1, penalties, echo, suffix): silently ignoring
-them would return text the client did not ask for.
+Refusals are explicit 400s naming the field (n > 1, penalties, logit_bias, structured output,
+tools, echo, suffix, best_of): silently ignoring them would return text the client did not ask for.
 """
 
 from __future__ import annotations
@@ -28,7 +28,23 @@ def check_supported(request: ChatCompletionRequest | CompletionRequest) -> None:
             raise InvalidRequestError(
                 f"`{name}` is not supported on this node; omit it or send 0.", param=name
             )
+    if request.logit_bias:
+        raise InvalidRequestError("`logit_bias` is not supported on this node.", param="logit_bias")
+    response_type = (request.response_format or {}).get("type", "text")
+    if response_type != "text":
+        raise InvalidRequestError(
+            f"`response_format` of type {response_type!r} is not supported on this node; only 'text'.",
+            param="response_format",
+        )
+    # With tool_choice "none" the model must not call tools, which is what this node does anyway.
+    if request.tools and request.tool_choice != "none":
+        raise InvalidRequestError(
+            "Tool calling is not supported on this node; omit `tools` or set `tool_choice` to 'none'.",
+            param="tools",
+        )
     if isinstance(request, CompletionRequest):
+        if request.best_of is not None and request.best_of != 1:
+            raise InvalidRequestError("Only best_of=1 is supported on this node.", param="best_of")
         if request.echo:
             raise InvalidRequestError("`echo` is not supported on this node.", param="echo")
         if request.suffix:

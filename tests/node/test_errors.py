@@ -94,6 +94,10 @@ CASES = [
         None,
     ),
     ("stream_wrong_type", CHAT, chat(stream="yes"), 400, "stream", None),
+    ("logit_bias", CHAT, chat(logit_bias={"5": 10}), 400, "logit_bias", None),
+    ("json_mode", CHAT, chat(response_format={"type": "json_object"}), 400, "response_format", None),
+    ("tools", CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools", None),
+    ("best_of", COMPLETIONS, completion(best_of=3), 400, "best_of", None),
 ]
 
 
@@ -112,6 +116,12 @@ def test_bad_request_gets_openai_error(
     if code is not None:
         assert error["code"] == code
     assert "Traceback" not in response.text
+
+
+def test_text_response_format_and_tools_switched_off_are_served(http: httpx.Client) -> None:
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    body = chat(response_format={"type": "text"}, tools=tools, tool_choice="none", logit_bias={})
+    assert http.post(CHAT, json=body).status_code == 200
 
 
 @pytest.mark.parametrize("stream", [False, True])
