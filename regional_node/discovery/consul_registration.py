@@ -12,7 +12,9 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Annotated, Literal
+
+import msgspec
 
 from gateway.discovery.consul_client import ConsulClient, ConsulConfig, ConsulError, ConsulNotFound
 from gateway.discovery.consul_meta import (
@@ -36,13 +38,14 @@ class ConsulRegistrationConfig(ConsulConfig, frozen=True, forbid_unknown_fields=
     """The node config's `consul:` section: where the agent is, plus how to register."""
 
     service: str = SERVICE_NAME
-    ttl_s: float = 10.0  # the node heartbeats every ttl_s / 3
-    deregister_critical_after_s: float = 60.0  # Consul's minimum is 1 minute
+    # The node heartbeats every ttl_s / 3; under a second the TTL would round to nothing.
+    ttl_s: Annotated[float, msgspec.Meta(ge=1)] = 10.0
+    deregister_critical_after_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0  # Consul's minimum is 1 minute
     # The address the gateway should dial. Default: the node's listen host, or, when it listens on
     # all interfaces, none at all, so that consumers use the Consul agent's node address.
     advertise_address: str | None = None
     url_scheme: Literal["http", "https"] = "http"
-    retry_max_s: float = 10.0  # longest pause between registration attempts while Consul is down
+    retry_max_s: Annotated[float, msgspec.Meta(gt=0)] = 10.0  # longest pause between registration attempts while Consul is down
 
 
 class RegistrationError(ValueError):
@@ -101,7 +104,7 @@ class ConsulRegistration:
         registration: ServiceRegistration,
         readiness: Callable[[], bool],
         *,
-        retry_max_s: float = 10.0,
+        retry_max_s: Annotated[float, msgspec.Meta(gt=0)] = 10.0,
     ) -> None:
         assert registration.Check is not None and registration.Check.CheckID, (
             "needs a TTL check with a CheckID"

@@ -73,3 +73,8 @@ def test_the_node_section_decodes_with_registration_settings() -> None:
     }
     config = msgspec.convert(raw, ConsulRegistrationConfig)
     assert (config.ttl_s, config.advertise_address, config.service) == (6.0, "10.0.0.5", "meridian-node")
+
+
+def test_a_sub_second_ttl_is_a_config_error() -> None:
+    with pytest.raises(msgspec.ValidationError, match=r"\$\.ttl_s"):
+        msgspec.convert({"ttl_s": 0.0005}, ConsulRegistrationConfig)
