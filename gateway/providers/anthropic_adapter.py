@@ -24,38 +24,25 @@ from gateway.providers.anthropic_translate import (
 )
 from gateway.providers.config import ProviderEntry
 from gateway.providers.errors import unsupported
-from gateway.providers.transport import (
-    build_client,
-    build_post,
-    decode_event,
-    open_response,
-    read_json,
-    sse_events,
-)
+from gateway.providers.http_adapter import HTTPProviderAdapter
+from gateway.providers.transport import build_post, decode_event, sse_events
 from gateway.upstream import Endpoint
 
 
-class AnthropicAdapter:
+class AnthropicAdapter(HTTPProviderAdapter):
     def __init__(
         self, entry: ProviderEntry, api_key: str, *, client: httpx.AsyncClient | None = None
     ) -> None:
-        self.entry = entry
+        auth = {"x-api-key": api_key, "anthropic-version": entry.anthropic_version}
+        super().__init__(entry, auth=auth, on_status=anthropic_status_error, client=client)
         self._url = entry.base_url.rstrip("/") + "/v1/messages"
-        self._auth = {"x-api-key": api_key, "anthropic-version": entry.anthropic_version}
-        self._client = client or build_client(entry.timeouts)
-        self._owns_client = client is None
 
     def _request(
         self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str], *, stream: bool
     ) -> tuple[httpx.Request, str]:
         if endpoint != "chat":
             raise unsupported(self.entry.id, "the legacy completions endpoint")
-        logical = str(body.get("model", ""))
-        provider_model = self.entry.models.get(logical)
-        if provider_model is None:
-            raise unsupported(self.entry.id, f"model {logical!r}")
-        if body.get("continuation_token_ids"):
-            raise unsupported(self.entry.id, "a token-exact stream continuation")
+        logical, provider_model = self._models(body)
         try:
             messages = chat_to_messages(
                 {**body, "stream": stream},
@@ -67,24 +54,11 @@ class AnthropicAdapter:
         request = build_post(self._client, self._url, messages, auth=self._auth, client_headers=headers)
         return request, logical
 
-    async def _open(self, request: httpx.Request) -> httpx.Response:
-        return await open_response(
-            self._client,
-            request,
-            provider=self.entry.id,
-            timeouts=self.entry.timeouts,
-            on_status=anthropic_status_error,
-        )
-
     async def complete(
         self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str]
     ) -> dict[str, Any]:
         request, logical = self._request(endpoint, body, headers, stream=False)
-        response = await self._open(request)
-        try:
-            message = await read_json(response, provider=self.entry.id)
-        finally:
-            await response.aclose()
+        message = await self._fetch_json(request)
         if message.get("type") == "error":
             raise anthropic_status_error(self.entry.id, 500, message, "", None)
         return messages_to_chat_response(message, model=logical, created=int(time.time()))
@@ -119,7 +93,3 @@ class AnthropicAdapter:
         finally:
             await events.aclose()
         translator.end()
-
-    async def aclose(self) -> None:
-        if self._owns_client:
-            await self._client.aclose()

@@ -16,15 +16,9 @@ from typing import Any
 import httpx
 
 from gateway.providers.config import ProviderEntry
-from gateway.providers.errors import ProviderError, status_error, unsupported
-from gateway.providers.transport import (
-    build_client,
-    build_post,
-    decode_event,
-    open_response,
-    read_json,
-    sse_events,
-)
+from gateway.providers.errors import ProviderError, status_error
+from gateway.providers.http_adapter import HTTPProviderAdapter
+from gateway.providers.transport import build_post, decode_event, sse_events
 from gateway.upstream import Endpoint
 
 _PATHS: dict[str, str] = {"chat": "/chat/completions", "completions": "/completions"}
@@ -60,25 +54,18 @@ def _openai_status_error(
     return status_error(provider, status, str(message), body=body, retry_after=retry_after)
 
 
-class OpenAIAdapter:
+class OpenAIAdapter(HTTPProviderAdapter):
     def __init__(
         self, entry: ProviderEntry, api_key: str, *, client: httpx.AsyncClient | None = None
     ) -> None:
-        self.entry = entry
+        auth = {"authorization": f"Bearer {api_key}"}
+        super().__init__(entry, auth=auth, on_status=_openai_status_error, client=client)
         self._base_url = entry.base_url.rstrip("/")
-        self._auth = {"authorization": f"Bearer {api_key}"}
-        self._client = client or build_client(entry.timeouts)
-        self._owns_client = client is None
 
     def _request(
         self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str], *, stream: bool
     ) -> tuple[httpx.Request, str]:
-        logical = str(body.get("model", ""))
-        provider_model = self.entry.models.get(logical)
-        if provider_model is None:
-            raise unsupported(self.entry.id, f"model {logical!r}")
-        if body.get("continuation_token_ids"):
-            raise unsupported(self.entry.id, "a token-exact stream continuation")
+        logical, provider_model = self._models(body)
         request = build_post(
             self._client,
             self._base_url + _PATHS[endpoint],
@@ -88,24 +75,11 @@ class OpenAIAdapter:
         )
         return request, logical
 
-    async def _open(self, request: httpx.Request) -> httpx.Response:
-        return await open_response(
-            self._client,
-            request,
-            provider=self.entry.id,
-            timeouts=self.entry.timeouts,
-            on_status=_openai_status_error,
-        )
-
     async def complete(
         self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str]
     ) -> dict[str, Any]:
         request, logical = self._request(endpoint, body, headers, stream=False)
-        response = await self._open(request)
-        try:
-            result = await read_json(response, provider=self.entry.id)
-        finally:
-            await response.aclose()
+        result = await self._fetch_json(request)
         result["model"] = logical
         return result
 
@@ -142,7 +116,3 @@ class OpenAIAdapter:
             f"{self.entry.id}: stream ended before [DONE] after {time.monotonic() - started:.1f}s",
             kind="stream_broken",
         )
-
-    async def aclose(self) -> None:
-        if self._owns_client:
-            await self._client.aclose()
