@@ -20,7 +20,7 @@ import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gateway.config import ConfigError
-from gateway.discovery.consul_client import (
+from regional_node.discovery.consul_client import (
     ConsulClient,
     ConsulConfig,
     ConsulError,
@@ -28,7 +28,7 @@ from gateway.discovery.consul_client import (
     next_blocking_index,
     resolve_tls_paths,
 )
-from gateway.discovery.consul_meta import SERVICE_NAME, MetaError, node_from_entry
+from regional_node.discovery.consul_meta import SERVICE_NAME, MetaError, node_from_entry
 from router.types import NodeInfo
 
 logger = logging.getLogger(__name__)

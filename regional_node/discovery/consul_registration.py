@@ -16,8 +16,8 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from gateway.discovery.consul_client import ConsulClient, ConsulConfig, ConsulError, ConsulNotFound
-from gateway.discovery.consul_meta import (
+from regional_node.discovery.consul_client import ConsulClient, ConsulConfig, ConsulError, ConsulNotFound
+from regional_node.discovery.consul_meta import (
     META_JURISDICTION,
     META_MODELS,
     META_NODE_ID,
@@ -27,7 +27,7 @@ from gateway.discovery.consul_meta import (
     ModelTag,
     encode_models,
 )
-from gateway.discovery.consul_wire import ServiceCheck, ServiceRegistration, go_duration, meta_problems
+from regional_node.discovery.consul_wire import ServiceCheck, ServiceRegistration, go_duration, meta_problems
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,12 @@ import asyncio
 import random
 import time
 
-from gateway.discovery.consul_client import ConsulClient, ConsulConfig, blocking_wait, next_blocking_index
+from regional_node.discovery.consul_client import (
+    ConsulClient,
+    ConsulConfig,
+    blocking_wait,
+    next_blocking_index,
+)
 from tests.consul.registrations import node_registration
 from tests.consul_api import ConsulStandIn
 

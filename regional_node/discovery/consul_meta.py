@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.discovery.consul_wire import ServiceEntry
+from regional_node.discovery.consul_wire import ServiceEntry
 from router.types import NodeInfo
 
 SERVICE_NAME = "meridian-node"

@@ -20,7 +20,7 @@ from urllib.parse import quote
 import httpx
 import msgspec
 
-from gateway.discovery.consul_wire import ServiceEntry, ServiceRegistration, go_duration
+from regional_node.discovery.consul_wire import ServiceEntry, ServiceRegistration, go_duration
 
 TTLStatus = Literal["pass", "warn", "fail"]
 
