@@ -71,12 +71,14 @@ def order_nodes(
         )
         return (is_saturated(node.load, params), pref, load_band(node.load, params))
 
-    ordered = sorted(nodes, key=lambda n: (*group(n), affinity[n.node_id], n.node_id))
-    group_sizes = Counter(group(n) for n in ordered)
+    # Once per node: this runs on every request.
+    groups = {n.node_id: group(n) for n in nodes}
+    ordered = sorted(nodes, key=lambda n: (*groups[n.node_id], affinity[n.node_id], n.node_id))
+    group_sizes = Counter(groups.values())
     targets: list[Target] = []
     place_in_group: Counter[tuple[bool, int, int]] = Counter()
     for node in ordered:
-        g = group(node)
+        g = groups[node.node_id]
         place_in_group[g] += 1
         parts = [f"region={node.region}", PREFERENCE_WORDS[g[1]], describe_load(node.load, params)]
         if group_sizes[g] > 1:
