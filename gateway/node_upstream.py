@@ -67,7 +67,11 @@ def transport_error(exc: httpx.HTTPError, target: str) -> UpstreamError:
 
 
 async def _sse_chunks(response: httpx.Response, target: str) -> AsyncIterator[dict[str, Any]]:
-    """OpenAI chunk dicts from an SSE body; a body that ends before `[DONE]` is a broken stream."""
+    """OpenAI chunk dicts from an SSE body; a body that ends before `[DONE]` is a broken stream.
+
+    Deliberately leaner than gateway/providers/sse.py's spec-complete decoder: our nodes send one
+    `data:` line per event, and this loop runs for every chunk of every stream (the hot path).
+    """
     done = False
     try:
         async for line in response.aiter_lines():
