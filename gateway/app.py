@@ -19,21 +19,21 @@ from litestar.di import Provide
 from litestar.types import ControllerRouterHandler
 
 from gateway.api import FRONT_DOORS
+from gateway.api.errors import handle_exception
 from gateway.config import ConfigError, GatewayConfig
 from gateway.discovery.build import build_region_directory
 from gateway.discovery.interface import RegionDirectory
-from gateway.ejection import Ejections
-from gateway.fleet import Fleet, ProviderSet
-from gateway.forwarding import Forwarder
+from gateway.health.ejection import Ejections
+from gateway.health.probes import NodeProber, ProbeResult
 from gateway.metrics import GatewayMetrics
-from gateway.node_upstream import ClientPool, NodeUpstream
 from gateway.policy import PolicyStore
-from gateway.probes import NodeProber, ProbeResult
-from gateway.providers import build_providers
 from gateway.quota import QuotaConfigError, build_quota_gate
 from gateway.quota.interface import QuotaGate
-from gateway.service import RequestPipeline
-from regional_node.protocol.http import handle_exception
+from gateway.request.pipeline import RequestPipeline
+from gateway.upstreams.failover import Forwarder
+from gateway.upstreams.fleet import Fleet, ProviderSet
+from gateway.upstreams.node import ClientPool, NodeUpstream
+from gateway.upstreams.providers import build_providers
 from router.types import NodeInfo, TenantPolicy
 
 logger = logging.getLogger(__name__)

@@ -89,7 +89,7 @@ class GatewayConfig(_Section):
     directory: dict[str, Any]  # {type: static, file: ...} or {type: consul, ...}
     listen: ListenConfig = msgspec.field(default_factory=ListenConfig)
     quota: dict[str, Any] | None = None  # passed to gateway.quota's build_quota_gate
-    providers: dict[str, Any] | None = None  # passed to gateway.providers' builder
+    providers: dict[str, Any] | None = None  # passed to gateway.upstreams.providers' builder
     node_auth: NodeAuthConfig = msgspec.field(default_factory=NodeAuthConfig)
     timeouts: TimeoutsConfig = msgspec.field(default_factory=TimeoutsConfig)
     retry: RetryConfig = msgspec.field(default_factory=RetryConfig)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.federation.process_group import free_port, stop_process_group
+from meridian.federation.process_group import free_port, stop_process_group
 
 __all__ = ["Server", "free_port", "process_tree_cpu_s", "start_server", "stop_server", "wait_until"]
 

@@ -99,7 +99,7 @@ def write_meridian_config(work: Path, upstream_url: str, port: int) -> Path:
 def start_meridian(work: Path, upstream_url: str) -> System:
     port = free_port()
     config = write_meridian_config(work, upstream_url, port)
-    cmd = [sys.executable, "-m", "gateway.cli", "gateway", "--config", str(config)]
+    cmd = [sys.executable, "-m", "meridian.cli", "gateway", "--config", str(config)]
     server = start_server(
         "meridian", cmd, log_dir=work, env=python_env(MERIDIAN_NODE_TOKEN=NODE_TOKEN), cwd=REPO
     )

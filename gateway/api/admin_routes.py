@@ -6,8 +6,8 @@ from typing import Any
 
 from litestar import Controller, Response, get
 
-from gateway.fleet import Fleet
 from gateway.metrics import GatewayMetrics
+from gateway.upstreams.fleet import Fleet
 
 _PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 

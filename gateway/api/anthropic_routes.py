@@ -17,19 +17,19 @@ import msgspec
 from litestar import Controller, Request, Response, post
 
 from gateway.api.sse import ClientStreamResponse
-from gateway.call import CallContext
-from gateway.client_stream import ClientStream
-from gateway.providers.anthropic_errors import anthropic_error_body, error_type_for_status
-from gateway.providers.anthropic_stream import ChatToMessagesStream, Event
-from gateway.providers.anthropic_translate import (
+from gateway.request.context import CallContext
+from gateway.request.pipeline import RequestPipeline
+from gateway.streaming.client_stream import ClientStream
+from gateway.upstreams.providers.anthropic_errors import anthropic_error_body, error_type_for_status
+from gateway.upstreams.providers.anthropic_stream import ChatToMessagesStream, Event
+from gateway.upstreams.providers.anthropic_translate import (
     TranslationError,
     chat_response_to_message,
     messages_request_to_chat,
 )
-from gateway.providers.anthropic_types import MessagesRequest
-from gateway.service import RequestPipeline
-from regional_node.protocol import APIError, AuthenticationError, ChatCompletionRequest, InvalidRequestError
-from regional_node.protocol.types import decode_request
+from protocol import APIError, AuthenticationError, ChatCompletionRequest, InvalidRequestError
+from protocol.anthropic import MessagesRequest
+from protocol.openai import decode_request
 
 _encoder = msgspec.json.Encoder()
 

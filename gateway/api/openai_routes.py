@@ -13,11 +13,11 @@ import msgspec
 from litestar import Controller, Request, Response, get, post
 
 from gateway.api.sse import ClientStreamResponse
-from gateway.call import CallContext
-from gateway.service import RequestPipeline
-from gateway.upstream import Endpoint
-from regional_node.protocol import ChatCompletionRequest, CompletionRequest, decode_request
-from regional_node.protocol.types import ModelCard, ModelList
+from gateway.request.context import CallContext
+from gateway.request.pipeline import RequestPipeline
+from gateway.upstreams.base import Endpoint
+from protocol import ChatCompletionRequest, CompletionRequest, decode_request
+from protocol.openai import ModelCard, ModelList
 
 _REQUEST_TYPES: dict[Endpoint, type[ChatCompletionRequest] | type[CompletionRequest]] = {
     "chat": ChatCompletionRequest,

@@ -16,9 +16,10 @@ from litestar.response import Stream
 from litestar.response.base import ASGIResponse
 from litestar.types import Receive, Scope, Send
 
-from gateway.client_stream import ClientStream
-from gateway.shielded import run_shielded
-from regional_node.protocol.http import SSE_DONE, sse_event
+from gateway.runtime.tasks import run_shielded
+from gateway.streaming.client_stream import ClientStream
+from protocol.sse import DONE as SSE_DONE
+from protocol.sse import encode_data as sse_event
 
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 

@@ -10,8 +10,8 @@ from typing import Any
 
 from litestar import Controller, Request, Response, get
 
-from gateway.service import RequestPipeline
-from regional_node.protocol import PermissionDeniedError
+from gateway.request.pipeline import RequestPipeline
+from protocol import PermissionDeniedError
 
 
 class UsageController(Controller):

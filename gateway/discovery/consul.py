@@ -20,7 +20,8 @@ import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gateway.config import ConfigError
-from regional_node.discovery.consul_client import (
+from protocol.consul.advertisement import SERVICE_NAME, MetaError, node_from_entry
+from protocol.consul.client import (
     ConsulClient,
     ConsulConfig,
     ConsulError,
@@ -28,7 +29,6 @@ from regional_node.discovery.consul_client import (
     next_blocking_index,
     resolve_tls_paths,
 )
-from regional_node.discovery.consul_meta import SERVICE_NAME, MetaError, node_from_entry
 from router.types import NodeInfo
 
 logger = logging.getLogger(__name__)
@@ -199,11 +199,21 @@ class ConsulRegionDirectory:
         nodes = []
         for entry in result.entries:
             try:
-                nodes.append(node_from_entry(entry))
+                advert = node_from_entry(entry)
             except MetaError as exc:
                 if entry.Service.ID not in self._reported_bad:  # once per instance, not per query
                     self._reported_bad.add(entry.Service.ID)
                     logger.warning("ignoring a Consul instance Meridian cannot route to: %s", exc)
+                continue
+            nodes.append(
+                NodeInfo(
+                    node_id=advert.node_id,
+                    url=advert.url,
+                    region=advert.region,
+                    jurisdiction=advert.jurisdiction,
+                    models=advert.models,
+                )
+            )
         return tuple(nodes)
 
     def _rebuild(self) -> None:

@@ -23,8 +23,8 @@ from pathlib import Path
 import msgspec
 import yaml
 
-from gateway.background import cancel_and_wait
 from gateway.config import ConfigError
+from gateway.runtime.tasks import cancel_and_wait
 from router.types import NodeInfo
 
 logger = logging.getLogger(__name__)

@@ -13,10 +13,10 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from gateway.background import cancel_and_wait
 from gateway.policy.errors import PolicyError
 from gateway.policy.loader import build_policy_set, policy_files, read_source
 from gateway.policy.policy_set import PolicySet, as_extra
+from gateway.runtime.tasks import cancel_and_wait
 from router.types import TenantPolicy
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""The quota package's own failures (client-facing ones are regional_node.protocol APIErrors)."""
+"""The quota package's own failures (client-facing ones are protocol APIErrors)."""
 
 from __future__ import annotations
 

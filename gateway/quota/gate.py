@@ -22,7 +22,7 @@ from gateway.quota.model import QuotaLimits, Ticket
 from gateway.quota.report import usage_report
 from gateway.quota.store import QuotaStore
 from gateway.quota.window import Geometry
-from regional_node.protocol import InvalidRequestError, RateLimitError, ServiceUnavailableError
+from protocol import InvalidRequestError, RateLimitError, ServiceUnavailableError
 from router.types import TenantPolicy
 
 logger = logging.getLogger(__name__)

@@ -16,8 +16,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from regional_node.discovery.consul_client import ConsulClient, ConsulConfig, ConsulError, ConsulNotFound
-from regional_node.discovery.consul_meta import (
+from protocol.consul.advertisement import (
     META_JURISDICTION,
     META_MODELS,
     META_NODE_ID,
@@ -27,7 +26,8 @@ from regional_node.discovery.consul_meta import (
     ModelTag,
     encode_models,
 )
-from regional_node.discovery.consul_wire import ServiceCheck, ServiceRegistration, go_duration, meta_problems
+from protocol.consul.client import ConsulClient, ConsulConfig, ConsulError, ConsulNotFound
+from protocol.consul.wire import ServiceCheck, ServiceRegistration, go_duration, meta_problems
 
 logger = logging.getLogger(__name__)
 

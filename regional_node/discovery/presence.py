@@ -6,7 +6,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Protocol
 
-from regional_node.discovery.consul_client import ConsulClient
+from protocol.consul.client import ConsulClient
 from regional_node.discovery.consul_registration import (
     ConsulRegistration,
     RegistrationError,

@@ -18,10 +18,9 @@ from litestar import Litestar, Request, Response
 from litestar.di import Provide
 
 from regional_node.discovery import consul_presence
-from regional_node.protocol.http import handle_exception
 from regional_node.server.auth import bearer_guard
 from regional_node.server.config import NodeConfig, effective_token
-from regional_node.server.errors import ClientDisconnected
+from regional_node.server.errors import ClientDisconnected, handle_exception
 from regional_node.server.metrics import NodeMetrics
 from regional_node.server.pool import EngineLoader, ModelPool, RunnerFactory, load_engine
 from regional_node.server.routes import ROUTES

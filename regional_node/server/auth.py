@@ -13,7 +13,7 @@ from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
 from litestar.types import Guard
 
-from regional_node.protocol import AuthenticationError
+from protocol import AuthenticationError
 
 PUBLIC = {"public": True}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from regional_node.protocol.types import (
+from protocol.openai import (
     CompletionChoice,
     CompletionLogprobs,
     CompletionRequest,

@@ -8,20 +8,25 @@ handler render the body.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
-from regional_node.engine.errors import (
-    ContextLengthExceededError,
-    EngineError,
-    RequestTooLargeError,
-)
-from regional_node.engine.errors import InvalidRequestError as EngineInvalidRequestError
-from regional_node.protocol import (
+from litestar import Request, Response
+from litestar.exceptions import HTTPException, ValidationException
+
+from protocol import (
     APIError,
     ContextLengthError,
     InternalServerError,
     InvalidRequestError,
     ServiceUnavailableError,
 )
+from protocol.errors import error_for_status
+from regional_node.engine.errors import (
+    ContextLengthExceededError,
+    EngineError,
+    RequestTooLargeError,
+)
+from regional_node.engine.errors import InvalidRequestError as EngineInvalidRequestError
 
 logger = logging.getLogger(__name__)
 
@@ -66,3 +71,18 @@ def _param(engine_param: str | None, prompt_param: str) -> str | None:
     if engine_param == "prompt":
         return prompt_param
     return _WIRE_NAMES.get(engine_param, engine_param) if engine_param else None
+
+
+def handle_exception(_: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    """The node app's exception handler: every exception becomes an OpenAI-format body, so no
+    handler ever leaks a stack trace."""
+    if isinstance(exc, APIError):
+        error = exc
+    elif isinstance(exc, ValidationException):
+        error = InvalidRequestError(str(exc.detail or "Invalid request"))
+    elif isinstance(exc, HTTPException):
+        error = error_for_status(exc.status_code, str(exc.detail or "HTTP error"))
+    else:
+        logger.exception("unhandled error while serving a request", exc_info=exc)
+        error = InternalServerError("The server had an error while processing your request.")
+    return Response(content=error.to_body(), status_code=error.status_code, headers=error.headers)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from regional_node.protocol import NotFoundError, ServiceUnavailableError
+from protocol import NotFoundError, ServiceUnavailableError
 from regional_node.server.config import ModelConfig
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from regional_node.protocol import ChatCompletionRequest, CompletionRequest, InvalidRequestError
+from protocol import ChatCompletionRequest, CompletionRequest, InvalidRequestError
 
 if TYPE_CHECKING:
     from regional_node.engine.tokenizer import Tokenizer

@@ -7,8 +7,8 @@ from typing import Any
 import msgspec
 from litestar import Request, Response, get, post
 
-from regional_node.protocol import ChatCompletionRequest, CompletionRequest, NotFoundError, decode_request
-from regional_node.protocol.types import ModelCard, ModelList
+from protocol import ChatCompletionRequest, CompletionRequest, NotFoundError, decode_request
+from protocol.openai import ModelCard, ModelList
 from regional_node.server.auth import PUBLIC
 from regional_node.server.load import load_report
 from regional_node.server.metrics import CONTENT_TYPE

@@ -6,8 +6,8 @@ tools, echo, suffix, best_of): silently ignoring them would return text the clie
 
 from __future__ import annotations
 
+from protocol import ChatCompletionRequest, CompletionRequest, InvalidRequestError
 from regional_node.engine import SamplingParams
-from regional_node.protocol import ChatCompletionRequest, CompletionRequest, InvalidRequestError
 
 # OpenAI's limits on alternatives per token; only the sampled token's logprob is computed here.
 MAX_TOP_LOGPROBS = 20

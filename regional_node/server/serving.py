@@ -18,7 +18,7 @@ from litestar import Request, Response
 from litestar.background_tasks import BackgroundTask
 from litestar.response import Stream
 
-from regional_node.protocol import ChatCompletionRequest, CompletionRequest
+from protocol import ChatCompletionRequest, CompletionRequest
 from regional_node.server.chat import ChatFormat
 from regional_node.server.completions import CompletionFormat
 from regional_node.server.config import NodeConfig

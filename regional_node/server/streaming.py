@@ -16,8 +16,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from regional_node.protocol.http import SSE_DONE, sse_event
-from regional_node.protocol.types import Usage
+from protocol.openai import Usage
+from protocol.sse import DONE as SSE_DONE
+from protocol.sse import encode_data as sse_event
 from regional_node.server.errors import aborted_error, api_error
 from regional_node.server.generation import Generation
 from regional_node.server.wire import usage

@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Generic, TypeVar
 
-from regional_node.protocol.types import (
+from protocol.openai import (
     ChatCompletionRequest,
     ChatLogprobToken,
     CompletionLogprobs,

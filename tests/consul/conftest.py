@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from regional_node.discovery.consul_client import ConsulClient, ConsulConfig
+from protocol.consul.client import ConsulClient, ConsulConfig
 from tests.consul_api import ConsulStandIn
 
 # Fast reaping so DeregisterCriticalServiceAfter is testable in seconds (Consul: >= 1 m, every 30 s).

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from protocol.consul.wire import ServiceRegistration
 from regional_node.discovery import ConsulRegistrationConfig, build_registration
-from regional_node.discovery.consul_wire import ServiceRegistration
 
 
 def node_registration(

@@ -6,7 +6,7 @@ import asyncio
 import random
 import time
 
-from regional_node.discovery.consul_client import (
+from protocol.consul.client import (
     ConsulClient,
     ConsulConfig,
     blocking_wait,

@@ -11,8 +11,8 @@ import pytest
 from gateway.config import ConfigError
 from gateway.discovery import ConsulRegionDirectory, StaticDirectory, build_region_directory
 from gateway.discovery.consul import directory_config_from_section
+from protocol.consul.client import ConsulClient, ConsulConfig, ConsulTLS, _ssl_context
 from regional_node.discovery import ConsulRegistrationConfig
-from regional_node.discovery.consul_client import ConsulClient, ConsulConfig, ConsulTLS, _ssl_context
 
 
 def test_type_consul_builds_the_consul_directory() -> None:

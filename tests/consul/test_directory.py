@@ -9,8 +9,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gateway.discovery.consul import ConsulDirectoryConfig, ConsulRegionDirectory
-from regional_node.discovery.consul_client import ConsulClient, ConsulConfig
-from regional_node.discovery.consul_wire import ServiceRegistration
+from protocol.consul.client import ConsulClient, ConsulConfig
+from protocol.consul.wire import ServiceRegistration
 from tests.consul.registrations import node_registration
 from tests.consul.timing import eventually
 from tests.consul_api import ConsulStandIn
@@ -204,7 +204,7 @@ async def test_a_consul_that_is_down_at_start_up_does_not_stop_the_gateway(consu
 async def test_instances_without_meridian_metadata_are_ignored(
     client: ConsulClient, directories: DirectoryFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from regional_node.discovery.consul_wire import ServiceCheck
+    from protocol.consul.wire import ServiceCheck
 
     directory = await directories()
     caplog.set_level(logging.WARNING, logger="gateway.discovery.consul")

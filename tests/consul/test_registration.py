@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from protocol.consul.advertisement import ModelTag, decode_models, encode_models
+from protocol.consul.client import ConsulClient, ConsulConfig
 from regional_node.discovery import (
     ConsulRegistration,
     ConsulRegistrationConfig,
     RegistrationError,
     build_registration,
 )
-from regional_node.discovery.consul_client import ConsulClient, ConsulConfig
-from regional_node.discovery.consul_meta import ModelTag, decode_models, encode_models
 from tests.consul.registrations import node_registration
 from tests.consul.timing import eventually
 from tests.consul_api import ConsulStandIn

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from gateway.discovery.consul import ConsulDirectoryConfig, ConsulRegionDirectory
-from regional_node.discovery.consul_client import ConsulClient, ConsulConfig
+from protocol.consul.client import ConsulClient, ConsulConfig
 from router import FleetSnapshot, Residency, RouteRequest, TenantPolicy, route
 from tests.consul.registrations import node_registration
 from tests.consul.timing import eventually

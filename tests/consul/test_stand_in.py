@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from regional_node.discovery.consul_client import (
+from protocol.consul.client import (
     ConsulClient,
     ConsulConfig,
     ConsulNotFound,
@@ -16,7 +16,7 @@ from regional_node.discovery.consul_client import (
     ConsulRequestRejected,
     ConsulUnavailable,
 )
-from regional_node.discovery.consul_wire import ServiceCheck, ServiceRegistration
+from protocol.consul.wire import ServiceCheck, ServiceRegistration
 from tests.consul.registrations import node_registration
 from tests.consul.timing import eventually
 from tests.consul_api import ConsulStandIn

@@ -22,7 +22,7 @@ import yaml
 
 from gateway.app import Gateway, build_gateway, create_app
 from gateway.config import config_from_dict
-from gateway.serve import uvicorn_config
+from gateway.runtime.serve import uvicorn_config
 from router.types import Residency, TenantLimits, TenantPolicy
 from tests.support.processes import REPO_ROOT, free_port, python_command, stop_process, wait_http_ok
 
@@ -72,7 +72,7 @@ class NodeProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        cmd = python_command("-m", "gateway.cli", "node", "--host", "127.0.0.1", "--port", str(self.port))
+        cmd = python_command("-m", "meridian.cli", "node", "--host", "127.0.0.1", "--port", str(self.port))
         cmd += ["--node-id", self.node_id, "--region", self.region, "--jurisdiction", self.jurisdiction]
         for name, (path, tier) in self.models.items():
             cmd += ["--model", f"{name}={path}:{tier}"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.ejection import Ejections
+from gateway.health.ejection import Ejections
 
 
 class Clock:

@@ -7,11 +7,11 @@ from typing import Any
 import pytest
 
 from gateway.config import RetryConfig
-from gateway.ejection import Ejections
-from gateway.forwarding import Forwarder
+from gateway.health.ejection import Ejections
 from gateway.metrics import GatewayMetrics
-from gateway.upstream import UpstreamError
-from regional_node.protocol import ServiceUnavailableError
+from gateway.upstreams.base import UpstreamError
+from gateway.upstreams.failover import Forwarder
+from protocol import ServiceUnavailableError
 from router import MAX_ATTEMPTS_BOUND
 from router.types import Target
 

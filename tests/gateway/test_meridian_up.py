@@ -37,7 +37,7 @@ def test_meridian_up_serves_the_sdk_and_stops_cleanly_on_ctrl_c(tmp_path: Path) 
     with open(log_path, "wb") as log:
         up = subprocess.Popen(
             python_command(
-                "-m", "gateway.cli", "up", "--port", str(port), "--state-dir", str(tmp_path / "state")
+                "-m", "meridian.cli", "up", "--port", str(port), "--state-dir", str(tmp_path / "state")
             ),
             env=env,
             cwd=REPO_ROOT,
@@ -79,7 +79,7 @@ def test_meridian_up_serves_the_sdk_and_stops_cleanly_on_ctrl_c(tmp_path: Path) 
 
         node_groups = [
             int(line.split()[0])
-            for line in subprocess.check_output(["pgrep", "-f", f"gateway.cli node.*{tmp_path}"])
+            for line in subprocess.check_output(["pgrep", "-f", f"meridian.cli node.*{tmp_path}"])
             .decode()
             .splitlines()
         ]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gateway.config import TokenEstimateConfig
-from gateway.plan import estimate_prompt_tokens, plan_request
-from regional_node.protocol import (
+from gateway.request.plan import estimate_prompt_tokens, plan_request
+from protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     ContextLengthError,

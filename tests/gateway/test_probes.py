@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from gateway.probes import NodeProber
+from gateway.health.probes import NodeProber
 from router.types import NodeInfo
 
 

@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 
 from gateway.config import RetryConfig
-from gateway.ejection import Ejections
-from gateway.forwarding import BodyFor, Forwarder, OpenedStream
+from gateway.health.ejection import Ejections
 from gateway.metrics import GatewayMetrics
-from gateway.plan import RequestPlan
-from gateway.relay import StreamRelay
-from gateway.upstream import UpstreamError
-from regional_node.protocol import ServiceUnavailableError
+from gateway.request.plan import RequestPlan
+from gateway.streaming.relay import StreamRelay
+from gateway.upstreams.base import UpstreamError
+from gateway.upstreams.failover import BodyFor, Forwarder, OpenedStream
+from protocol import ServiceUnavailableError
 from router.types import CatalogModel, Target
 
 NODE_A = Target("node", "a", "http://a", "eu-west", "eu", "m", "first")

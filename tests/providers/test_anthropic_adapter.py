@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import msgspec
 import pytest
 
-from gateway.providers import AnthropicAdapter, ProviderEntry, ProviderError
+from gateway.upstreams.providers import AnthropicAdapter, ProviderEntry, ProviderError
 from tests.providers.conftest import provider_entry
 from tests.support.fake_providers import FakeProvider, Fault
 

@@ -5,21 +5,21 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from gateway.providers.anthropic_errors import (
+from gateway.upstreams.providers.anthropic_errors import (
     anthropic_status_error,
     anthropic_stream_error,
     error_type_for_status,
 )
-from gateway.providers.anthropic_stream import ChatToMessagesStream, MessagesToChatStream
-from gateway.providers.anthropic_translate import (
+from gateway.upstreams.providers.anthropic_stream import ChatToMessagesStream, MessagesToChatStream
+from gateway.upstreams.providers.anthropic_translate import (
     TranslationError,
     chat_response_to_message,
     chat_to_messages,
     messages_request_to_chat,
     messages_to_chat_response,
 )
-from gateway.providers.anthropic_types import MessagesRequest
-from gateway.providers.errors import ProviderError
+from gateway.upstreams.providers.errors import ProviderError
+from protocol.anthropic import MessagesRequest
 
 # -- to the Messages API ---------------------------------------------------------------------------
 

@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.breaker import BreakerState, TargetUnavailableError
-from gateway.providers import ProviderError, ProviderRegistry, build_providers
-from gateway.upstream import UpstreamError
+from gateway.health import BreakerState, TargetUnavailableError
+from gateway.upstreams.base import UpstreamError
+from gateway.upstreams.providers import ProviderError, ProviderRegistry, build_providers
 from tests.providers.conftest import env_for, provider_entry
 from tests.support.fake_providers import FakeProvider, Fault
 

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from gateway.breaker import (
+from gateway.health import (
     BreakerBoard,
     BreakerConfig,
     BreakerState,
@@ -19,8 +19,8 @@ from gateway.breaker import (
     RedisBreakerStore,
     TargetUnavailableError,
 )
-from gateway.providers import build_providers
-from gateway.upstream import UpstreamError
+from gateway.upstreams.base import UpstreamError
+from gateway.upstreams.providers import build_providers
 from tests.providers.conftest import env_for, provider_entry
 from tests.support.fake_providers import FakeProvider, Fault
 from tests.support.processes import free_port

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.breaker import BreakerConfig, BreakerState, CircuitBreaker, Outcome, Permit, Rejection
+from gateway.health import BreakerConfig, BreakerState, CircuitBreaker, Outcome, Permit, Rejection
 
 
 class FakeClock:

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import msgspec
 import pytest
 
-from gateway.providers import OpenAIAdapter, ProviderEntry, ProviderError
+from gateway.upstreams.providers import OpenAIAdapter, ProviderEntry, ProviderError
 from tests.providers.conftest import provider_entry
 from tests.support.fake_providers import FakeProvider, Fault
 

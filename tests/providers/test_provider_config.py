@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from gateway.breaker import GuardedUpstream
-from gateway.providers import AnthropicAdapter, OpenAIAdapter, ProviderConfigError, build_providers
+from gateway.health import GuardedUpstream
+from gateway.upstreams.providers import AnthropicAdapter, OpenAIAdapter, ProviderConfigError, build_providers
 
 ENTRY: dict[str, Any] = {
     "id": "anthropic-eu",

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.providers.errors import parse_retry_after
+from gateway.upstreams.providers.errors import parse_retry_after
 
 NOW = 1_700_000_000.0  # Tue, 14 Nov 2023 22:13:20 GMT
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.providers.sse import SSEDecoder, SSEEvent
+from protocol.sse import SSEDecoder, SSEEvent
 
 
 def decode(text: str) -> list[SSEEvent]:

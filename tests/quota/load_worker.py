@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from gateway.quota import build_quota_gate
-from regional_node.protocol import RateLimitError
+from protocol import RateLimitError
 from router.types import TenantLimits, TenantPolicy
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from gateway.quota import build_quota_gate
-from regional_node.protocol import RateLimitError
+from protocol import RateLimitError
 from tests.quota.conftest import make_policy
 from tests.support.processes import REPO_ROOT
 

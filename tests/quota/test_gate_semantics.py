@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.quota import StoreQuotaGate
-from regional_node.protocol import InvalidRequestError, RateLimitError
+from protocol import InvalidRequestError, RateLimitError
 from tests.quota.conftest import FakeClock, make_policy
 
 

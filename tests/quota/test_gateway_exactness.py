@@ -75,7 +75,7 @@ async def test_four_gateways_enforce_one_tenants_limits_exactly(redis_server: st
     ports = [free_port() for _ in range(GATEWAYS)]
     gateways = [f"http://127.0.0.1:{p}" for p in ports]
     commands = [[sys.executable, "-m", "tests.quota.stub_node", str(node_port), "0.15"]] + [
-        [sys.executable, "-m", "gateway.cli", "gateway", "--config", str(config), "--port", str(p)]
+        [sys.executable, "-m", "meridian.cli", "gateway", "--config", str(config), "--port", str(p)]
         for p in ports
     ]
     with started(commands, [f"{node_url}/ready"] + [f"{g}/health" for g in gateways]):

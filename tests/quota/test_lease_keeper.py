@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from gateway.quota import MemoryQuotaStore, StoreQuotaGate, lease_keeper
-from regional_node.protocol import RateLimitError
+from protocol import RateLimitError
 from tests.quota.conftest import make_policy
 
 

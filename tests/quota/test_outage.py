@@ -15,7 +15,7 @@ import pytest
 
 from gateway.quota import StoreQuotaGate, build_quota_gate
 from gateway.quota.interface import Admission
-from regional_node.protocol import RateLimitError, ServiceUnavailableError
+from protocol import RateLimitError, ServiceUnavailableError
 from router.types import TenantPolicy
 from tests.quota.conftest import make_policy
 from tests.support.redis_server import RedisServer

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from gateway.federation.process_group import free_port, stop_process_group
+from meridian.federation.process_group import free_port, stop_process_group
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

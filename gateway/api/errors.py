@@ -1,0 +1,38 @@
+"""The one place where anything raised on the gateway's request path becomes an HTTP answer.
+
+Domain errors (quota denied, quota store unavailable, no route, every upstream failed) are plain
+exceptions of their packages; here they become OpenAI-format error bodies with the right status
+and headers. Nothing else in the gateway builds an error response, and no handler ever leaks a
+stack trace.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from litestar import Request, Response
+from litestar.exceptions import HTTPException, ValidationException
+
+from protocol import APIError, InternalServerError, InvalidRequestError
+from protocol.errors import error_for_status
+
+logger = logging.getLogger(__name__)
+
+
+def to_api_error(exc: BaseException) -> APIError:
+    """The client-facing error for `exc`."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, ValidationException):
+        return InvalidRequestError(str(exc.detail or "Invalid request"))
+    if isinstance(exc, HTTPException):
+        return error_for_status(exc.status_code, str(exc.detail or "HTTP error"))
+    logger.error("unhandled error while serving a request", exc_info=exc)
+    return InternalServerError("The gateway had an error while processing your request.")
+
+
+def handle_exception(_: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    """Litestar's exception handler for the gateway app."""
+    error = to_api_error(exc)
+    return Response(content=error.to_body(), status_code=error.status_code, headers=error.headers)

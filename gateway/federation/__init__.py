@@ -1,6 +1,0 @@
-"""`meridian up`: a whole federation on one machine — nodes in two jurisdictions and a gateway."""
-
-from gateway.federation.plan import FederationPlan, NodeSpec, plan_federation
-from gateway.federation.up import up_main
-
-__all__ = ["FederationPlan", "NodeSpec", "plan_federation", "up_main"]

@@ -1,0 +1,174 @@
+"""From a parsed client request and its tenant's policy to what the gateway will forward.
+
+Pure: resolves the model (including "auto"), applies the tenant's caps, estimates tokens, and
+builds the body each target gets. Raises the OpenAI errors the client should see: 400 over a cap,
+403 model not allowed, 404 unknown model.
+
+Token estimate: the gateway has no tokenizer, so a prompt counts `ceil(utf-8 bytes /
+bytes_per_token)` tokens (4 bytes per token by default, OpenAI's rule of thumb for English) plus 4
+per chat message for the template's role markers; token-id prompts count exactly. It is only used
+for quota reservations, "auto" tiering and the context cap; settlement uses the node's real usage.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.config import TokenEstimateConfig
+from gateway.upstreams.base import Endpoint
+from protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ContextLengthError,
+    InvalidRequestError,
+    NotFoundError,
+    PermissionDeniedError,
+)
+from router import ModelNotAllowedError, UnknownModelError, resolve_model
+from router.types import CatalogModel, Target, TenantPolicy
+
+# Fields the gateway sets itself on every forwarded body (per attempt, per target kind).
+_GATEWAY_FIELDS = ("model", "stream", "stream_options", "max_completion_tokens", "return_token_ids")
+_MESSAGE_OVERHEAD_TOKENS = 4
+# The prefix of the prompt that routing hashes for prefix-cache affinity: long enough to tell
+# system prompts apart, short enough to hash per request for free.
+_AFFINITY_CHARS = 512
+
+
+@dataclass(frozen=True)
+class RequestPlan:
+    endpoint: Endpoint
+    model: CatalogModel
+    base_body: dict[str, Any]  # the client's body without the fields in _GATEWAY_FIELDS
+    stream: bool
+    max_tokens: int | None  # what is forwarded; None leaves it to the node
+    prompt_tokens_estimate: int
+    estimated_tokens: int  # prompt + completion, for the quota reservation
+    include_usage: bool  # the client asked for a final usage chunk
+    wants_token_ids: bool  # the client asked for token ids itself
+    affinity_key: str
+    n: int
+
+    def body_for(self, target: Target, *, stream: bool) -> dict[str, Any]:
+        """The body `target` gets. Streams to our nodes always ask for usage and token ids: usage
+        settles the quota, token ids let a broken stream continue elsewhere."""
+        body = {**self.base_body, "model": target.model}
+        if self.max_tokens is not None:
+            body["max_tokens"] = self.max_tokens
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+            if target.kind == "node":
+                body["return_token_ids"] = True
+        elif self.wants_token_ids and target.kind == "node":
+            body["return_token_ids"] = True
+        return body
+
+
+def estimate_text_tokens(text: str, config: TokenEstimateConfig) -> int:
+    return math.ceil(len(text.encode("utf-8")) / config.bytes_per_token)
+
+
+def estimate_prompt_tokens(
+    request: ChatCompletionRequest | CompletionRequest, config: TokenEstimateConfig
+) -> int:
+    # Tokens the client carries over from an earlier generation are prompt for the node.
+    carried = len(request.continuation_token_ids or ())
+    if isinstance(request, ChatCompletionRequest):
+        text_tokens = sum(estimate_text_tokens(m.text(), config) for m in request.messages)
+        return carried + text_tokens + _MESSAGE_OVERHEAD_TOKENS * len(request.messages)
+    prompt = request.prompt
+    if isinstance(prompt, str):
+        return carried + estimate_text_tokens(prompt, config)
+    # A list of strings, of token ids, or of token-id lists: token ids count exactly.
+    total = carried
+    for part in prompt:
+        if isinstance(part, str):
+            total += estimate_text_tokens(part, config)
+        elif isinstance(part, list):
+            total += len(part)
+        else:
+            total += 1
+    return total
+
+
+def affinity_key(request: ChatCompletionRequest | CompletionRequest) -> str:
+    if isinstance(request, ChatCompletionRequest):
+        # The leading messages (usually the system prompt) are what a prefix cache can share.
+        text = "\x00".join(f"{m.role}:{m.text()}" for m in request.messages[:2])
+    elif isinstance(request.prompt, str):
+        text = request.prompt
+    else:
+        text = str(request.prompt[:64])
+    return text[:_AFFINITY_CHARS]
+
+
+def _check_caps(policy: TenantPolicy, prompt_tokens: int, requested: int | None) -> int | None:
+    """The max_tokens to forward, or a 400 when the request is over the tenant's caps."""
+    limits = policy.limits
+    if requested is not None and requested < 1:
+        raise InvalidRequestError("max_tokens must be at least 1.", param="max_tokens")
+    if limits.max_tokens is not None and requested is not None and requested > limits.max_tokens:
+        raise InvalidRequestError(
+            f"max_tokens is {requested}, above this tenant's cap of {limits.max_tokens}.",
+            param="max_tokens",
+            code="max_tokens_exceeded",
+        )
+    max_tokens = requested if requested is not None else limits.max_tokens
+    if limits.context_tokens is not None:
+        if requested is None and max_tokens is not None:
+            # The tenant's cap is only a default here: forward what fits the context cap.
+            max_tokens = min(max_tokens, max(limits.context_tokens - prompt_tokens, 0)) or None
+        total = prompt_tokens + (max_tokens or 0)
+        if prompt_tokens >= limits.context_tokens or total > limits.context_tokens:
+            raise ContextLengthError(
+                f"This tenant's context is capped at {limits.context_tokens} tokens; the request "
+                f"needs about {total} (an estimated {prompt_tokens} in the prompt plus "
+                f"{max_tokens or 0} to generate).",
+                param="messages" if max_tokens is None else "max_tokens",
+            )
+        if max_tokens is None:
+            # Without a max_tokens the node would generate up to the model's context: bound it by
+            # the tenant's instead.
+            max_tokens = limits.context_tokens - prompt_tokens
+    return max_tokens
+
+
+def plan_request(
+    endpoint: Endpoint,
+    request: ChatCompletionRequest | CompletionRequest,
+    body: dict[str, Any],
+    policy: TenantPolicy,
+    catalog: Sequence[CatalogModel],
+    estimate: TokenEstimateConfig,
+) -> RequestPlan:
+    prompt_tokens = estimate_prompt_tokens(request, estimate)
+    requested = request.requested_max_tokens()
+    # The model is checked before the caps, so an unknown model is a 404 whatever else is wrong.
+    output_hint = requested if requested is not None else policy.limits.max_tokens
+    try:
+        model = resolve_model(
+            request.model, policy, catalog, prompt_tokens=prompt_tokens, max_tokens=output_hint
+        )
+    except UnknownModelError as exc:
+        raise NotFoundError(exc.message, param="model") from None
+    except ModelNotAllowedError as exc:
+        raise PermissionDeniedError(exc.message, param="model") from None
+    max_tokens = _check_caps(policy, prompt_tokens, requested)
+    completion = max_tokens if max_tokens is not None else estimate.default_completion_tokens
+    base_body = {key: value for key, value in body.items() if key not in _GATEWAY_FIELDS}
+    return RequestPlan(
+        endpoint=endpoint,
+        model=model,
+        base_body=base_body,
+        stream=request.stream,
+        max_tokens=max_tokens,
+        prompt_tokens_estimate=prompt_tokens,
+        estimated_tokens=prompt_tokens + completion * max(1, request.n),
+        include_usage=bool(request.stream_options and request.stream_options.include_usage),
+        wants_token_ids=request.return_token_ids,
+        affinity_key=affinity_key(request),
+        n=request.n,
+    )

@@ -1,0 +1,158 @@
+"""Failover before the first byte: try the decision's targets in order until one answers.
+
+A retryable failure (connect error, timeout, 5xx, 429) moves on to the next target after a
+full-jitter back-off, at most `retry.max_attempts` targets in all; a 4xx goes straight back to the
+client. Only targets from the router's decision are ever tried, so failover cannot leave the
+tenant's residency. Node failures feed passive ejection; success readmits a half-open node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from gateway.config import RetryConfig
+from gateway.metrics import GatewayMetrics
+from gateway.runtime.tasks import run_shielded
+from gateway.upstreams.base import Endpoint, UpstreamError
+from gateway.upstreams.errors import UpstreamRejectedError, exhausted_error
+from gateway.upstreams.fleet import Fleet
+from router import MAX_ATTEMPTS_BOUND, backoff_delays
+from router.types import Target
+
+T = TypeVar("T")
+BodyFor = Callable[[Target], dict[str, Any]]
+
+
+async def next_chunk(chunks: AsyncIterator[dict[str, Any]], idle_s: float) -> dict[str, Any] | None:
+    """The next upstream chunk, None at a clean end; UpstreamError if none comes within `idle_s`
+    (a backstop to httpx's read timeout, so a stream can never hang)."""
+    try:
+        async with asyncio.timeout(idle_s):
+            return await anext(chunks)
+    except StopAsyncIteration:
+        return None
+    except TimeoutError:
+        raise UpstreamError(f"no stream chunk within {idle_s:g}s", status_code=504) from None
+
+
+@dataclass
+class OpenedStream:
+    """A stream whose first chunk has arrived; `aclose` closes the upstream connection."""
+
+    target: Target
+    attempts: int  # targets tried to get here, this one included
+    chunks: AsyncIterator[dict[str, Any]]
+    first: dict[str, Any]
+    stack: AsyncExitStack
+
+    async def aclose(self) -> None:
+        await run_shielded(self.stack.aclose, what=f"close stream from {self.target.target_id}")
+
+
+class Forwarder:
+    def __init__(
+        self,
+        fleet: Fleet,
+        metrics: GatewayMetrics,
+        *,
+        retry: RetryConfig,
+        stream_idle_s: float,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._fleet = fleet
+        self._metrics = metrics
+        self._retry = retry
+        self._stream_idle_s = stream_idle_s
+        self._rng = rng or random.Random()
+
+    async def complete(
+        self, targets: Sequence[Target], endpoint: Endpoint, body_for: BodyFor, headers: dict[str, str]
+    ) -> tuple[Target, dict[str, Any], int]:
+        async def attempt(target: Target) -> dict[str, Any]:
+            upstream = self._fleet.upstream_for(target)
+            return await upstream.complete(endpoint, body_for(target), headers)
+
+        return await self._first_success(targets, attempt, model=targets[0].model if targets else "")
+
+    async def open_stream(
+        self, targets: Sequence[Target], endpoint: Endpoint, body_for: BodyFor, headers: dict[str, str]
+    ) -> OpenedStream:
+        async def attempt(
+            target: Target,
+        ) -> tuple[AsyncIterator[dict[str, Any]], dict[str, Any], AsyncExitStack]:
+            stack = AsyncExitStack()
+            try:
+                upstream = self._fleet.upstream_for(target)
+                chunks = await stack.enter_async_context(upstream.stream(endpoint, body_for(target), headers))
+                first = await next_chunk(chunks, self._stream_idle_s)
+                if first is None:
+                    raise UpstreamError(f"{target.target_id} sent an empty stream", status_code=502)
+            except BaseException:
+                await run_shielded(stack.aclose, what=f"close failed stream to {target.target_id}")
+                raise
+            return chunks, first, stack
+
+        target, (chunks, first, stack), attempts = await self._first_success(
+            targets, attempt, model=targets[0].model if targets else ""
+        )
+        return OpenedStream(target=target, attempts=attempts, chunks=chunks, first=first, stack=stack)
+
+    async def _first_success(
+        self, targets: Sequence[Target], attempt: Callable[[Target], Awaitable[T]], *, model: str
+    ) -> tuple[Target, T, int]:
+        failures: list[tuple[Target, UpstreamError]] = []
+        # Clamped like the back-off schedule, so a large configured value cannot outrun it.
+        max_attempts = min(self._retry.max_attempts, MAX_ATTEMPTS_BOUND)
+        delays = backoff_delays(
+            max_attempts, self._retry.backoff_base_s, self._retry.backoff_max_s, self._rng
+        )
+        tried = 0
+        for target in targets:
+            if tried >= max_attempts:
+                break
+            if target.kind == "node" and not self._fleet.ejections.available(target.target_id):
+                continue
+            if tried > 0:
+                self._metrics.failovers.labels("retry").inc()
+                await asyncio.sleep(delays[tried - 1])
+            # Acquire after the back-off: a half-open node admits one trial request at a time.
+            if target.kind == "node" and not self._fleet.ejections.try_acquire(target.target_id):
+                continue
+            tried += 1
+            try:
+                result = await attempt(target)
+            except UpstreamError as error:
+                self.record_failure(target, error)
+                if not error.retryable:
+                    raise UpstreamRejectedError(error) from None
+                failures.append((target, error))
+                continue
+            except BaseException:
+                # Cancelled (client gone) or a bug: no verdict on the node, free its trial slot.
+                if target.kind == "node":
+                    self._fleet.ejections.release(target.target_id)
+                raise
+            self.record_success(target)
+            return target, result, tried
+        raise exhausted_error(model, failures)
+
+    def record_success(self, target: Target) -> None:
+        self._metrics.upstream_attempts.labels(target.target_id, target.region, "ok").inc()
+        if target.kind == "node":
+            self._fleet.ejections.record_success(target.target_id)
+
+    def record_failure(self, target: Target, error: UpstreamError, *, outcome: str | None = None) -> None:
+        outcome = outcome or ("retryable" if error.retryable else "rejected")
+        self._metrics.upstream_attempts.labels(target.target_id, target.region, outcome).inc()
+        if target.kind != "node":
+            return  # providers carry their own circuit breakers
+        if error.status_code >= 500:
+            self._fleet.ejections.record_failure(target.target_id)
+        else:
+            # A 4xx or 429 is an answer: the node is alive, which also ends a half-open trial.
+            self._fleet.ejections.record_success(target.target_id)

@@ -1,0 +1,95 @@
+"""Upstream for Anthropic's Messages API: OpenAI chat requests in, OpenAI responses and chunks out.
+
+The translation itself is pure (anthropic_translate, anthropic_stream); this module adds the
+wire: `POST {base_url}/v1/messages` with `x-api-key` and `anthropic-version`, the timeouts, and
+error mapping. Only the chat endpoint exists on Anthropic; legacy completions are refused as
+"unsupported" so failover moves on without holding it against the provider.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from gateway.upstreams.base import Endpoint
+from gateway.upstreams.providers.anthropic_errors import anthropic_status_error
+from gateway.upstreams.providers.anthropic_stream import MessagesToChatStream
+from gateway.upstreams.providers.anthropic_translate import (
+    TranslationError,
+    chat_to_messages,
+    messages_to_chat_response,
+)
+from gateway.upstreams.providers.config import ProviderEntry
+from gateway.upstreams.providers.errors import unsupported
+from gateway.upstreams.providers.http_adapter import HTTPProviderAdapter
+from gateway.upstreams.providers.transport import build_post, decode_event, sse_events
+
+
+class AnthropicAdapter(HTTPProviderAdapter):
+    def __init__(
+        self, entry: ProviderEntry, api_key: str, *, client: httpx.AsyncClient | None = None
+    ) -> None:
+        auth = {"x-api-key": api_key, "anthropic-version": entry.anthropic_version}
+        super().__init__(entry, auth=auth, on_status=anthropic_status_error, client=client)
+        self._url = entry.base_url.rstrip("/") + "/v1/messages"
+
+    def _request(
+        self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str], *, stream: bool
+    ) -> tuple[httpx.Request, str]:
+        if endpoint != "chat":
+            raise unsupported(self.entry.id, "the legacy completions endpoint")
+        logical, provider_model = self._models(body)
+        try:
+            messages = chat_to_messages(
+                {**body, "stream": stream},
+                model=provider_model,
+                default_max_tokens=self.entry.default_max_tokens,
+            )
+        except TranslationError as exc:
+            raise unsupported(self.entry.id, f"this request ({exc.param}: {exc.message})") from None
+        request = build_post(self._client, self._url, messages, auth=self._auth, client_headers=headers)
+        return request, logical
+
+    async def complete(
+        self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str]
+    ) -> dict[str, Any]:
+        request, logical = self._request(endpoint, body, headers, stream=False)
+        message = await self._fetch_json(request)
+        if message.get("type") == "error":
+            raise anthropic_status_error(self.entry.id, 500, message, "", None)
+        return messages_to_chat_response(message, model=logical, created=int(time.time()))
+
+    @contextlib.asynccontextmanager
+    async def stream(
+        self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str]
+    ) -> AsyncIterator[AsyncIterator[dict[str, Any]]]:
+        request, logical = self._request(endpoint, body, headers, stream=True)
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        translator = MessagesToChatStream(
+            provider=self.entry.id, model=logical, created=int(time.time()), include_usage=include_usage
+        )
+        response = await self._open(request)
+        chunks = self._chunks(response, translator)
+        try:
+            yield chunks
+        finally:
+            await chunks.aclose()
+            await response.aclose()
+
+    async def _chunks(
+        self, response: httpx.Response, translator: MessagesToChatStream
+    ) -> AsyncIterator[dict[str, Any]]:
+        events = sse_events(response, provider=self.entry.id, timeouts=self.entry.timeouts)
+        try:
+            async for event in events:
+                for chunk in translator.feed(event.event, decode_event(self.entry.id, event)):
+                    yield chunk
+                if translator.finished:
+                    return
+        finally:
+            await events.aclose()
+        translator.end()

@@ -1,0 +1,157 @@
+"""The gateway config's `providers:` section, validated into typed structs.
+
+```yaml
+providers:
+  endpoints:
+    - id: openai-us
+      kind: openai                 # openai | anthropic
+      base_url: https://api.openai.com/v1
+      api_key_env: OPENAI_API_KEY  # the NAME of the variable holding the key, never the key
+      region: us-east
+      jurisdiction: US
+      serve_as: fallback           # model | fallback
+      models: {llama-3-8b: gpt-4o-mini}   # logical name -> provider's model name
+      timeouts: {connect_s: 3, first_byte_s: 60, idle_s: 30}
+      breaker: {failure_rate: 0.5, min_calls: 5, window_s: 30, cooldown_s: 15, half_open_probes: 1}
+  redis_url: redis://127.0.0.1:6379/0   # share breaker openings (default: the quota's Redis)
+  sync_interval_s: 0.5             # how often breaker marks are read from Redis (when shared)
+```
+
+Errors name the source and the field: `gateway.yaml: $.providers.endpoints[0].kind: ...`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from typing import Any, Literal
+from urllib.parse import urlparse
+
+import msgspec
+
+from gateway.config_fields import field_first
+from gateway.health import BreakerConfig
+
+ProviderKind = Literal["openai", "anthropic"]
+ServeAs = Literal["model", "fallback"]
+
+
+class ProviderConfigError(Exception):
+    """The providers section is invalid; the message names the source and the field."""
+
+
+class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Unknown keys are errors, so a typo fails at start-up instead of being ignored."""
+
+
+class ProviderTimeouts(_Section):
+    connect_s: float = 3.0  # TCP + TLS connect
+    first_byte_s: float = 60.0  # request sent -> response headers (a whole answer, unstreamed)
+    idle_s: float = 30.0  # the longest silence between two stream events or body reads
+
+
+class BreakerSettings(_Section):
+    failure_rate: float = 0.5
+    min_calls: int = 5
+    window_s: float = 30.0
+    cooldown_s: float = 15.0
+    half_open_probes: int = 1
+    probe_successes: int = 1
+    default_retry_after_s: float = 1.0
+
+    def to_config(self) -> BreakerConfig:
+        return BreakerConfig(**msgspec.structs.asdict(self))
+
+
+class ProviderEntry(_Section):
+    id: str
+    kind: ProviderKind
+    base_url: str
+    api_key_env: str
+    region: str
+    jurisdiction: str
+    models: dict[str, str]
+    serve_as: ServeAs = "fallback"
+    timeouts: ProviderTimeouts = msgspec.field(default_factory=ProviderTimeouts)
+    breaker: BreakerSettings = msgspec.field(default_factory=BreakerSettings)
+    # Anthropic's Messages API requires max_tokens; this fills it when a request has none.
+    default_max_tokens: int = 1024
+    anthropic_version: str = "2023-06-01"
+
+
+class ProvidersSection(_Section):
+    endpoints: list[ProviderEntry] = msgspec.field(default_factory=list)
+    # Share breaker openings across replicas through this Redis (default: the quota's Redis).
+    redis_url: str | None = None
+    sync_interval_s: float = 0.5
+    store_timeout_s: float = 0.1  # one Redis read or write of breaker marks
+
+
+def parse_providers(section: Mapping[str, Any] | None, *, source: str = "<memory>") -> ProvidersSection:
+    """Validate the section; None (no `providers:` key) means no provider is configured."""
+    if section is None:
+        return ProvidersSection()
+    if not isinstance(section, Mapping):
+        raise ProviderConfigError(f"{source}: $.providers: expected a mapping with `endpoints:`")
+    try:
+        parsed = msgspec.convert(dict(section), ProvidersSection)
+    except msgspec.ValidationError as exc:
+        raise ProviderConfigError(f"{source}: {field_first(str(exc), root='$.providers')}") from None
+    _check(parsed, source)
+    return parsed
+
+
+def resolve_api_key(entry: ProviderEntry, index: int, env: Mapping[str, str], source: str) -> str:
+    key = env.get(entry.api_key_env, "")
+    if not key:
+        raise ProviderConfigError(
+            f"{source}: $.providers.endpoints[{index}].api_key_env: "
+            f"environment variable {entry.api_key_env!r} is not set"
+        )
+    return key
+
+
+def resolve_api_keys(
+    section: ProvidersSection, *, env: Mapping[str, str] | None = None, source: str = "<memory>"
+) -> dict[str, str]:
+    """Each provider's key from the environment, by provider id; a missing one is an error."""
+    env = os.environ if env is None else env
+    return {e.id: resolve_api_key(e, i, env, source) for i, e in enumerate(section.endpoints)}
+
+
+def _check(section: ProvidersSection, source: str) -> None:
+    def fail(path: str, message: str) -> None:
+        raise ProviderConfigError(f"{source}: $.providers.{path}: {message}")
+
+    seen: set[str] = set()
+    for i, entry in enumerate(section.endpoints):
+        at = f"endpoints[{i}]"
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", entry.id):
+            fail(f"{at}.id", f"{entry.id!r} is not a valid id (letters, digits, '-', '_', '.')")
+        if entry.id in seen:
+            fail(f"{at}.id", f"duplicate provider id {entry.id!r}")
+        seen.add(entry.id)
+        url = urlparse(entry.base_url)
+        if url.scheme not in ("http", "https") or not url.netloc:
+            fail(f"{at}.base_url", f"expected an http(s) URL, got {entry.base_url!r}")
+        if not entry.api_key_env:
+            fail(f"{at}.api_key_env", "the name of an environment variable is required")
+        if not entry.models:
+            fail(f"{at}.models", "at least one logical model -> provider model mapping is required")
+        for logical, remote in entry.models.items():
+            if not logical or not remote:
+                fail(f"{at}.models", f"empty model name in {logical!r}: {remote!r}")
+        for name in ("connect_s", "first_byte_s", "idle_s"):
+            if getattr(entry.timeouts, name) <= 0:
+                fail(f"{at}.timeouts.{name}", "must be positive")
+        try:
+            entry.breaker.to_config()
+        except ValueError as exc:
+            fail(f"{at}.breaker", str(exc))
+        if entry.default_max_tokens < 1:
+            fail(f"{at}.default_max_tokens", "must be at least 1")
+    if section.sync_interval_s <= 0:
+        fail("sync_interval_s", "must be positive")
+    if section.store_timeout_s <= 0:
+        fail("store_timeout_s", "must be positive")

@@ -1,0 +1,118 @@
+"""Upstream for OpenAI and any OpenAI-compatible API (chat/completions and completions).
+
+The body is already OpenAI's; the adapter swaps the logical model name for the provider's,
+drops Meridian's extension fields (OpenAI rejects unknown arguments), authenticates with the
+provider's key, and forwards none of the gateway's internal headers. Responses come back with
+the logical model name, so clients see the name they asked for whichever target served it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from gateway.upstreams.base import Endpoint
+from gateway.upstreams.providers.config import ProviderEntry
+from gateway.upstreams.providers.errors import ProviderError, status_error
+from gateway.upstreams.providers.http_adapter import HTTPProviderAdapter
+from gateway.upstreams.providers.transport import build_post, decode_event, sse_events
+
+_PATHS: dict[str, str] = {"chat": "/chat/completions", "completions": "/completions"}
+# Meridian/vLLM extensions our nodes understand and OpenAI would reject.
+_EXTENSIONS = frozenset(
+    {
+        "top_k",
+        "ignore_eos",
+        "stop_token_ids",
+        "return_token_ids",
+        "add_generation_prompt",
+        "continue_final_message",
+    }
+)
+
+
+def provider_body(body: dict[str, Any], *, provider_model: str, stream: bool) -> dict[str, Any]:
+    """The request as the provider should see it."""
+    out = {k: v for k, v in body.items() if k not in _EXTENSIONS}
+    out["model"] = provider_model
+    out["stream"] = stream
+    if not stream:
+        out.pop("stream_options", None)  # OpenAI refuses stream_options without stream
+    return out
+
+
+def _openai_status_error(
+    provider: str, status: int, parsed: Any, text: str, retry_after: float | None
+) -> ProviderError:
+    error = parsed.get("error") if isinstance(parsed, dict) else None
+    message = error.get("message", text) if isinstance(error, dict) else text
+    body = {"error": error} if isinstance(error, dict) else None
+    return status_error(provider, status, str(message), body=body, retry_after=retry_after)
+
+
+class OpenAIAdapter(HTTPProviderAdapter):
+    def __init__(
+        self, entry: ProviderEntry, api_key: str, *, client: httpx.AsyncClient | None = None
+    ) -> None:
+        auth = {"authorization": f"Bearer {api_key}"}
+        super().__init__(entry, auth=auth, on_status=_openai_status_error, client=client)
+        self._base_url = entry.base_url.rstrip("/")
+
+    def _request(
+        self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str], *, stream: bool
+    ) -> tuple[httpx.Request, str]:
+        logical, provider_model = self._models(body)
+        request = build_post(
+            self._client,
+            self._base_url + _PATHS[endpoint],
+            provider_body(body, provider_model=provider_model, stream=stream),
+            auth=self._auth,
+            client_headers=headers,
+        )
+        return request, logical
+
+    async def complete(
+        self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str]
+    ) -> dict[str, Any]:
+        request, logical = self._request(endpoint, body, headers, stream=False)
+        result = await self._fetch_json(request)
+        result["model"] = logical
+        return result
+
+    @contextlib.asynccontextmanager
+    async def stream(
+        self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str]
+    ) -> AsyncIterator[AsyncIterator[dict[str, Any]]]:
+        request, logical = self._request(endpoint, body, headers, stream=True)
+        response = await self._open(request)
+        chunks = self._chunks(response, logical)
+        try:
+            yield chunks
+        finally:
+            await chunks.aclose()
+            # Closing the connection is how the provider learns the client went away.
+            await response.aclose()
+
+    async def _chunks(self, response: httpx.Response, logical: str) -> AsyncIterator[dict[str, Any]]:
+        started = time.monotonic()
+        events = sse_events(response, provider=self.entry.id, timeouts=self.entry.timeouts)
+        try:
+            async for event in events:
+                if event.data.strip() == "[DONE]":
+                    return
+                chunk = decode_event(self.entry.id, event)
+                if isinstance(chunk.get("error"), dict):
+                    message = chunk["error"].get("message", "stream error")
+                    raise ProviderError(f"{self.entry.id}: error in stream: {message}", kind="server_error")
+                chunk["model"] = logical
+                yield chunk
+        finally:
+            await events.aclose()
+        raise ProviderError(
+            f"{self.entry.id}: stream ended before [DONE] after {time.monotonic() - started:.1f}s",
+            kind="stream_broken",
+        )

@@ -1,0 +1,234 @@
+"""msgspec structs for OpenAI's chat and completions requests and responses.
+
+Requests accept unknown fields (OpenAI clients send many optional ones); types are strict, so
+`"max_tokens": "ten"` is a 400 naming the field rather than a coercion. Meridian extensions are
+marked; OpenAI's SDKs pass them through `extra_body`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal, TypeVar
+
+import msgspec
+
+from protocol.errors import InvalidRequestError
+
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+class ContentPart(msgspec.Struct, kw_only=True):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
+    role: Role
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        """The message's text; non-text content parts are rejected earlier, in validation."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text or "" for part in self.content)
+
+
+class StreamOptions(msgspec.Struct, kw_only=True):
+    include_usage: bool = False
+
+
+class _SamplingFields(msgspec.Struct, kw_only=True):
+    model: str
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = 1
+    user: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    # Features the node refuses explicitly (server/sampling.py) rather than silently ignoring.
+    logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    # Meridian extensions (vLLM uses the same names for the first four).
+    top_k: int | None = None
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    # Each streamed choice carries the token ids it adds (`token_ids`); the gateway uses them to
+    # continue a broken stream token-exactly on another node.
+    return_token_ids: bool = False
+    # Tokens already generated elsewhere: appended to the prompt, generation carries on after them.
+    continuation_token_ids: list[int] | None = None
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class ChatCompletionRequest(_SamplingFields, kw_only=True):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    # Meridian/vLLM extensions for the chat template.
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class CompletionRequest(_SamplingFields, kw_only=True):
+    # OpenAI accepts a string, a list of strings, token ids, or a list of token-id lists. msgspec
+    # allows one array type per union, so the list's shape is checked after decoding.
+    prompt: str | list[str | int | list[int]]
+    logprobs: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    def requested_max_tokens(self) -> int:
+        # OpenAI's legacy completions default to 16 tokens.
+        return self.max_tokens if self.max_tokens is not None else 16
+
+
+class PromptTokensDetails(msgspec.Struct, kw_only=True):
+    cached_tokens: int = 0
+
+
+class Usage(msgspec.Struct, kw_only=True):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+
+class ChatLogprobToken(msgspec.Struct, kw_only=True):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+    top_logprobs: list[Any] = msgspec.field(default_factory=list)
+
+
+class ChatLogprobs(msgspec.Struct, kw_only=True):
+    content: list[ChatLogprobToken] | None = None
+
+
+class ResponseMessage(msgspec.Struct, kw_only=True):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+
+
+class ChatChoice(msgspec.Struct, kw_only=True):
+    index: int
+    message: ResponseMessage
+    finish_reason: str | None
+    logprobs: ChatLogprobs | None = None
+    # Meridian extension: the generated token ids, when the request set return_token_ids.
+    token_ids: list[int] | None = None
+
+
+class ChatCompletionResponse(msgspec.Struct, kw_only=True):
+    id: str
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    object: Literal["chat.completion"] = "chat.completion"
+    system_fingerprint: str | None = None
+
+
+class ChatDelta(msgspec.Struct, kw_only=True, omit_defaults=True):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(msgspec.Struct, kw_only=True):
+    index: int
+    delta: ChatDelta
+    finish_reason: str | None = None
+    logprobs: ChatLogprobs | None = None
+    token_ids: list[int] | None = None
+
+
+class ChatCompletionChunk(msgspec.Struct, kw_only=True):
+    id: str
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    usage: Usage | None = None
+
+
+class CompletionLogprobs(msgspec.Struct, kw_only=True):
+    tokens: list[str] = msgspec.field(default_factory=list)
+    token_logprobs: list[float] = msgspec.field(default_factory=list)
+    top_logprobs: list[Any] | None = None
+    text_offset: list[int] = msgspec.field(default_factory=list)
+
+
+class CompletionChoice(msgspec.Struct, kw_only=True):
+    index: int
+    text: str
+    finish_reason: str | None = None
+    logprobs: CompletionLogprobs | None = None
+    token_ids: list[int] | None = None
+
+
+class CompletionResponse(msgspec.Struct, kw_only=True):
+    id: str
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    object: Literal["text_completion"] = "text_completion"
+    usage: Usage | None = None
+
+
+class ModelCard(msgspec.Struct, kw_only=True):
+    id: str
+    created: int
+    owned_by: str = "meridian"
+    object: Literal["model"] = "model"
+
+
+class ModelList(msgspec.Struct, kw_only=True):
+    data: list[ModelCard]
+    object: Literal["list"] = "list"
+
+
+RequestT = TypeVar("RequestT", bound=msgspec.Struct)
+
+_PATH_FIELD = re.compile(r"`\$\.?([^`]*)`")
+
+
+def decode_request(body: bytes, request_type: type[RequestT]) -> RequestT:
+    """Decode a JSON body into a request struct, or raise a 400 that names the offending field."""
+    if not body.strip():
+        raise InvalidRequestError("The request body is empty; expected a JSON object.")
+    try:
+        raw = msgspec.json.decode(body)
+        if not isinstance(raw, dict):
+            raise InvalidRequestError(f"The request body must be a JSON object, not {type(raw).__name__}.")
+        # OpenAI treats an explicit `null` as "not given"; many clients send them for defaults.
+        return msgspec.convert({k: v for k, v in raw.items() if v is not None}, request_type)
+    except msgspec.ValidationError as exc:
+        message = str(exc)
+        match = _PATH_FIELD.search(message)
+        # `$[...]` is msgspec's "somewhere in the document" (e.g. a number out of range), not a field.
+        param = match.group(1) if match and match.group(1) and not match.group(1).startswith("[") else None
+        missing = re.search(r"missing required field `([^`]+)`", message)
+        if missing:
+            param = missing.group(1)
+        raise InvalidRequestError(f"Invalid request: {message}", param=param) from None
+    except msgspec.DecodeError as exc:
+        raise InvalidRequestError(f"The request body is not valid JSON: {exc}") from None
