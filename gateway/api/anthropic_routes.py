@@ -9,17 +9,17 @@ The key comes as `x-api-key` (Anthropic's SDKs) or `Authorization: Bearer` (ever
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 import msgspec
 from litestar import Controller, Request, Response, post
 
-from gateway.api.sse import ClientStreamResponse
+from gateway.api.errors import failed
+from gateway.api.sse import SSEResponse
 from gateway.request.context import CallContext
 from gateway.request.pipeline import RequestPipeline
-from gateway.streaming.client_stream import ClientStream
+from gateway.streaming.served import ServedStream
 from gateway.upstreams.providers.anthropic_errors import anthropic_error_body, error_type_for_status
 from gateway.upstreams.providers.anthropic_stream import ChatToMessagesStream, Event
 from gateway.upstreams.providers.anthropic_translate import (
@@ -30,8 +30,7 @@ from gateway.upstreams.providers.anthropic_translate import (
 from protocol import APIError, AuthenticationError, ChatCompletionRequest, InvalidRequestError
 from protocol.anthropic import MessagesRequest
 from protocol.openai import decode_request
-
-_encoder = msgspec.json.Encoder()
+from protocol.sse import encode_event
 
 
 def _authorization(headers: Mapping[str, str]) -> str | None:
@@ -48,26 +47,24 @@ def _error_response(error: APIError) -> Response[Any]:
 
 
 def _event(event: Event) -> bytes:
-    name, data = event
-    return b"event: " + name.encode() + b"\ndata: " + _encoder.encode(data) + b"\n\n"
+    return encode_event(*event)
 
 
 def message_id(ctx: CallContext) -> str:
     return "msg_" + ctx.request_id.removeprefix("req_")
 
 
-async def _frames(stream: ClientStream, events: ChatToMessagesStream) -> AsyncIterator[bytes]:
+async def _frames(stream: ServedStream, events: ChatToMessagesStream) -> AsyncGenerator[bytes, None]:
     for event in events.start():
         yield _event(event)
-    async with contextlib.aclosing(stream.chunks()) as chunks:
-        async for chunk in chunks:
-            if isinstance(chunk.get("error"), dict):
-                # The pipeline's last word on a stream it could not finish or continue.
-                message = str(chunk["error"].get("message") or "The stream was interrupted.")
-                yield _event(events.error("api_error", message))
-                return
-            for event in events.feed(chunk):
-                yield _event(event)
+    async for chunk in stream.chunks:
+        if isinstance(chunk.get("error"), dict):
+            # The pipeline's last word on a stream it could not finish or continue.
+            message = str(chunk["error"].get("message") or "The stream was interrupted.")
+            yield _event(events.error("api_error", message))
+            return
+        for event in events.feed(chunk):
+            yield _event(event)
     for event in events.finish():
         yield _event(event)
 
@@ -96,10 +93,10 @@ class AnthropicController(Controller):
                 events = ChatToMessagesStream(
                     message_id=message_id(ctx), model=ctx.model, stop_sequences=messages.stop_sequences
                 )
-                return ClientStreamResponse(stream, frames=_frames(stream, events))
+                return SSEResponse(stream, frames=_frames(stream, events))
             result = await pipeline.complete(ctx, "chat", parsed, body)
         except Exception as exc:
-            return _error_response(pipeline.failed(ctx, exc))
+            return _error_response(failed(pipeline, ctx, exc))
         pipeline.record(ctx, "200", stream=False)
         message = chat_response_to_message(result, stop_sequences=messages.stop_sequences)
         message["id"] = message_id(ctx)

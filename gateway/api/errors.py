@@ -14,7 +14,10 @@ from typing import Any
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 
-from protocol import APIError, InternalServerError, InvalidRequestError
+from gateway.request.context import CallContext
+from gateway.request.errors import NoRouteError
+from gateway.request.pipeline import RequestPipeline
+from protocol import APIError, InternalServerError, InvalidRequestError, ServiceUnavailableError
 from protocol.errors import error_for_status
 
 logger = logging.getLogger(__name__)
@@ -24,12 +27,23 @@ def to_api_error(exc: BaseException) -> APIError:
     """The client-facing error for `exc`."""
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, NoRouteError):
+        return ServiceUnavailableError(exc.message, code="no_region_available")
     if isinstance(exc, ValidationException):
         return InvalidRequestError(str(exc.detail or "Invalid request"))
     if isinstance(exc, HTTPException):
         return error_for_status(exc.status_code, str(exc.detail or "HTTP error"))
     logger.error("unhandled error while serving a request", exc_info=exc)
     return InternalServerError("The gateway had an error while processing your request.")
+
+
+def failed(pipeline: RequestPipeline, ctx: CallContext, exc: BaseException) -> APIError:
+    """The error a front door answers for `exc` raised on the request path, with this call's
+    headers; the request is counted under its status."""
+    error = to_api_error(exc)
+    error.headers = {**ctx.headers, **error.headers}
+    pipeline.record(ctx, str(error.status_code), stream=False)
+    return error
 
 
 def handle_exception(_: Request[Any, Any, Any], exc: Exception) -> Response[Any]:

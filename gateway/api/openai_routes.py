@@ -12,7 +12,8 @@ from typing import Any
 import msgspec
 from litestar import Controller, Request, Response, get, post
 
-from gateway.api.sse import ClientStreamResponse
+from gateway.api.errors import failed
+from gateway.api.sse import SSEResponse
 from gateway.request.context import CallContext
 from gateway.request.pipeline import RequestPipeline
 from gateway.upstreams.base import Endpoint
@@ -38,10 +39,10 @@ async def _serve(
         body = msgspec.json.decode(raw)
         if parsed.stream:
             stream = await pipeline.stream(ctx, endpoint, parsed, body)
-            return ClientStreamResponse(stream)
+            return SSEResponse(stream)
         result = await pipeline.complete(ctx, endpoint, parsed, body)
     except Exception as exc:
-        raise pipeline.failed(ctx, exc) from None
+        raise failed(pipeline, ctx, exc) from None
     pipeline.record(ctx, "200", stream=False)
     return Response(result, headers=ctx.headers, status_code=200)
 
@@ -65,6 +66,6 @@ class OpenAIController(Controller):
         try:
             tenant = pipeline.authenticate(ctx, request.headers.get("authorization"))
         except Exception as exc:
-            raise pipeline.failed(ctx, exc) from None
+            raise failed(pipeline, ctx, exc) from None
         cards = [ModelCard(id=m.name, created=_CREATED) for m in pipeline.allowed_models(tenant)]
         return Response(ModelList(data=cards), headers=ctx.headers)

@@ -98,6 +98,7 @@ class GuardedUpstream:
         wall_clock: Clock = time.time,  # breaker instants (shared between replicas)
     ) -> None:
         self.inner = inner
+        self.token_exact = inner.token_exact
         self.target_id = target_id
         self._board = board
         self._observer = observer

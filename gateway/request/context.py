@@ -26,6 +26,7 @@ class CallContext:
     model: str = "-"
     region: str = "-"
     headers: dict[str, str] = field(default_factory=dict)
+    stream_error: str | None = None  # why a stream ended with an error event
 
     def __post_init__(self) -> None:
         self.headers["x-request-id"] = self.request_id

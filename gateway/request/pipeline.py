@@ -1,10 +1,14 @@
-"""The request path every front door shares: auth → plan → quota → route → forward → settle.
+"""The request path every front door shares, top to bottom:
 
-Front doors (the OpenAI routes here, an Anthropic `/v1/messages` elsewhere) parse their wire
-format into the protocol's request structs and call `complete` or `stream`; they get OpenAI
-response dicts or chunk dicts back and the response headers in `CallContext.headers`. Every
-APIError raised here already carries those headers. Quota is settled exactly once per admitted
-request, with real usage, however the request ends.
+    authenticate → plan → admit → route → failover → relay → settle
+
+Front doors (gateway/api) parse their wire format into the protocol's request structs and call
+`complete` or `stream`; they get OpenAI response dicts or a `ServedStream` of chunk dicts back,
+and the response headers in `CallContext.headers`. Calls only go down: the relay reports a broken
+stream and this module decides whether and where it continues. Errors are raised as they are
+(protocol APIErrors for invalid requests, domain errors for quota and routing); the API edge maps
+them to HTTP once. Quota is settled exactly once per admitted request, with real usage, however
+the request ends.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -22,22 +26,18 @@ from gateway.policy import PolicyStore
 from gateway.quota.interface import Admission, QuotaGate
 from gateway.quota.lease import lease_keeper
 from gateway.request.context import CallContext, header_safe
+from gateway.request.errors import NoRouteError
 from gateway.request.plan import RequestPlan, plan_request
 from gateway.runtime.tasks import run_shielded
-from gateway.streaming.client_stream import ClientStream
-from gateway.streaming.relay import StreamRelay
+from gateway.streaming.continuation import Continue, Stop, decide
+from gateway.streaming.relay import StreamRelay, error_event
+from gateway.streaming.served import ServedStream
 from gateway.upstreams.base import Endpoint
-from gateway.upstreams.failover import BodyFor, Forwarder, OpenedStream
+from gateway.upstreams.failover import Forwarder, OpenedStream
 from gateway.upstreams.fleet import Fleet
-from protocol import (
-    APIError,
-    AuthenticationError,
-    ChatCompletionRequest,
-    CompletionRequest,
-    ServiceUnavailableError,
-)
+from protocol import APIError, AuthenticationError, ChatCompletionRequest, CompletionRequest
 from router import route
-from router.types import CatalogModel, RouteDecision, RouteRequest, TenantPolicy
+from router.types import CatalogModel, RouteRequest, Target, TenantPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +60,69 @@ class RequestPipeline:
         self._policies = policies
         self._quota = quota
         self._fleet = fleet
-        self._forwarder = forwarder
+        self._failover = forwarder
         self._metrics = metrics
+
+    # -- the two request shapes ---------------------------------------------------------------
+
+    async def complete(
+        self, ctx: CallContext, endpoint: Endpoint, request: ParsedRequest, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        plan = self._plan(ctx, endpoint, request, body)
+        admission = await self._admit(ctx, plan)
+        # Charged only for what was served: a request that failed on every target gets its
+        # tokens back (the request itself still counts against requests/min).
+        served_tokens = 0
+        try:
+            targets = self._route(ctx, plan.model.name, plan.affinity_key)
+            async with lease_keeper(self._quota, admission):
+                target, result, attempts = await self._failover.complete(
+                    targets, endpoint, lambda t: plan.body_for(t, stream=False), self._node_headers(ctx)
+                )
+            ctx.served_by(target, attempts, self._fleet.route_label(target))
+            usage = result.get("usage") or {}
+            served_tokens = int(usage.get("total_tokens") or plan.estimated_tokens)
+            self._count_tokens(ctx, usage)
+            result["model"] = target.model
+            if not plan.wants_token_ids:
+                for choice in result.get("choices") or []:
+                    choice.pop("token_ids", None)
+            return result
+        finally:
+            await self._settle(admission, served_tokens)
+
+    async def stream(
+        self, ctx: CallContext, endpoint: Endpoint, request: ParsedRequest, body: dict[str, Any]
+    ) -> ServedStream:
+        """Opens the stream (failing over until a first chunk arrives), so that errors before the
+        first byte are ordinary HTTP errors. What the stream holds is registered on one exit
+        stack as it is taken; the returned ServedStream owns it from then on."""
+        plan = self._plan(ctx, endpoint, request, body)
+        admission = await self._admit(ctx, plan)
+        owned = AsyncExitStack()
+        relay: StreamRelay | None = None
+
+        async def settle() -> None:
+            await self._settle_stream(ctx, plan, admission, relay)
+
+        try:
+            owned.push_async_callback(settle)
+            await owned.enter_async_context(lease_keeper(self._quota, admission))
+            targets = self._route(ctx, plan.model.name, plan.affinity_key)
+            opened = await self._failover.open_stream(
+                targets, endpoint, lambda t: plan.body_for(t, stream=True), self._node_headers(ctx)
+            )
+            relay = StreamRelay(opened, plan)
+            owned.push_async_callback(relay.aclose)
+        except BaseException:
+            # Cancelled too (the client left while we failed over): the release must still run.
+            await run_shielded(owned.aclose, what="release a stream that failed to open")
+            raise
+        ctx.served_by(opened.target, opened.attempts, self._fleet.route_label(opened.target))
+        self._metrics.ttft.labels(opened.target.model).observe(time.monotonic() - ctx.started)
+        return ServedStream(ctx, self._relay(ctx, plan, relay), owned)
+
+    # -- stages ---------------------------------------------------------------------------------
 
     def start_call(self, headers: Mapping[str, str]) -> CallContext:
         return CallContext(
@@ -73,95 +134,9 @@ class RequestPipeline:
         scheme, _, key = (authorization or "").partition(" ")
         tenant = self._policies.current().authenticate(key.strip()) if scheme.lower() == "bearer" else None
         if tenant is None:
-            raise AuthenticationError(
-                "Incorrect or missing API key. Send it as 'Authorization: Bearer KEY'.", headers=ctx.headers
-            )
+            raise AuthenticationError("Incorrect or missing API key. Send it as 'Authorization: Bearer KEY'.")
         ctx.tenant = tenant
         return tenant
-
-    def allowed_models(self, tenant: TenantPolicy) -> list[CatalogModel]:
-        return [model for model in self._catalog if tenant.allows_model(model.name)]
-
-    async def usage(self, tenant: TenantPolicy) -> dict[str, Any]:
-        return await self._quota.usage(tenant)
-
-    async def complete(
-        self, ctx: CallContext, endpoint: Endpoint, request: ParsedRequest, body: dict[str, Any]
-    ) -> dict[str, Any]:
-        plan = self._plan(ctx, endpoint, request, body)
-        admission = await self._admit(ctx, plan)
-        # Charged only for what was served: a request that failed on every target gets its
-        # tokens back (the request itself still counts against requests/min).
-        actual_tokens = 0
-        try:
-            decision = self._route(ctx, plan.model.name, plan.affinity_key)
-            async with lease_keeper(self._quota, admission):
-                target, result, attempts = await self._forwarder.complete(
-                    decision.targets,
-                    endpoint,
-                    lambda t: plan.body_for(t, stream=False),
-                    self._node_headers(ctx),
-                )
-            ctx.served_by(target, attempts, self._fleet.route_label(target))
-            usage = result.get("usage") or {}
-            actual_tokens = int(usage.get("total_tokens") or plan.estimated_tokens)
-            self.count_tokens(ctx, usage)
-            result["model"] = target.model
-            if not plan.wants_token_ids:
-                for choice in result.get("choices") or []:
-                    choice.pop("token_ids", None)
-            return result
-        finally:
-            await self.settle(admission, actual_tokens)
-
-    async def stream(
-        self, ctx: CallContext, endpoint: Endpoint, request: ParsedRequest, body: dict[str, Any]
-    ) -> ClientStream:
-        """Opens the stream (failing over until a first chunk arrives) so that errors before the
-        first byte are ordinary HTTP errors; the returned stream owns the quota admission."""
-        plan = self._plan(ctx, endpoint, request, body)
-        admission = await self._admit(ctx, plan)
-        # The lease keeper renews the concurrency lease for as long as the stream lives; the
-        # ClientStream's aclose() ends it.
-        lease = AsyncExitStack()
-        try:
-            await lease.enter_async_context(lease_keeper(self._quota, admission))
-            decision = self._route(ctx, plan.model.name, plan.affinity_key)
-            opened = await self._forwarder.open_stream(
-                decision.targets, endpoint, lambda t: plan.body_for(t, stream=True), self._node_headers(ctx)
-            )
-        except BaseException:
-            await run_shielded(lease.aclose, what="stop lease keeper")
-            await self.settle(admission, 0)  # nothing was served
-            raise
-        ctx.served_by(opened.target, opened.attempts, self._fleet.route_label(opened.target))
-        self._metrics.ttft.labels(opened.target.model).observe(time.monotonic() - ctx.started)
-        relay = StreamRelay(
-            opened,
-            plan=plan,
-            forwarder=self._forwarder,
-            metrics=self._metrics,
-            reopen=lambda exclude, model, body_for: self._reopen(ctx, plan, exclude, model, body_for),
-            idle_s=self._config.timeouts.stream_idle_s,
-            max_continuations=self._config.retry.max_continuations,
-        )
-        return ClientStream(
-            ctx, relay, lease, on_close=lambda: self._finish_stream(ctx, plan, admission, relay)
-        )
-
-    def failed(self, ctx: CallContext, error: Exception) -> APIError:
-        """The client-facing error for anything raised on the path, with this call's headers."""
-        if not isinstance(error, APIError):
-            logger.error("request %s failed", ctx.request_id, exc_info=error)
-            error = APIError("The gateway had an error while processing your request.", code="internal_error")
-        error.headers = {**ctx.headers, **error.headers}
-        self.record(ctx, str(error.status_code), stream=False)
-        return error
-
-    def record(self, ctx: CallContext, status: str, *, stream: bool) -> None:
-        tenant = ctx.tenant.tenant_id if ctx.tenant else "-"
-        self._metrics.requests.labels(tenant, ctx.model, ctx.region, status).inc()
-        self._metrics.latency.labels(ctx.model, str(stream).lower()).observe(time.monotonic() - ctx.started)
 
     def _plan(
         self, ctx: CallContext, endpoint: Endpoint, request: ParsedRequest, body: dict[str, Any]
@@ -182,7 +157,7 @@ class RequestPipeline:
 
     def _route(
         self, ctx: CallContext, model: str, affinity: str, exclude: frozenset[str] = frozenset()
-    ) -> RouteDecision:
+    ) -> tuple[Target, ...]:
         assert ctx.tenant is not None
         request = RouteRequest(
             model=model,
@@ -194,23 +169,103 @@ class RequestPipeline:
         decision = route(request, ctx.tenant, self._fleet.snapshot(), catalog=self._catalog)
         if not decision.targets:
             ctx.headers["x-meridian-route"] = header_safe(decision.reason)
-            raise ServiceUnavailableError(
-                f"No region allowed for this tenant can serve '{model}' right now: {decision.unavailable_reason}",
-                code="no_region_available",
-            )
-        return decision
+            raise NoRouteError(model, decision.unavailable_reason or decision.reason)
+        return decision.targets
 
-    async def _reopen(
-        self, ctx: CallContext, plan: RequestPlan, exclude: frozenset[str], model: str, body_for: BodyFor
-    ) -> OpenedStream:
-        """A continuation: routed afresh (fresh health, same residency), nodes of `model` only."""
-        decision = self._route(ctx, model, plan.affinity_key, exclude)
-        targets = [t for t in decision.targets if t.kind == "node" and t.model == model]
-        if not targets:
-            raise ServiceUnavailableError(
-                f"no other healthy node serving '{model}' is allowed for this tenant"
+    async def _relay(
+        self, ctx: CallContext, plan: RequestPlan, relay: StreamRelay
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        """The client's chunks: relayed from one upstream after another until the stream ends.
+        The relay reports a break; the continuation rule decides; a continuation is routed here."""
+        failed: set[str] = set()
+        while True:
+            async for chunk in relay.chunks():
+                yield chunk
+            report = relay.broken
+            if report is None:
+                return
+            self._failover.record_failure(report.target, report.error, outcome="broken")
+            failed.add(report.target.target_id)
+            step = decide(
+                plan,
+                report,
+                continuations=relay.continuations,
+                max_continuations=self._config.retry.max_continuations,
             )
-        return await self._forwarder.open_stream(targets, plan.endpoint, body_for, self._node_headers(ctx))
+            if isinstance(step, Continue):
+                try:
+                    opened = await self._continue(ctx, plan, step, exclude=frozenset(failed))
+                except (APIError, NoRouteError) as exc:
+                    step = Stop(
+                        "error",
+                        f"The stream from {report.target.target_id} broke ({report.error.message}) and could not be continued: {exc}",
+                    )
+                else:
+                    self._metrics.failovers.labels("continuation").inc()
+                    relay.resume(opened, step)
+                    continue
+            if step.ending == "length":
+                yield relay.finish_chunk("length")
+            elif step.ending == "error":
+                ctx.stream_error = step.why
+                yield error_event(step.why)
+            return
+
+    async def _continue(
+        self, ctx: CallContext, plan: RequestPlan, step: Continue, *, exclude: frozenset[str]
+    ) -> OpenedStream:
+        """A continuation: routed afresh (fresh health, same residency), to upstreams of the same
+        model that can take a token-exact continuation."""
+        model = plan.model.name
+        targets = [
+            t
+            for t in self._route(ctx, model, plan.affinity_key, exclude)
+            if t.model == model and self._fleet.upstream_for(t).token_exact
+        ]
+        if not targets:
+            raise NoRouteError(model, "no other healthy upstream that can continue the stream exactly")
+        return await self._failover.open_stream(
+            targets, plan.endpoint, lambda t: step.body(plan, t), self._node_headers(ctx)
+        )
+
+    async def _settle(self, admission: Admission, served_tokens: int) -> None:
+        await run_shielded(
+            lambda: self._quota.settle(admission, actual_tokens=served_tokens), what="quota settle"
+        )
+
+    async def _settle_stream(
+        self, ctx: CallContext, plan: RequestPlan, admission: Admission, relay: StreamRelay | None
+    ) -> None:
+        if relay is None:  # failed before the first chunk: nothing was served
+            await self._settle(admission, 0)
+            return
+        usage = relay.usage or {}
+        served = int(usage.get("total_tokens") or plan.prompt_tokens_estimate + relay.completion_tokens())
+        self._count_tokens(ctx, usage)
+        await self._settle(admission, served)
+        self.record(ctx, "stream_error" if ctx.stream_error else "200", stream=True)
+
+    # -- what the front doors read -------------------------------------------------------------
+
+    def allowed_models(self, tenant: TenantPolicy) -> list[CatalogModel]:
+        return [model for model in self._catalog if tenant.allows_model(model.name)]
+
+    async def usage(self, tenant: TenantPolicy) -> dict[str, Any]:
+        return await self._quota.usage(tenant)
+
+    def record(self, ctx: CallContext, status: str, *, stream: bool) -> None:
+        tenant = ctx.tenant.tenant_id if ctx.tenant else "-"
+        self._metrics.requests.labels(tenant, ctx.model, ctx.region, status).inc()
+        self._metrics.latency.labels(ctx.model, "true" if stream else "false").observe(
+            time.monotonic() - ctx.started
+        )
+
+    def _count_tokens(self, ctx: CallContext, usage: Mapping[str, Any]) -> None:
+        tenant = ctx.tenant.tenant_id if ctx.tenant else "-"
+        for kind in ("prompt", "completion"):
+            count = int(usage.get(f"{kind}_tokens", 0) or 0)
+            if count:
+                self._metrics.tokens.labels(tenant, kind).inc(count)
 
     def _node_headers(self, ctx: CallContext) -> dict[str, str]:
         assert ctx.tenant is not None
@@ -223,24 +278,3 @@ class RequestPipeline:
             # The node mixes the salt into its prefix-cache hashes: no cross-tenant cache hits.
             headers["x-meridian-cache-salt"] = ctx.tenant.tenant_id
         return headers
-
-    def count_tokens(self, ctx: CallContext, usage: Mapping[str, Any]) -> None:
-        tenant = ctx.tenant.tenant_id if ctx.tenant else "-"
-        for kind in ("prompt", "completion"):
-            count = int(usage.get(f"{kind}_tokens", 0) or 0)
-            if count:
-                self._metrics.tokens.labels(tenant, kind).inc(count)
-
-    async def _finish_stream(
-        self, ctx: CallContext, plan: RequestPlan, admission: Admission, relay: StreamRelay
-    ) -> None:
-        usage = relay.usage or {}
-        actual = int(usage.get("total_tokens") or plan.prompt_tokens_estimate + relay.completion_tokens())
-        self.count_tokens(ctx, usage)
-        await self.settle(admission, actual)
-        self.record(ctx, "stream_error" if relay.error else "200", stream=True)
-
-    async def settle(self, admission: Admission, actual_tokens: int) -> None:
-        await run_shielded(
-            lambda: self._quota.settle(admission, actual_tokens=actual_tokens), what="quota settle"
-        )

@@ -53,16 +53,15 @@ class RequestPlan:
     n: int
 
     def body_for(self, target: Target, *, stream: bool) -> dict[str, Any]:
-        """The body `target` gets. Streams to our nodes always ask for usage and token ids: usage
-        settles the quota, token ids let a broken stream continue elsewhere."""
+        """The body `target` gets. Streams always ask for usage and token ids: usage settles the
+        quota, token ids let a broken stream continue elsewhere (upstreams that cannot report
+        them drop the field, as commercial providers' adapters do)."""
         body = {**self.base_body, "model": target.model}
         if self.max_tokens is not None:
             body["max_tokens"] = self.max_tokens
         if stream:
             body["stream_options"] = {"include_usage": True}
-            if target.kind == "node":
-                body["return_token_ids"] = True
-        elif self.wants_token_ids and target.kind == "node":
+        if stream or self.wants_token_ids:
             body["return_token_ids"] = True
         return body
 

@@ -1,155 +1,101 @@
-"""Relaying one stream to the client, and continuing it elsewhere when the upstream breaks.
+"""Relaying one client stream: upstream chunks in, client chunks out, and what was sent.
 
-Backpressure: `chunks()` is an async generator that reads the next upstream chunk only after the
-client's side took the previous one, so a slow client slows the node rather than filling gateway
-memory. Cancellation: closing the generator closes the upstream response, which aborts the
-sequence on the node.
+Backpressure: `chunks()` reads the next upstream chunk only after the client's side took the
+previous one, so a slow client slows the node rather than filling gateway memory.
 
-Continuation: streams to our nodes carry each chunk's `token_ids`. When a stream breaks after
-chunks went out, the same request goes to another node of the same model (routed again, so still
-inside the tenant's residency) with `continuation_token_ids` = the tokens already emitted and
-max_tokens reduced by as many; with greedy sampling the client receives exactly the tokens (and
-text) one unbroken stream would have produced. Tokens whose text the node had not sent yet (half
-of a UTF-8 character, or text held back as a possible stop string) are not carried over but
-generated again, their ids not sent twice; so their text, and stop strings, come out as they would
-have. When continuing is impossible the stream ends with an OpenAI-style error event.
+The relay never decides what happens after a break. When its upstream fails mid-stream it closes
+that upstream, stops, and leaves a `StreamBreak` report in `broken`; the pipeline decides (see
+continuation.py) and may `resume` the relay on another upstream. Across upstreams the client sees
+one stream: the first upstream's id, time and model, token ids it already has are not sent twice,
+and usage counts carried-over tokens as completion.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
-from gateway.metrics import GatewayMetrics
 from gateway.request.plan import RequestPlan
+from gateway.streaming.continuation import Continue, StreamBreak
 from gateway.upstreams.base import UpstreamError
-from gateway.upstreams.failover import BodyFor, Forwarder, OpenedStream, next_chunk
-from protocol import APIError
+from gateway.upstreams.failover import OpenedStream
 from router.types import Target
-
-# Routes a continuation: (target ids to avoid, body builder) -> an opened stream, or APIError.
-Reopen = Callable[[frozenset[str], str, BodyFor], Awaitable[OpenedStream]]
 
 
 class StreamRelay:
-    def __init__(
-        self,
-        opened: OpenedStream,
-        *,
-        plan: RequestPlan,
-        forwarder: Forwarder,
-        metrics: GatewayMetrics,
-        reopen: Reopen,
-        idle_s: float,
-        max_continuations: int,
-    ) -> None:
-        self.target: Target = opened.target
+    def __init__(self, opened: OpenedStream, plan: RequestPlan) -> None:
         self.usage: dict[str, Any] | None = None  # the client-facing usage, once known
-        self.error: str | None = None  # why the stream ended with an error event
+        self.broken: StreamBreak | None = None  # set when the current upstream broke
         self.emitted: list[int] = []
+        self.continuations = 0
         self._current = opened
+        self._first: dict[str, Any] | None = opened.first
         self._plan = plan
-        self._forwarder = forwarder
-        self._metrics = metrics
-        self._reopen = reopen
-        self._idle_s = idle_s
-        self._max_continuations = max_continuations
-        self._continuations = 0
-        self._failed: set[str] = set()
         self._ids_complete = True  # every content chunk so far carried its token ids
         self._content_chunks = 0
         self._finished = False
-        self._length_reached = False
-        # Tokens whose text the client has: those up to the last chunk that carried text. Tokens
-        # after it (an incomplete UTF-8 character, or text held back as a possible stop string)
-        # are generated again by a continuation, so that their text is not lost.
+        # Tokens whose text the client has: those up to the last chunk that carried text.
         self._flushed = 0
         self._replay: list[int] = []  # regenerated ids the client already has: not sent again
         self._carried = 0  # generated tokens handed to the current upstream as continuation
         self._identity: dict[str, Any] = {}
-        self._closed = False
+
+    @property
+    def target(self) -> Target:
+        return self._current.target
 
     async def chunks(self) -> AsyncIterator[dict[str, Any]]:
-        """OpenAI chunk dicts for the client; the last one is `{"error": ...}` if the stream failed."""
+        """Client chunks from the current upstream until it ends, or breaks (then `broken` is set)."""
+        continuation = self.continuations > 0
         try:
-            chunk: dict[str, Any] | None = self._current.first
-            continuation = False
-            while True:
-                try:
-                    while chunk is not None:
-                        out = self._accept(chunk, continuation=continuation)
-                        if out is not None:
-                            yield out
-                        chunk = await next_chunk(self._current.chunks, self._idle_s)
-                    return
-                except UpstreamError as error:
-                    opened = await self._recover(error)
-                    if opened is None:
-                        if self._length_reached:
-                            yield self._finish_chunk("length")
-                        elif not self._finished:
-                            yield self._error_event()
-                        return
-                    chunk, continuation = opened.first, True
-        finally:
-            await self.aclose()
-
-    async def aclose(self) -> None:
-        if not self._closed:
-            self._closed = True
+            if self._first is not None:
+                first, self._first = self._first, None
+                out = self._accept(first, continuation=continuation)
+                if out is not None:
+                    yield out
+            async for chunk in self._current.chunks:
+                out = self._accept(chunk, continuation=continuation)
+                if out is not None:
+                    yield out
+        except UpstreamError as error:
+            self.broken = StreamBreak(
+                target=self._current.target,
+                error=error,
+                emitted=tuple(self.emitted),
+                flushed=self._flushed,
+                finished=self._finished,
+                ids_complete=self._ids_complete,
+            )
             await self._current.aclose()
 
-    async def _recover(self, error: UpstreamError) -> OpenedStream | None:
-        """After a break: a continuation stream, or None (finished already, or impossible)."""
-        broken = self._current.target
-        self._forwarder.record_failure(broken, error, outcome="broken")
-        self._failed.add(broken.target_id)
-        await self._current.aclose()
-        if self._finished:
-            return None  # the client has every token; only the trailing usage chunk was lost
-        why_not = self._why_not_continuable()
-        if why_not is not None:
-            self.error = f"The stream from {broken.target_id} broke ({error.message}) and {why_not}."
-            return None
-        flushed = self.emitted[: self._flushed]
-        remaining = None if self._plan.max_tokens is None else self._plan.max_tokens - len(flushed)
-        if remaining is not None and remaining <= 0:
-            self._length_reached = True  # the break hid only the finish chunk; nothing is left
-            return None
-        base = list(self._plan.base_body.get("continuation_token_ids") or [])
-        continuation = base + flushed
-
-        def body_for(target: Target) -> dict[str, Any]:
-            body = self._plan.body_for(target, stream=True)
-            body["continuation_token_ids"] = continuation
-            if remaining is not None:
-                body["max_tokens"] = remaining
-            return body
-
-        try:
-            opened = await self._reopen(frozenset(self._failed), broken.model, body_for)
-        except APIError as exc:
-            self.error = f"The stream from {broken.target_id} broke ({error.message}) and could not be continued: {exc.message}"
-            return None
-        self._continuations += 1
-        self._metrics.failovers.labels("continuation").inc()
+    def resume(self, opened: OpenedStream, continuation: Continue) -> None:
+        """Go on from `opened`, whose upstream was given `continuation`."""
+        self.broken = None
+        self.continuations += 1
         self._current = opened
-        self._carried = len(flushed)
-        self._replay = self.emitted[self._flushed :]
-        return opened
+        self._first = opened.first
+        self._carried = continuation.carried
+        self._replay = self.emitted[continuation.carried :]
 
-    def _why_not_continuable(self) -> str | None:
-        if self._current.target.kind != "node":
-            return "streams from commercial providers cannot be continued elsewhere"
-        if self._plan.n != 1:
-            return "streams with n > 1 cannot be continued elsewhere"
-        if self._plan.base_body.get("echo"):
-            return "streams with echo cannot be continued elsewhere"
-        if not self._ids_complete:
-            return "the node did not report token ids, so the stream cannot be continued exactly"
-        if self._continuations >= self._max_continuations:
-            return f"it was already continued {self._continuations} times"
-        return None
+    async def aclose(self) -> None:
+        await self._current.aclose()
+
+    def finish_chunk(self, reason: str) -> dict[str, Any]:
+        """A last chunk with `reason`, for a stream whose own finish chunk was lost."""
+        chat = self._plan.endpoint == "chat"
+        choice: dict[str, Any] = {"index": 0, "finish_reason": reason}
+        choice.update({"delta": {}} if chat else {"text": ""})
+        return {
+            **self._identity,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "choices": [choice],
+        }
+
+    def completion_tokens(self) -> int:
+        """Tokens the client received: exact from usage or token ids, else one per content chunk."""
+        if self.usage is not None:
+            return int(self.usage.get("completion_tokens", 0))
+        return len(self.emitted) if self.emitted else self._content_chunks
 
     def _accept(self, chunk: dict[str, Any], *, continuation: bool) -> dict[str, Any] | None:
         """Track a chunk's tokens and rewrite it for the client; None drops it."""
@@ -170,22 +116,21 @@ class StreamRelay:
             text = _choice_text(choice)
             if ids:
                 self.emitted.extend(ids)
-            if text and not raw_ids:
-                self._ids_complete = False
             if text:
                 self._content_chunks += 1
                 self._flushed = len(self.emitted) - len(self._replay)
+                if not raw_ids:
+                    self._ids_complete = False
             if choice.get("finish_reason"):
                 self._finished = True
             role_only = role_only and not ids and not text and not choice.get("finish_reason")
         usage = chunk.get("usage")
         if usage:
             self.usage = self._client_usage(usage)
-        if self._plan.include_usage:
-            if usage:
-                chunk["usage"] = self.usage
-        else:
+        if not self._plan.include_usage:
             chunk.pop("usage", None)
+        elif usage:
+            chunk["usage"] = self.usage
         if (continuation and role_only) or (not choices and "usage" not in chunk):
             return None  # the client already has the assistant role; or nothing left to send
         chunk.update(self._identity)
@@ -215,27 +160,16 @@ class StreamRelay:
             "total_tokens": prompt + completion,
         }
 
-    def _finish_chunk(self, reason: str) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": reason}
-        choice.update({"delta": {}} if self._plan.endpoint == "chat" else {"text": ""})
-        kind = "chat.completion.chunk" if self._plan.endpoint == "chat" else "text_completion"
-        return {**self._identity, "object": kind, "choices": [choice]}
-
-    def _error_event(self) -> dict[str, Any]:
-        message = self.error or "The upstream stream broke."
-        return {
-            "error": {"message": message, "type": "server_error", "param": None, "code": "stream_interrupted"}
-        }
-
-    def completion_tokens(self) -> int:
-        """Tokens the client received: exact from usage or token ids, else one per content chunk."""
-        if self.usage is not None:
-            return int(self.usage.get("completion_tokens", 0))
-        return len(self.emitted) if self.emitted else self._content_chunks
-
 
 def _choice_text(choice: dict[str, Any]) -> str:
     delta = choice.get("delta")
     if isinstance(delta, dict):
         return delta.get("content") or ""
     return choice.get("text") or ""
+
+
+def error_event(message: str) -> dict[str, Any]:
+    """The OpenAI-style error event that ends a stream which could not be finished."""
+    return {
+        "error": {"message": message, "type": "server_error", "param": None, "code": "stream_interrupted"}
+    }

@@ -35,6 +35,10 @@ class UpstreamError(Exception):
 
 
 class Upstream(Protocol):
+    # Reports each chunk's token ids and accepts `continuation_token_ids`, so a broken stream can
+    # go on here token for token (our nodes do; commercial APIs do not).
+    token_exact: bool
+
     async def complete(
         self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str]
     ) -> dict[str, Any]:

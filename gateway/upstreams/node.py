@@ -129,6 +129,8 @@ class ClientPool:
 class NodeUpstream:
     """One regional node; its connections come from the app's shared ClientPool."""
 
+    token_exact = True
+
     def __init__(
         self,
         base_url: str,

@@ -1,26 +1,32 @@
-"""The stream relay's bookkeeping, with scripted upstream streams (the real-node version of
-these drills is in test_resilience.py): what a continuation asks for, and what the client sees."""
+"""Streams that break midway, with scripted upstream streams (the real-node version of these drills
+is in test_resilience.py): what the relay reports, what the continuation rule decides, what a
+continuation asks for, and what the client sees. The loop under test is the real pipeline's."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack
 from typing import Any
 
+import msgspec
 import pytest
 
-from gateway.config import RetryConfig
-from gateway.health.ejection import Ejections
+from gateway.config import config_from_dict
 from gateway.metrics import GatewayMetrics
+from gateway.policy import PolicyStore, key_digest
+from gateway.quota import build_quota_gate
+from gateway.request.context import CallContext
+from gateway.request.pipeline import RequestPipeline
 from gateway.request.plan import RequestPlan
-from gateway.streaming.relay import StreamRelay
+from gateway.streaming.continuation import Continue, Stop, StreamBreak, decide
 from gateway.upstreams.base import UpstreamError
-from gateway.upstreams.failover import BodyFor, Forwarder, OpenedStream
-from protocol import ServiceUnavailableError
-from router.types import CatalogModel, Target
+from gateway.upstreams.failover import BodyFor, OpenedStream
+from protocol import ChatCompletionRequest, ServiceUnavailableError
+from router.types import CatalogModel, FleetSnapshot, NodeInfo, Target, TenantPolicy
 
 NODE_A = Target("node", "a", "http://a", "eu-west", "eu", "m", "first")
 NODE_B = Target("node", "b", "http://b", "eu-west", "eu", "m", "second")
+KEY = "sk-relay"
 
 
 def chunk(
@@ -46,7 +52,10 @@ def usage(prompt: int, completion: int) -> dict[str, Any]:
     }
 
 
-def opened(target: Target, script: list[dict[str, Any] | Exception]) -> OpenedStream:
+Script = list[dict[str, Any] | Exception]
+
+
+def opened(target: Target, script: Script) -> OpenedStream:
     async def chunks() -> AsyncIterator[dict[str, Any]]:
         for item in script[1:]:
             if isinstance(item, Exception):
@@ -58,67 +67,115 @@ def opened(target: Target, script: list[dict[str, Any] | Exception]) -> OpenedSt
     return OpenedStream(target=target, attempts=1, chunks=chunks(), first=first, stack=AsyncExitStack())
 
 
-def plan(*, max_tokens: int = 10, wants_token_ids: bool = False, include_usage: bool = True) -> RequestPlan:
-    return RequestPlan(
-        endpoint="chat",
-        model=CatalogModel("m", "small"),
-        base_body={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
-        stream=True,
-        max_tokens=max_tokens,
-        prompt_tokens_estimate=5,
-        estimated_tokens=15,
-        include_usage=include_usage,
-        wants_token_ids=wants_token_ids,
-        affinity_key="",
-        n=1,
+class _NodeUpstream:
+    token_exact = True
+
+
+class ScriptedFleet:
+    """Nodes a and b, both healthy, serving model m."""
+
+    def snapshot(self) -> FleetSnapshot:
+        nodes = tuple(
+            NodeInfo(t.target_id, t.url, t.region, t.jurisdiction, frozenset({"m"})) for t in (NODE_A, NODE_B)
+        )
+        return FleetSnapshot(nodes=nodes)
+
+    def route_label(self, target: Target) -> str:
+        return target.reason
+
+    def upstream_for(self, target: Target) -> _NodeUpstream:
+        return _NodeUpstream()
+
+
+class ScriptedFailover:
+    """Opens the scripted streams in turn; an exception in `streams` is raised by that open."""
+
+    def __init__(self, streams: Sequence[OpenedStream | Exception]) -> None:
+        self.streams = list(streams)
+        self.asked: list[dict[str, Any]] = []  # for each continuation: targets offered and body
+        self.broken: list[str] = []
+
+    async def open_stream(
+        self, targets: Sequence[Target], endpoint: str, body_for: BodyFor, headers: dict[str, str]
+    ) -> OpenedStream:
+        if self.asked or self.broken:  # not the first open: a continuation
+            self.asked.append({"targets": [t.target_id for t in targets], "body": body_for(targets[0])})
+        item = self.streams.pop(0)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    def record_failure(self, target: Target, error: UpstreamError, *, outcome: str | None = None) -> None:
+        self.broken.append(f"{target.target_id}:{outcome}")
+
+
+def pipeline(failover: ScriptedFailover) -> RequestPipeline:
+    config = config_from_dict(
+        {
+            "home_region": "eu-west",
+            "catalog": [{"name": "m", "tier": "small"}],
+            "policies": ".",
+            "directory": {"type": "static", "file": "regions.yaml"},
+        }
+    )
+    tenant = TenantPolicy(tenant_id="t", api_key_hashes=frozenset({key_digest(KEY)}))
+    policies = PolicyStore(None, extra=(tenant,))
+    policies.load()
+    return RequestPipeline(
+        config=config,
+        policies=policies,
+        quota=build_quota_gate(None),
+        fleet=ScriptedFleet(),  # type: ignore[arg-type]
+        forwarder=failover,  # type: ignore[arg-type]
+        metrics=GatewayMetrics(),
     )
 
 
-class FakeFleet:
-    ejections = Ejections(base_s=1.0, max_s=2.0)
-
-
-def relay(first: OpenedStream, reopen: Any, request_plan: RequestPlan) -> StreamRelay:
-    metrics = GatewayMetrics()
-    forwarder = Forwarder(FakeFleet(), metrics, retry=RetryConfig(), stream_idle_s=5.0)  # type: ignore[arg-type]
-    return StreamRelay(
-        first,
-        plan=request_plan,
-        forwarder=forwarder,
-        metrics=metrics,
-        reopen=reopen,
-        idle_s=5.0,
-        max_continuations=2,
-    )
-
-
-async def collect(r: StreamRelay) -> list[dict[str, Any]]:
-    return [c async for c in r.chunks()]
+async def stream(
+    streams: Sequence[OpenedStream | Exception], *, max_tokens: int = 10, **fields: Any
+) -> tuple[list[dict[str, Any]], ScriptedFailover, CallContext]:
+    failover = ScriptedFailover(streams)
+    p = pipeline(failover)
+    ctx = p.start_call({})
+    p.authenticate(ctx, f"Bearer {KEY}")
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": True,
+        "max_tokens": max_tokens,
+    }
+    body.update(fields)
+    request = msgspec.convert(body, ChatCompletionRequest)
+    served = await p.stream(ctx, "chat", request, body)
+    try:
+        out = [c async for c in served.chunks]
+    finally:
+        await served.aclose()
+    return out, failover, ctx
 
 
 async def test_continuation_resends_tokens_whose_text_was_held_back() -> None:
     broken = UpstreamError("connection reset", status_code=502)
     # Tokens 2 and 3 form one character: the first node sent their ids but not yet their text.
     first = opened(NODE_A, [chunk([], "", id="c1"), chunk([1], "a"), chunk([2], ""), chunk([3], ""), broken])
-    asked: dict[str, Any] = {}
-
-    async def reopen(exclude: frozenset[str], model: str, body_for: BodyFor) -> OpenedStream:
-        asked.update(exclude=exclude, model=model, body=body_for(NODE_B))
-        return opened(
-            NODE_B,
-            [
-                chunk([], "", id="c2"),
-                chunk([2], ""),
-                chunk([3], "€"),
-                chunk([4], "b"),
-                chunk([], "", "length"),
-                usage(6, 3),
-            ],
-        )
-
-    r = relay(first, reopen, plan(max_tokens=10, wants_token_ids=True))
-    out = await collect(r)
-    assert asked["exclude"] == frozenset({"a"}) and asked["model"] == "m"
+    second = opened(
+        NODE_B,
+        [
+            chunk([], "", id="c2"),
+            chunk([2], ""),
+            chunk([3], "€"),
+            chunk([4], "b"),
+            chunk([], "", "length"),
+            usage(6, 3),
+        ],
+    )
+    out, failover, ctx = await stream(
+        [first, second], return_token_ids=True, stream_options={"include_usage": True}
+    )
+    assert failover.broken == ["a:broken"]
+    [asked] = failover.asked
+    assert asked["targets"] == ["b"], "the broken node is excluded, and the same model is asked for"
+    assert asked["body"]["model"] == "m"
     assert asked["body"]["continuation_token_ids"] == [1]
     assert asked["body"]["max_tokens"] == 9
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in out if c.get("choices"))
@@ -127,27 +184,22 @@ async def test_continuation_resends_tokens_whose_text_was_held_back() -> None:
     assert ids == [1, 2, 3, 4]
     assert {c["id"] for c in out} == {"c1"}, "one stream id for the client"
     assert out[-1]["usage"] == {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}
-    assert r.error is None
+    assert ctx.stream_error is None
 
 
 async def test_token_ids_are_stripped_unless_asked_for() -> None:
     first = opened(NODE_A, [chunk([], ""), chunk([1], "a"), chunk([], "", "stop"), usage(5, 1)])
-    out = await collect(relay(first, None, plan(include_usage=False)))
+    out, _, _ = await stream([first])
     assert all("token_ids" not in choice for c in out for choice in c["choices"])
     assert all("usage" not in c for c in out)
 
 
 async def test_a_break_that_cannot_be_continued_ends_with_an_error_event() -> None:
     first = opened(NODE_A, [chunk([], ""), chunk([1], "a"), UpstreamError("reset", status_code=502)])
-
-    async def reopen(exclude: frozenset[str], model: str, body_for: BodyFor) -> OpenedStream:
-        raise ServiceUnavailableError("no other healthy node serving 'm'")
-
-    r = relay(first, reopen, plan())
-    out = await collect(r)
+    out, _, ctx = await stream([first, ServiceUnavailableError("no other healthy node serving 'm'")])
     assert out[-1]["error"]["code"] == "stream_interrupted"
     assert "no other healthy node" in out[-1]["error"]["message"]
-    assert r.error is not None
+    assert ctx.stream_error is not None
 
 
 @pytest.mark.parametrize("script_end", [[chunk([], "", "stop")], [chunk([2], "b")]])
@@ -156,10 +208,69 @@ async def test_a_break_after_the_last_token_needs_no_continuation(script_end: li
     first = opened(
         NODE_A, [chunk([], ""), chunk([1], "a"), *script_end, UpstreamError("reset", status_code=502)]
     )
-
-    async def reopen(exclude: frozenset[str], model: str, body_for: BodyFor) -> OpenedStream:
-        raise AssertionError("no continuation needed")
-
-    out = await collect(relay(first, reopen, plan(max_tokens=2)))
+    out, failover, _ = await stream([first], max_tokens=2)
+    assert failover.asked == [], "no continuation needed"
     assert "error" not in out[-1]
     assert [c for c in out if c.get("choices") and c["choices"][0].get("finish_reason")]
+
+
+# -- the continuation rule alone (pure) ------------------------------------------------------
+
+
+def _plan(**overrides: Any) -> RequestPlan:
+    fields: dict[str, Any] = {
+        "endpoint": "chat",
+        "model": CatalogModel("m", "small"),
+        "base_body": {"messages": [{"role": "user", "content": "hi"}]},
+        "stream": True,
+        "max_tokens": 10,
+        "prompt_tokens_estimate": 5,
+        "estimated_tokens": 15,
+        "include_usage": False,
+        "wants_token_ids": False,
+        "affinity_key": "",
+        "n": 1,
+    }
+    fields.update(overrides)
+    return RequestPlan(**fields)
+
+
+def _break(**overrides: Any) -> StreamBreak:
+    fields: dict[str, Any] = {
+        "target": NODE_A,
+        "error": UpstreamError("reset"),
+        "emitted": (1, 2, 3),
+        "flushed": 2,
+        "finished": False,
+        "ids_complete": True,
+    }
+    fields.update(overrides)
+    return StreamBreak(**fields)
+
+
+def test_a_continuation_carries_only_the_tokens_whose_text_the_client_has() -> None:
+    step = decide(
+        _plan(base_body={"continuation_token_ids": [7]}), _break(), continuations=0, max_continuations=2
+    )
+    assert step == Continue(token_ids=(7, 1, 2), max_tokens=8, carried=2)
+    body = step.body(_plan(), NODE_B)
+    assert body["continuation_token_ids"] == [7, 1, 2] and body["max_tokens"] == 8 and body["model"] == "m"
+
+
+@pytest.mark.parametrize(
+    ("plan_fields", "break_fields", "continuations", "why"),
+    [
+        ({"n": 2}, {}, 0, "n > 1"),
+        ({"base_body": {"echo": True}}, {}, 0, "echo"),
+        ({}, {"ids_complete": False}, 0, "did not report token ids"),
+        ({}, {}, 2, "already continued 2 times"),
+    ],
+)
+def test_streams_that_cannot_be_continued_exactly_end_with_the_reason(
+    plan_fields: dict[str, Any], break_fields: dict[str, Any], continuations: int, why: str
+) -> None:
+    step = decide(
+        _plan(**plan_fields), _break(**break_fields), continuations=continuations, max_continuations=2
+    )
+    assert isinstance(step, Stop) and step.ending == "error"
+    assert why in step.why and "broke (reset)" in step.why

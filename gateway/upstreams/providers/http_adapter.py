@@ -17,6 +17,8 @@ StatusErrorMapper = Callable[[str, int, Any, str, float | None], ProviderError]
 
 
 class HTTPProviderAdapter:
+    token_exact = False  # commercial APIs neither report token ids nor continue from them
+
     def __init__(
         self,
         entry: ProviderEntry,
