@@ -16,7 +16,9 @@ import sys
 import time
 from typing import Any
 
-from gateway.quota import build_quota_gate
+import msgspec
+
+from gateway.quota import QuotaConfig, build_quota_gate
 from protocol import RateLimitError
 from router.types import TenantLimits, TenantPolicy
 
@@ -58,7 +60,7 @@ async def one_request(
 
 
 async def main(spec: dict[str, Any]) -> None:
-    gate = build_quota_gate(spec["quota"])
+    gate = build_quota_gate(msgspec.convert(spec["quota"], QuotaConfig))
     rng = random.Random(spec.get("seed", 0))
     try:
         if spec.get("hold_forever"):

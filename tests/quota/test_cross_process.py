@@ -10,9 +10,10 @@ import time
 import uuid
 from typing import Any
 
+import msgspec
 import pytest
 
-from gateway.quota import build_quota_gate
+from gateway.quota import QuotaConfig, build_quota_gate
 from protocol import RateLimitError
 from tests.quota.conftest import make_policy
 from tests.support.processes import REPO_ROOT
@@ -126,7 +127,7 @@ async def test_slots_of_a_killed_process_come_back_after_lease_expiry(redis_serv
         cwd=REPO_ROOT,
         stdout=asyncio.subprocess.PIPE,
     )  # fmt: skip
-    gate = build_quota_gate(quota)
+    gate = build_quota_gate(msgspec.convert(quota, QuotaConfig))
     try:
         assert holder.stdout is not None
         line = await asyncio.wait_for(holder.stdout.readline(), timeout=30)

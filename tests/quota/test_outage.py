@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from gateway.quota import StoreQuotaGate, build_quota_gate
+from gateway.quota import QuotaConfig, StoreQuotaGate, build_quota_gate
 from gateway.quota.interface import Admission
 from protocol import RateLimitError, ServiceUnavailableError
 from router.types import TenantPolicy
@@ -34,7 +34,7 @@ def server() -> Iterator[RedisServer]:
 @pytest.fixture
 async def gate(server: RedisServer) -> AsyncIterator[StoreQuotaGate]:
     built = build_quota_gate(
-        {"redis_url": server.url, "timeout_ms": TIMEOUT_MS, "cooldown_ms": 300, "local_share": 0.5}
+        QuotaConfig(redis_url=server.url, timeout_ms=TIMEOUT_MS, cooldown_ms=300, local_share=0.5)
     )
     yield built
     await built.close()
