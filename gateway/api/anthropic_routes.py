@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 from litestar import Controller, Request, Response, post
 
+from gateway.api.errors import to_api_error
 from gateway.api.sse import ClientStreamResponse
 from gateway.request.context import CallContext
 from gateway.request.pipeline import RequestPipeline
@@ -99,7 +100,7 @@ class AnthropicController(Controller):
                 return ClientStreamResponse(stream, frames=_frames(stream, events))
             result = await pipeline.complete(ctx, "chat", parsed, body)
         except Exception as exc:
-            return _error_response(pipeline.failed(ctx, exc))
+            return _error_response(pipeline.failed(ctx, to_api_error(exc)))
         pipeline.record(ctx, "200", stream=False)
         message = chat_response_to_message(result, stop_sequences=messages.stop_sequences)
         message["id"] = message_id(ctx)

@@ -14,7 +14,15 @@ from typing import Any
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 
-from protocol import APIError, InternalServerError, InvalidRequestError
+from gateway.quota.errors import QuotaExceeded, QuotaUnavailable, RequestTooLarge
+from gateway.quota.headers import retry_after_headers
+from protocol import (
+    APIError,
+    InternalServerError,
+    InvalidRequestError,
+    RateLimitError,
+    ServiceUnavailableError,
+)
 from protocol.errors import error_for_status
 
 logger = logging.getLogger(__name__)
@@ -24,6 +32,14 @@ def to_api_error(exc: BaseException) -> APIError:
     """The client-facing error for `exc`."""
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, QuotaExceeded):
+        return RateLimitError(exc.message, headers={**exc.headers, **retry_after_headers(exc.retry_after_ms)})
+    if isinstance(exc, QuotaUnavailable):
+        return ServiceUnavailableError(
+            exc.message, code="quota_store_unavailable", headers=retry_after_headers(exc.retry_after_ms)
+        )
+    if isinstance(exc, RequestTooLarge):
+        return InvalidRequestError(exc.message, param="max_tokens", code="request_too_large")
     if isinstance(exc, ValidationException):
         return InvalidRequestError(str(exc.detail or "Invalid request"))
     if isinstance(exc, HTTPException):

@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 from litestar import Controller, Request, Response, get, post
 
+from gateway.api.errors import to_api_error
 from gateway.api.sse import ClientStreamResponse
 from gateway.request.context import CallContext
 from gateway.request.pipeline import RequestPipeline
@@ -41,7 +42,7 @@ async def _serve(
             return ClientStreamResponse(stream)
         result = await pipeline.complete(ctx, endpoint, parsed, body)
     except Exception as exc:
-        raise pipeline.failed(ctx, exc) from None
+        raise pipeline.failed(ctx, to_api_error(exc)) from None
     pipeline.record(ctx, "200", stream=False)
     return Response(result, headers=ctx.headers, status_code=200)
 
@@ -65,6 +66,6 @@ class OpenAIController(Controller):
         try:
             tenant = pipeline.authenticate(ctx, request.headers.get("authorization"))
         except Exception as exc:
-            raise pipeline.failed(ctx, exc) from None
+            raise pipeline.failed(ctx, to_api_error(exc)) from None
         cards = [ModelCard(id=m.name, created=_CREATED) for m in pipeline.allowed_models(tenant)]
         return Response(ModelList(data=cards), headers=ctx.headers)

@@ -10,6 +10,7 @@ from typing import Any
 
 from litestar import Controller, Request, Response, get
 
+from gateway.api.errors import to_api_error
 from gateway.request.pipeline import RequestPipeline
 from protocol import PermissionDeniedError
 
@@ -30,5 +31,5 @@ class UsageController(Controller):
                 )
             usage = await pipeline.usage(caller)
         except Exception as exc:
-            raise pipeline.failed(ctx, exc) from None
+            raise pipeline.failed(ctx, to_api_error(exc)) from None
         return Response(usage, headers=ctx.headers)

@@ -6,7 +6,13 @@
 from gateway.quota.breaker import StoreBreaker
 from gateway.quota.build import build_quota_gate
 from gateway.quota.config import QuotaConfig
-from gateway.quota.errors import QuotaError, QuotaStoreUnavailable
+from gateway.quota.errors import (
+    QuotaError,
+    QuotaExceeded,
+    QuotaStoreUnavailable,
+    QuotaUnavailable,
+    RequestTooLarge,
+)
 from gateway.quota.gate import StoreQuotaGate
 from gateway.quota.interface import Admission, QuotaGate
 from gateway.quota.lease import lease_keeper
@@ -21,10 +27,13 @@ __all__ = [
     "MemoryQuotaStore",
     "QuotaConfig",
     "QuotaError",
+    "QuotaExceeded",
     "QuotaGate",
     "QuotaLimits",
     "QuotaStoreUnavailable",
+    "QuotaUnavailable",
     "RedisQuotaStore",
+    "RequestTooLarge",
     "StoreBreaker",
     "StoreQuotaGate",
     "build_quota_gate",

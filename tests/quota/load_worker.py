@@ -18,8 +18,7 @@ from typing import Any
 
 import msgspec
 
-from gateway.quota import QuotaConfig, build_quota_gate
-from protocol import RateLimitError
+from gateway.quota import QuotaConfig, QuotaExceeded, build_quota_gate
 from router.types import TenantLimits, TenantPolicy
 
 
@@ -48,7 +47,7 @@ async def one_request(
         try:
             admission = await gate.admit(policy, request_id=f"{n}", estimated_tokens=estimate)
             break
-        except RateLimitError:
+        except QuotaExceeded:
             if time.monotonic() >= deadline:
                 return record
             await asyncio.sleep(rng.uniform(0.005, 0.03))
@@ -70,7 +69,7 @@ async def main(spec: dict[str, Any]) -> None:
                 try:
                     await gate.admit(policy, request_id=f"hold-{n}", estimated_tokens=1)
                     held += 1
-                except RateLimitError:
+                except QuotaExceeded:
                     pass
             print(f"HELD {held}", flush=True)
             await asyncio.sleep(3600)
