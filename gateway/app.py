@@ -20,14 +20,14 @@ from litestar.types import ControllerRouterHandler
 
 from gateway.api import FRONT_DOORS
 from gateway.api.errors import handle_exception
-from gateway.config import ConfigError, GatewayConfig
+from gateway.config import GatewayConfig
 from gateway.discovery.build import build_region_directory
 from gateway.discovery.interface import RegionDirectory
 from gateway.health.ejection import Ejections
 from gateway.health.probes import NodeProber, ProbeResult
 from gateway.metrics import GatewayMetrics
 from gateway.policy import PolicyStore
-from gateway.quota import QuotaConfigError, build_quota_gate
+from gateway.quota import build_quota_gate
 from gateway.quota.interface import QuotaGate
 from gateway.request.pipeline import RequestPipeline
 from gateway.upstreams.failover import Forwarder
@@ -120,9 +120,7 @@ def build_gateway(
     timeouts = config.timeouts
     clients = ClientPool(_NODE_CLIENTS, connect_timeout_s=timeouts.connect_s, read_timeout_s=timeouts.read_s)
     probe_client = httpx.AsyncClient(timeout=httpx.Timeout(timeouts.probe_s))
-    directory = directory or build_region_directory(
-        config.directory, registry=metrics.registry, source=f"{config.source}: $.directory"
-    )
+    directory = directory or build_region_directory(config.directory, registry=metrics.registry)
 
     def on_probe(node: NodeInfo, result: ProbeResult) -> None:
         metrics.node_ready.labels(node.node_id, node.region).set(1.0 if result.ready else 0.0)
@@ -152,17 +150,14 @@ def build_gateway(
         config.providers,
         env=env,
         metrics_registry=metrics.registry,
-        source=config.source,  # its errors name the field from the root: `$.providers.endpoints[0]...`
+        source=config.source,  # an unset key variable is named from the root: `$.providers.endpoints[0]...`
         # Breaker openings are shared across replicas through the quota's Redis, if any.
-        redis_url=(config.quota or {}).get("redis_url"),
+        redis_url=config.quota.redis_url,
     )
     ejections = Ejections(base_s=config.ejection.base_s, max_s=config.ejection.max_s)
     fleet = Fleet(directory, prober, ejections, providers, node_upstream)
     if quota is None:
-        try:
-            quota = build_quota_gate(config.quota)
-        except QuotaConfigError as exc:
-            raise ConfigError(f"{config.source}: $.{exc}") from None
+        quota = build_quota_gate(config.quota)
     policies = PolicyStore(config.policies, extra=extra_policies)
     # Loaded now, so a broken policy file stops start-up with its file and field named
     # (PolicyError) before any server is up; start() then only begins hot reloading.

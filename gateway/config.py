@@ -1,20 +1,30 @@
 """The gateway's YAML configuration, validated into typed structs at start-up.
 
-Errors name the file and the field (`gateway.yaml: $.timeouts.connect_s: Expected float`).
-Sections other engineers own (`quota`, `providers`, and the `directory` of `type: consul`) stay
-raw dicts here and are validated by their own builders. Relative paths are resolved against the
-config file's folder, so a config can be moved together with its policies and regions file.
+Every section is a struct that rejects unknown keys, so a typo anywhere in the file stops start-up.
+Errors name the file and the field (`gateway.yaml: $.timeouts.connect_s: Expected float`). Rules
+the types cannot express live in a struct's `__post_init__`, which raises ValueError("field: why")
+with the field relative to that struct; msgspec reports it at the struct's path and `_field_first`
+joins the two. Relative paths are resolved against the config file's folder, so a config can be
+moved together with its policies and regions file.
+
+`quota` and `providers` are defined next to the code that uses them (gateway/quota/config.py,
+gateway/upstreams/providers/config.py). `directory` is defined here: the discovery package reports
+regions-file mistakes as this module's ConfigError, so it imports this module, never the reverse.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
 import yaml
 
-from gateway.config_fields import field_first
+from gateway.quota.config import QuotaConfig
+from gateway.upstreams.providers.config import ProvidersConfig
+from protocol.consul.advertisement import SERVICE_NAME
+from protocol.consul.client import ConsulConfig, resolve_tls_paths
 from router import MAX_ATTEMPTS_BOUND
 from router.types import CatalogModel
 
@@ -81,15 +91,52 @@ class TokenEstimateConfig(_Section):
     # Reserved completion tokens when a request sets no max_tokens and its tenant has no cap.
     default_completion_tokens: int = 256
 
+    def __post_init__(self) -> None:
+        if self.bytes_per_token <= 0:
+            raise ValueError("bytes_per_token: must be positive")
+
+
+class StaticDirectoryConfig(_Section, frozen=True, tag_field="type", tag="static"):
+    """`directory: {type: static, file: regions.yaml}`: the fleet is the regions file's nodes."""
+
+    file: str
+    poll_interval_s: Positive = 2.0  # how often the file's modification time is checked
+
+
+class ConsulDirectoryConfig(
+    ConsulConfig, frozen=True, forbid_unknown_fields=True, tag_field="type", tag="consul"
+):
+    """`directory: {type: consul, ...}`: the fleet is whatever Consul says is passing."""
+
+    service: str = SERVICE_NAME
+    # Floor between two queries of one watch: a flapping service cannot make us hammer Consul.
+    min_interval_s: float = 0.1
+    backoff_initial_s: float = 0.5  # first retry after an error; doubles up to backoff_max_s
+    backoff_max_s: float = 10.0
+    initial_sync_timeout_s: float = 3.0  # how long start() waits for a first membership
+
+    def __post_init__(self) -> None:
+        if not 0 < self.wait_s <= 600:
+            raise ValueError("wait_s: must be in (0, 600] (Consul's cap is 10 minutes)")
+        if (
+            self.min_interval_s < 0
+            or self.backoff_initial_s <= 0
+            or self.backoff_max_s < self.backoff_initial_s
+        ):
+            raise ValueError("min_interval_s/backoff_*: need 0 <= min, 0 < initial <= max")
+
+
+DirectoryConfig = StaticDirectoryConfig | ConsulDirectoryConfig
+
 
 class GatewayConfig(_Section):
     home_region: str
     catalog: list[CatalogEntry]
     policies: str  # folder of tenant policy YAML files
-    directory: dict[str, Any]  # {type: static, file: ...} or {type: consul, ...}
+    directory: DirectoryConfig
     listen: ListenConfig = msgspec.field(default_factory=ListenConfig)
-    quota: dict[str, Any] | None = None  # passed to gateway.quota's build_quota_gate
-    providers: dict[str, Any] | None = None  # passed to gateway.upstreams.providers' builder
+    quota: QuotaConfig = msgspec.field(default_factory=QuotaConfig)  # defaults: the in-process store
+    providers: ProvidersConfig = msgspec.field(default_factory=ProvidersConfig)  # defaults: none
     node_auth: NodeAuthConfig = msgspec.field(default_factory=NodeAuthConfig)
     timeouts: TimeoutsConfig = msgspec.field(default_factory=TimeoutsConfig)
     retry: RetryConfig = msgspec.field(default_factory=RetryConfig)
@@ -98,39 +145,75 @@ class GatewayConfig(_Section):
     # Where this config came from, for error messages and resolving relative paths; not in YAML.
     source: str = "<memory>"
 
+    def __post_init__(self) -> None:
+        if not self.catalog:
+            raise ValueError("catalog: at least one model is required")
+        names = [entry.name for entry in self.catalog]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"catalog: duplicate model names {duplicates}")
+
     def catalog_models(self) -> tuple[CatalogModel, ...]:
         return tuple(entry.to_model() for entry in self.catalog)
 
-    def directory_type(self) -> str:
-        return str(self.directory.get("type", "static"))
+
+_AT = re.compile(r" - at `\$([^`]*)`$")
+# How a __post_init__ rule words its error: "field: why", the field relative to its struct.
+_OWN_FIELD = re.compile(r"([A-Za-z_][\w.\[\]/*]*): ")
 
 
-def _check(config: GatewayConfig) -> None:
-    """Rules the struct types cannot express."""
-    if not config.catalog:
-        raise ConfigError(f"{config.source}: $.catalog: at least one model is required")
-    names = [entry.name for entry in config.catalog]
-    duplicates = sorted({name for name in names if names.count(name) > 1})
-    if duplicates:
-        raise ConfigError(f"{config.source}: $.catalog: duplicate model names {duplicates}")
-    if config.directory_type() not in ("static", "consul"):
-        raise ConfigError(
-            f"{config.source}: $.directory.type: expected 'static' or 'consul', "
-            f"got {config.directory.get('type')!r}"
-        )
-    if config.directory_type() == "static" and not isinstance(config.directory.get("file"), str):
-        raise ConfigError(f"{config.source}: $.directory.file: a static directory needs a regions file")
-    if config.token_estimate.bytes_per_token <= 0:
-        raise ConfigError(f"{config.source}: $.token_estimate.bytes_per_token: must be positive")
+def _field_first(message: str) -> str:
+    """msgspec says 'Expected `int`, got `str` - at `$.listen.port`'; lead with the field instead,
+    the way operators scan for it."""
+    path, at = "$", _AT.search(message)
+    if at:
+        path, message = f"${at.group(1)}", message[: at.start()]
+    own = _OWN_FIELD.match(message)
+    if own:
+        return f"{path}.{own.group(1)}: {message[own.end() :]}"
+    if at:
+        return f"{path}: {message}"
+    missing = re.search(r"missing required field `([^`]+)`", message)
+    if missing:
+        return f"$.{missing.group(1)}: required field is missing"
+    return message
+
+
+# Sections that were optional mappings before they had structs: null still means the defaults,
+# and a non-mapping is told what it always was.
+_NULLABLE_SECTIONS = {"quota": "expected a mapping", "providers": "expected a mapping with `endpoints:`"}
+
+
+def _as_sections(data: dict[str, Any], source: str) -> dict[str, Any]:
+    """The document as the structs read it, with the mistakes they would word differently named
+    the way they always were."""
+    data = dict(data)
+    for name, expected in _NULLABLE_SECTIONS.items():
+        if name in data and data[name] is None:
+            del data[name]
+        elif name in data and not isinstance(data[name], dict):
+            raise ConfigError(f"{source}: $.{name}: {expected}, got {type(data[name]).__name__}")
+    directory = data.get("directory")
+    if isinstance(directory, dict):
+        # The tagged union needs `type`; a directory without one has always been static.
+        kind = directory.get("type", "static")
+        if kind not in ("static", "consul"):
+            raise ConfigError(f"{source}: $.directory.type: expected 'static' or 'consul', got {kind!r}")
+        if kind == "static" and not isinstance(directory.get("file"), str):
+            raise ConfigError(f"{source}: $.directory.file: a static directory needs a regions file")
+        data["directory"] = {**directory, "type": kind}
+    return data
 
 
 def _resolve_paths(config: GatewayConfig, base: Path) -> GatewayConfig:
     def resolve(path: str) -> str:
         return str((base / path).resolve()) if not Path(path).is_absolute() else path
 
-    directory = dict(config.directory)
-    if isinstance(directory.get("file"), str):
-        directory["file"] = resolve(directory["file"])
+    directory: DirectoryConfig = config.directory
+    if isinstance(directory, StaticDirectoryConfig):
+        directory = msgspec.structs.replace(directory, file=resolve(directory.file))
+    else:
+        directory = msgspec.structs.replace(directory, tls=resolve_tls_paths(directory.tls, base))
     return msgspec.structs.replace(config, policies=resolve(config.policies), directory=directory)
 
 
@@ -141,12 +224,10 @@ def config_from_dict(data: Any, *, source: str = "<memory>", base_dir: Path | No
     if "source" in data:
         raise ConfigError(f"{source}: $.source: unknown field")
     try:
-        config = msgspec.convert({**data, "source": source}, GatewayConfig)
+        config = msgspec.convert({**_as_sections(data, source), "source": source}, GatewayConfig)
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"{source}: {field_first(str(exc))}") from None
-    config = _resolve_paths(config, base_dir or Path.cwd())
-    _check(config)
-    return config
+        raise ConfigError(f"{source}: {_field_first(str(exc))}") from None
+    return _resolve_paths(config, base_dir or Path.cwd())
 
 
 def load_config(path: str | Path) -> GatewayConfig:

@@ -21,7 +21,6 @@ def _gateway_main(args: argparse.Namespace) -> int:
     from gateway.app import create_app
     from gateway.config import ConfigError, load_config
     from gateway.policy import PolicyError
-    from gateway.quota import QuotaConfigError
     from gateway.runtime.serve import run_gateway
     from gateway.upstreams.providers import ProviderConfigError
 
@@ -31,7 +30,7 @@ def _gateway_main(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
         app = create_app(config)
-    except (ConfigError, PolicyError, QuotaConfigError, ProviderConfigError) as exc:
+    except (ConfigError, PolicyError, ProviderConfigError) as exc:
         print(f"meridian gateway: {exc}", file=sys.stderr)
         return 2
     host = args.host or config.listen.host

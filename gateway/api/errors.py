@@ -14,33 +14,49 @@ from typing import Any
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 
+from gateway.quota.errors import QuotaExceeded, QuotaUnavailable, RequestTooLarge
+from gateway.quota.headers import retry_after_headers
 from gateway.request.context import CallContext
 from gateway.request.errors import NoRouteError
 from gateway.request.pipeline import RequestPipeline
-from protocol import APIError, InternalServerError, InvalidRequestError, ServiceUnavailableError
+from protocol import (
+    APIError,
+    InternalServerError,
+    InvalidRequestError,
+    RateLimitError,
+    ServiceUnavailableError,
+)
 from protocol.errors import error_for_status
 
 logger = logging.getLogger(__name__)
 
 
-def to_api_error(exc: BaseException) -> APIError:
-    """The client-facing error for `exc`."""
+def to_api_error(exc: BaseException, *, request_id: str = "-") -> APIError:
+    """The client-facing error for `exc`; an unexpected one is logged (with its request id)."""
     if isinstance(exc, APIError):
         return exc
     if isinstance(exc, NoRouteError):
         return ServiceUnavailableError(exc.message, code="no_region_available")
+    if isinstance(exc, QuotaExceeded):
+        return RateLimitError(exc.message, headers={**exc.headers, **retry_after_headers(exc.retry_after_ms)})
+    if isinstance(exc, QuotaUnavailable):
+        return ServiceUnavailableError(
+            exc.message, code="quota_store_unavailable", headers=retry_after_headers(exc.retry_after_ms)
+        )
+    if isinstance(exc, RequestTooLarge):
+        return InvalidRequestError(exc.message, param="max_tokens", code="request_too_large")
     if isinstance(exc, ValidationException):
         return InvalidRequestError(str(exc.detail or "Invalid request"))
     if isinstance(exc, HTTPException):
         return error_for_status(exc.status_code, str(exc.detail or "HTTP error"))
-    logger.error("unhandled error while serving a request", exc_info=exc)
+    logger.error("request %s failed with an unexpected error", request_id, exc_info=exc)
     return InternalServerError("The gateway had an error while processing your request.")
 
 
 def failed(pipeline: RequestPipeline, ctx: CallContext, exc: BaseException) -> APIError:
     """The error a front door answers for `exc` raised on the request path, with this call's
     headers; the request is counted under its status."""
-    error = to_api_error(exc)
+    error = to_api_error(exc, request_id=ctx.request_id)
     error.headers = {**ctx.headers, **error.headers}
     pipeline.record(ctx, str(error.status_code), stream=False)
     return error

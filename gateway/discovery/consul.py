@@ -13,59 +13,17 @@ import asyncio
 import contextlib
 import logging
 import random
-from pathlib import Path
-from typing import Any
 
-import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gateway.config import ConfigError
-from protocol.consul.advertisement import SERVICE_NAME, MetaError, node_from_entry
-from protocol.consul.client import (
-    ConsulClient,
-    ConsulConfig,
-    ConsulError,
-    HealthResult,
-    next_blocking_index,
-    resolve_tls_paths,
-)
+from gateway.config import ConsulDirectoryConfig
+from protocol.consul.advertisement import MetaError, node_from_entry
+from protocol.consul.client import ConsulClient, ConsulError, HealthResult, next_blocking_index
 from router.types import NodeInfo
 
 logger = logging.getLogger(__name__)
 
 _LOCAL_DC = ""  # key for "the agent's own datacenter" when `datacenters` is empty
-
-
-class ConsulDirectoryConfig(ConsulConfig, frozen=True, forbid_unknown_fields=True):
-    """The gateway's `directory: {type: consul, ...}` section."""
-
-    service: str = SERVICE_NAME
-    # Floor between two queries of one watch: a flapping service cannot make us hammer Consul.
-    min_interval_s: float = 0.1
-    backoff_initial_s: float = 0.5  # first retry after an error; doubles up to backoff_max_s
-    backoff_max_s: float = 10.0
-    initial_sync_timeout_s: float = 3.0  # how long start() waits for a first membership
-
-
-def directory_config_from_section(
-    section: dict[str, Any], *, base_dir: Path | None = None, source: str = "directory"
-) -> ConsulDirectoryConfig:
-    """Validate the section; relative TLS file paths resolve against `base_dir` (the config's folder)."""
-    fields = {key: value for key, value in section.items() if key != "type"}
-    try:
-        config = msgspec.convert(fields, ConsulDirectoryConfig)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"{source}: {exc}") from None
-    config = msgspec.structs.replace(config, tls=resolve_tls_paths(config.tls, base_dir))
-    if not 0 < config.wait_s <= 600:
-        raise ConfigError(f"{source}: wait_s: must be in (0, 600] (Consul's cap is 10 minutes)")
-    if (
-        config.min_interval_s < 0
-        or config.backoff_initial_s <= 0
-        or config.backoff_max_s < config.backoff_initial_s
-    ):
-        raise ConfigError(f"{source}: min_interval_s/backoff_*: need 0 <= min, 0 < initial <= max")
-    return config
 
 
 class ConsulRegionDirectory:
@@ -223,15 +181,3 @@ class ConsulRegionDirectory:
                 seen.setdefault(node.node_id, node)
         # One tuple swap: snapshot() readers see either the old or the new membership, never a mix.
         self._snapshot = tuple(sorted(seen.values(), key=lambda node: node.node_id))
-
-
-def consul_directory(
-    section: dict[str, Any],
-    *,
-    base_dir: Path | None = None,
-    registry: CollectorRegistry | None = None,
-    source: str = "directory",
-) -> ConsulRegionDirectory:
-    """The directory for a `directory: {type: consul, ...}` config section."""
-    config = directory_config_from_section(section, base_dir=base_dir, source=source)
-    return ConsulRegionDirectory(config, registry=registry)

@@ -1,12 +1,18 @@
 """Distributed token quotas: exact across gateway replicas (Redis) or in-process (`make up`).
 
-`build_quota_gate(config_section)` is the entry point; see README.md for the algorithm.
+`build_quota_gate(config.quota)` is the entry point; see README.md for the algorithm.
 """
 
 from gateway.quota.breaker import StoreBreaker
 from gateway.quota.build import build_quota_gate
-from gateway.quota.config import QuotaConfig, parse_quota_config
-from gateway.quota.errors import QuotaConfigError, QuotaError, QuotaStoreUnavailable
+from gateway.quota.config import QuotaConfig
+from gateway.quota.errors import (
+    QuotaError,
+    QuotaExceeded,
+    QuotaStoreUnavailable,
+    QuotaUnavailable,
+    RequestTooLarge,
+)
 from gateway.quota.gate import StoreQuotaGate
 from gateway.quota.interface import Admission, QuotaGate
 from gateway.quota.lease import lease_keeper
@@ -20,15 +26,16 @@ __all__ = [
     "Geometry",
     "MemoryQuotaStore",
     "QuotaConfig",
-    "QuotaConfigError",
     "QuotaError",
+    "QuotaExceeded",
     "QuotaGate",
     "QuotaLimits",
     "QuotaStoreUnavailable",
+    "QuotaUnavailable",
     "RedisQuotaStore",
+    "RequestTooLarge",
     "StoreBreaker",
     "StoreQuotaGate",
     "build_quota_gate",
     "lease_keeper",
-    "parse_quota_config",
 ]

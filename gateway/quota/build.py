@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from gateway.quota.breaker import StoreBreaker
-from gateway.quota.config import parse_quota_config
+from gateway.quota.config import QuotaConfig
 from gateway.quota.gate import StoreQuotaGate
 from gateway.quota.memory_store import MemoryQuotaStore
 from gateway.quota.redis_store import RedisQuotaStore, connect
 
 
-def build_quota_gate(section: dict[str, Any] | None) -> StoreQuotaGate:
-    """None or {} -> in-process store; with `redis_url` -> Redis, with an in-process fail-open
-    fallback. Raises QuotaConfigError naming the field. Opens no connection yet (the first call
-    does), so it is safe to call outside an event loop."""
-    config = parse_quota_config(section)
+def build_quota_gate(config: QuotaConfig) -> StoreQuotaGate:
+    """No `redis_url` -> in-process store; with one -> Redis, with an in-process fail-open
+    fallback. Opens no connection yet (the first call does), so it is safe to call outside an
+    event loop."""
     if config.redis_url is None:
         return StoreQuotaGate(MemoryQuotaStore(), lease_ms=config.lease_ms, local_share=config.local_share)
     timeout_s, congested_s = config.timeout_ms / 1000, config.congested_timeout_ms / 1000

@@ -1,4 +1,4 @@
-"""The gateway config's `quota` section, validated into a typed struct.
+"""The gateway config's `quota` section as a typed struct (validated with the rest of the file).
 
 quota:                      # absent or {} -> in-process store (one replica, `make up`)
   redis_url: redis://127.0.0.1:6379/0
@@ -14,12 +14,11 @@ quota:                      # absent or {} -> in-process store (one replica, `ma
 
 from __future__ import annotations
 
-import re
-from typing import Annotated, Any
+from typing import Annotated
 
 import msgspec
 
-from gateway.quota.errors import QuotaConfigError
+_URL_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
 class QuotaConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -34,37 +33,13 @@ class QuotaConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     max_connections: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 64
     cluster: bool = False
 
-
-_URL_SCHEMES = ("redis://", "rediss://", "unix://")
-
-
-def parse_quota_config(section: dict[str, Any] | None) -> QuotaConfig:
-    """Raises QuotaConfigError whose message starts with the offending field (`quota.timeout_ms`)."""
-    if section is None:
-        return QuotaConfig()
-    if not isinstance(section, dict):
-        raise QuotaConfigError(f"quota: expected a mapping, got {type(section).__name__}")
-    try:
-        config = msgspec.convert(section, QuotaConfig)
-    except msgspec.ValidationError as exc:
-        raise QuotaConfigError(_field_message(str(exc))) from None
-    if config.redis_url is not None and not config.redis_url.startswith(_URL_SCHEMES):
-        # Only the scheme: the rest of the URL may hold the Redis password.
-        scheme = config.redis_url.partition("://")[0] if "://" in config.redis_url else "no scheme"
-        raise QuotaConfigError(
-            f"quota.redis_url: expected a redis://, rediss:// or unix:// URL, got {scheme!r}"
-        )
-    if config.congested_timeout_ms < config.timeout_ms:
-        raise QuotaConfigError("quota.congested_timeout_ms: must be at least quota.timeout_ms")
-    if config.cluster and config.redis_url is None:
-        raise QuotaConfigError("quota.cluster: needs quota.redis_url")
-    return config
-
-
-def _field_message(message: str) -> str:
-    """msgspec says 'Expected `int` >= 1 - at `$.timeout_ms`'; lead with `quota.timeout_ms`."""
-    match = re.search(r" - at `\$\.?([^`]*)`$", message)
-    if match:
-        field = f"quota.{match.group(1)}" if match.group(1) else "quota"
-        return f"{field}: {message[: match.start()]}"
-    return f"quota: {message}"
+    def __post_init__(self) -> None:
+        # Rules the types cannot express; "field: why", which the config loader puts under $.quota.
+        if self.redis_url is not None and not self.redis_url.startswith(_URL_SCHEMES):
+            # Only the scheme: the rest of the URL may hold the Redis password.
+            scheme = self.redis_url.partition("://")[0] if "://" in self.redis_url else "no scheme"
+            raise ValueError(f"redis_url: expected a redis://, rediss:// or unix:// URL, got {scheme!r}")
+        if self.congested_timeout_ms < self.timeout_ms:
+            raise ValueError("congested_timeout_ms: must be at least quota.timeout_ms")
+        if self.cluster and self.redis_url is None:
+            raise ValueError("cluster: needs quota.redis_url")

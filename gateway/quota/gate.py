@@ -1,7 +1,7 @@
-"""The QuotaGate the gateway calls: policy -> one store operation -> Admission or an OpenAI error.
+"""The QuotaGate the gateway calls: policy -> one store operation -> Admission or a quota error.
 
 With a shared (Redis) store, a breaker decides whether to ask it; when it cannot answer, the
-tenant's fail_mode decides: "closed" -> 503, "open" -> an in-process store enforcing
+tenant's fail_mode decides: "closed" -> QuotaUnavailable, "open" -> an in-process store enforcing
 `local_share` of each limit (this replica's part of it).
 """
 
@@ -15,14 +15,13 @@ from typing import Any, TypeVar
 
 from gateway.quota import reference
 from gateway.quota.breaker import StoreBreaker
-from gateway.quota.errors import QuotaStoreUnavailable
-from gateway.quota.headers import denial_message, rate_limit_headers, retry_after_headers
+from gateway.quota.errors import QuotaExceeded, QuotaStoreUnavailable, QuotaUnavailable, RequestTooLarge
+from gateway.quota.headers import denial_message, rate_limit_headers
 from gateway.quota.interface import Admission
 from gateway.quota.model import QuotaLimits, Ticket
 from gateway.quota.report import usage_report
 from gateway.quota.store import QuotaStore
 from gateway.quota.window import Geometry
-from protocol import InvalidRequestError, RateLimitError, ServiceUnavailableError
 from router.types import TenantPolicy
 
 logger = logging.getLogger(__name__)
@@ -39,13 +38,7 @@ def check_can_ever_fit(tenant_id: str, limits: QuotaLimits, cost: int) -> None:
         (limits.daily_tokens, "tokens per day"),
     ):
         if limit is not None and cost > limit:
-            raise InvalidRequestError(
-                f"This request may use up to {cost} tokens (prompt + max_tokens), more than tenant "
-                f"{tenant_id}'s limit of {limit} {what}, so it can never be admitted. "
-                "Lower max_tokens or shorten the prompt.",
-                param="max_tokens",
-                code="request_too_large",
-            )
+            raise RequestTooLarge(tenant_id, cost=cost, limit=limit, what=what)
 
 
 class StoreQuotaGate:
@@ -94,14 +87,9 @@ class StoreQuotaGate:
         self._breaker.success()
         return result
 
-    def _unavailable(self, tenant_id: str) -> ServiceUnavailableError:
+    def _unavailable(self, tenant_id: str) -> QuotaUnavailable:
         wait_ms = max(1_000, int(self._breaker.retry_after_s() * 1000))
-        return ServiceUnavailableError(
-            f"The quota store is unreachable and tenant {tenant_id}'s quota policy is fail-closed. "
-            "Please retry shortly.",
-            code="quota_store_unavailable",
-            headers=retry_after_headers(wait_ms),
-        )
+        return QuotaUnavailable(tenant_id, retry_after_ms=wait_ms)
 
     async def start(self) -> None:
         """Warm the shared store (scripts, connections), if it has anything to warm."""
@@ -130,9 +118,11 @@ class StoreQuotaGate:
         if source == LOCAL:
             headers["x-meridian-quota"] = "local"  # degraded: this replica's share only
         if not outcome.admitted:
-            raise RateLimitError(
+            raise QuotaExceeded(
+                tenant_id,
                 denial_message(tenant_id, limits, outcome, cost),
-                headers={**headers, **retry_after_headers(outcome.retry_after_ms)},
+                headers=headers,
+                retry_after_ms=outcome.retry_after_ms,
             )
         capped = limits.concurrent_requests is not None
         ticket = Ticket(
@@ -159,7 +149,7 @@ class StoreQuotaGate:
 
     async def renew(self, admission: Admission) -> None:
         ticket = admission.store_state
-        if admission.lease_id is None or not isinstance(ticket, Ticket) or ticket.settled:
+        if admission.lease_id is None or ticket.settled:
             return
         store = self._store_for(ticket)
         limit = ticket.concurrent_limit if ticket.concurrent_limit is not None else 0
@@ -175,7 +165,7 @@ class StoreQuotaGate:
 
     async def settle(self, admission: Admission, *, actual_tokens: int) -> None:
         ticket = admission.store_state
-        if not isinstance(ticket, Ticket) or ticket.settled:
+        if ticket.settled:
             return
         ticket.settled = True
         # Shielded: a request cancelled mid-settlement (client gone) must still release its slot.

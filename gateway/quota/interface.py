@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from gateway.quota.model import Ticket
 from router.types import TenantPolicy
 
 
@@ -18,15 +19,16 @@ class Admission:
     tenant_id: str
     request_id: str
     reserved_tokens: int
+    store_state: Ticket  # what renewal and settlement need: which store, bucket, day and lease
     headers: dict[str, str] = field(default_factory=dict)
     lease_id: str | None = None
-    store_state: Any = None  # whatever the store needs to settle (e.g. window keys)
 
 
 class QuotaGate(Protocol):
     async def admit(self, policy: TenantPolicy, *, request_id: str, estimated_tokens: int) -> Admission:
-        """Reserve atomically, or raise RateLimitError (429 with Retry-After and x-ratelimit-*
-        headers) or ServiceUnavailableError (fail-closed tenant while the store is down)."""
+        """Reserve atomically, or raise QuotaExceeded (over a limit: when to retry and the
+        x-ratelimit-* headers), QuotaUnavailable (fail-closed tenant while the store is down) or
+        RequestTooLarge (the estimate alone exceeds a token limit)."""
         ...
 
     async def renew(self, admission: Admission) -> None:
@@ -38,7 +40,7 @@ class QuotaGate(Protocol):
         ...
 
     async def usage(self, policy: TenantPolicy) -> dict[str, Any]:
-        """Current window use and remaining quota, for GET /v1/usage."""
+        """Current window use and remaining quota, for GET /v1/usage; QuotaUnavailable as admit."""
         ...
 
     async def close(self) -> None: ...

@@ -8,7 +8,6 @@ import logging
 from collections.abc import AsyncIterator
 
 from gateway.quota.interface import Admission, QuotaGate
-from gateway.quota.model import Ticket
 
 logger = logging.getLogger(__name__)
 
@@ -29,8 +28,7 @@ async def lease_keeper(
         yield
         return
     if interval is None:
-        ticket = admission.store_state
-        interval = default_renew_interval_s(ticket.lease_ms if isinstance(ticket, Ticket) else 30_000)
+        interval = default_renew_interval_s(admission.store_state.lease_ms)
 
     async def keep() -> None:
         while True:

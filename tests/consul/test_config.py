@@ -8,44 +8,49 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from gateway.config import ConfigError
+from gateway.config import ConfigError, ConsulDirectoryConfig, DirectoryConfig
 from gateway.discovery import ConsulRegionDirectory, StaticDirectory, build_region_directory
-from gateway.discovery.consul import directory_config_from_section
 from protocol.consul.client import ConsulClient, ConsulConfig, ConsulTLS, _ssl_context
 from regional_node.discovery import ConsulRegistrationConfig
+from tests.support.gateway_config import gateway_config
+
+
+def directory_config(section: dict, base_dir: Path | None = None) -> DirectoryConfig:
+    return gateway_config(directory=section, source="directory", base_dir=base_dir).directory
 
 
 def test_type_consul_builds_the_consul_directory() -> None:
     section = {"type": "consul", "address": "consul.internal:8500", "datacenters": ["eu-west", "us-east"]}
-    directory = build_region_directory(section, Path("/etc/meridian"))
+    directory = build_region_directory(directory_config(section, Path("/etc/meridian")))
     assert isinstance(directory, ConsulRegionDirectory)
 
 
 def test_type_static_still_builds_the_static_directory(tmp_path: Path) -> None:
-    directory = build_region_directory({"type": "static", "file": "regions.yaml"}, tmp_path)
+    directory = build_region_directory(directory_config({"type": "static", "file": "regions.yaml"}, tmp_path))
     assert isinstance(directory, StaticDirectory)
 
 
 def test_an_unknown_directory_type_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="type"):
-        build_region_directory({"type": "etcd"}, None)
+        directory_config({"type": "etcd"})
 
 
 def test_a_typo_in_the_consul_section_names_the_field() -> None:
     with pytest.raises(ConfigError, match="datacentres"):
-        directory_config_from_section({"type": "consul", "datacentres": ["eu"]})
+        directory_config({"type": "consul", "datacentres": ["eu"]})
 
 
 def test_a_wait_beyond_consuls_ten_minute_cap_is_refused() -> None:
     with pytest.raises(ConfigError, match="wait_s"):
-        directory_config_from_section({"type": "consul", "wait_s": 900})
+        directory_config({"type": "consul", "wait_s": 900})
 
 
 def test_relative_tls_files_resolve_against_the_config_folder() -> None:
-    config = directory_config_from_section(
+    config = directory_config(
         {"type": "consul", "scheme": "https", "tls": {"ca_file": "certs/ca.pem"}},
         base_dir=Path("/etc/meridian"),
     )
+    assert isinstance(config, ConsulDirectoryConfig)
     assert config.tls.ca_file == "/etc/meridian/certs/ca.pem"
     assert config.base_url() == "https://127.0.0.1:8500"
 

@@ -46,5 +46,5 @@ def test_gateway_configs_use_the_consul_directory() -> None:
         config = config_from_dict(
             yaml.safe_load(path.read_text(encoding="utf-8")), source=str(path), base_dir=path.parent
         )
-        directory = build_region_directory(config.directory, path.parent, source=str(path))
+        directory = build_region_directory(config.directory)
         assert isinstance(directory, ConsulRegionDirectory)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import ConfigError, load_config
+from gateway.config import ConfigError, ConsulDirectoryConfig, StaticDirectoryConfig, load_config
 from gateway.discovery.static import StaticDirectory, load_regions
 
 VALID = """
@@ -42,7 +42,8 @@ def test_valid_config_loads_with_defaults_and_paths_relative_to_the_file(tmp_pat
     assert config.timeouts.stream_idle_s == 30.0
     assert config.listen.port == 8080
     assert config.policies == str(tmp_path / "policies")
-    assert config.directory["file"] == str(tmp_path / "regions.yaml")
+    assert isinstance(config.directory, StaticDirectoryConfig)
+    assert config.directory.file == str(tmp_path / "regions.yaml")
     assert [m.tier for m in config.catalog_models()] == ["small", "large"]
 
 
@@ -66,6 +67,92 @@ def test_invalid_config_names_file_and_field(tmp_path: Path, change: tuple[str, 
         load_config(path)
     assert str(path) in str(info.value)
     assert field in str(info.value)
+
+
+PROVIDER = """
+providers:
+  endpoints:
+    - id: openai-us
+      kind: openai
+      base_url: https://api.openai.example/v1
+      api_key_env: OPENAI_KEY_FOR_TEST
+      region: us-east
+      jurisdiction: US
+      models: {meridian-small: gpt-4o-mini}
+"""
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "typo"),
+    [
+        (("quota: {}", "quota: {redis_ulr: redis://127.0.0.1:6379/0}"), "$.quota", "redis_ulr"),
+        (("quota: {}", "quota: {timeout_ms: 0}"), "$.quota.timeout_ms", ">= 1"),
+        (("quota: {}", PROVIDER.replace("endpoints:", "endpoint:")), "$.providers", "endpoint"),
+        (("quota: {}", PROVIDER.replace("region:", "regoin:")), "$.providers.endpoints[0]", "regoin"),
+        (
+            ("quota: {}", PROVIDER.replace("kind: openai", "kind: gemini")),
+            "$.providers.endpoints[0].kind",
+            "gemini",
+        ),
+        (
+            ("file: regions.yaml", "file: regions.yaml, poll_intervall_s: 1"),
+            "$.directory",
+            "poll_intervall_s",
+        ),
+        (
+            ("type: static, file: regions.yaml", "type: consul, datacentres: [eu]"),
+            "$.directory",
+            "datacentres",
+        ),
+        (("type: static, file: regions.yaml", "type: consul, wait_s: 900"), "$.directory.wait_s", "600"),
+    ],
+)
+def test_a_mistake_in_quota_providers_or_directory_stops_loading_and_names_the_field(
+    tmp_path: Path, change: tuple[str, str], field: str, typo: str
+) -> None:
+    """These sections are validated with the file, not later by the part that uses them."""
+    path = write(tmp_path, "gateway.yaml", VALID.replace(*change))
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value).startswith(f"{path}: {field}: ")
+    assert typo in str(info.value)
+
+
+def test_sections_load_into_their_structs(tmp_path: Path) -> None:
+    text = VALID.replace(
+        "quota: {}", "quota: {redis_url: redis://127.0.0.1:6379/0, timeout_ms: 150}\n" + PROVIDER
+    )
+    config = load_config(write(tmp_path, "gateway.yaml", text))
+    assert (config.quota.redis_url, config.quota.timeout_ms, config.quota.lease_ms) == (
+        "redis://127.0.0.1:6379/0",
+        150,
+        30_000,
+    )
+    (entry,) = config.providers.endpoints
+    assert (entry.id, entry.kind, entry.models) == ("openai-us", "openai", {"meridian-small": "gpt-4o-mini"})
+    assert entry.timeouts.idle_s == 30.0
+
+
+def test_absent_or_null_quota_and_providers_mean_their_defaults(tmp_path: Path) -> None:
+    for text in (VALID.replace("quota: {}\n", ""), VALID.replace("quota: {}", "quota:\nproviders:")):
+        config = load_config(write(tmp_path, "gateway.yaml", text))
+        assert config.quota.redis_url is None and config.providers.endpoints == []
+
+
+def test_a_directory_without_a_type_is_static(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, "gateway.yaml", VALID.replace("type: static, ", "")))
+    assert isinstance(config.directory, StaticDirectoryConfig)
+    assert config.directory.file == str(tmp_path / "regions.yaml")
+
+
+def test_consul_directory_tls_files_resolve_against_the_config_folder(tmp_path: Path) -> None:
+    consul = "type: consul, scheme: https, tls: {ca_file: certs/ca.pem, cert_file: /abs/cert.pem}"
+    config = load_config(
+        write(tmp_path, "gateway.yaml", VALID.replace("type: static, file: regions.yaml", consul))
+    )
+    assert isinstance(config.directory, ConsulDirectoryConfig)
+    assert config.directory.tls.ca_file == str(tmp_path / "certs" / "ca.pem")
+    assert config.directory.tls.cert_file == "/abs/cert.pem"
 
 
 def test_missing_config_file_is_a_config_error(tmp_path: Path) -> None:

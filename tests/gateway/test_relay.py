@@ -14,7 +14,7 @@ import pytest
 from gateway.config import config_from_dict
 from gateway.metrics import GatewayMetrics
 from gateway.policy import PolicyStore, key_digest
-from gateway.quota import build_quota_gate
+from gateway.quota import QuotaConfig, build_quota_gate
 from gateway.request.context import CallContext
 from gateway.request.pipeline import RequestPipeline
 from gateway.request.plan import RequestPlan
@@ -124,7 +124,7 @@ def pipeline(failover: ScriptedFailover) -> RequestPipeline:
     return RequestPipeline(
         config=config,
         policies=policies,
-        quota=build_quota_gate(None),
+        quota=build_quota_gate(QuotaConfig()),
         fleet=ScriptedFleet(),  # type: ignore[arg-type]
         forwarder=failover,  # type: ignore[arg-type]
         metrics=GatewayMetrics(),

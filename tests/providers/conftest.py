@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
 import pytest
 
+from gateway.upstreams.providers import ProvidersConfig
 from tests.support.fake_providers import FakeProvider, running
 
 
@@ -41,3 +43,8 @@ def provider_entry(fake: FakeProvider, provider_id: str, **overrides: Any) -> di
 
 def env_for(fake: FakeProvider, entry: dict[str, Any]) -> dict[str, str]:
     return {entry["api_key_env"]: fake.api_key}
+
+
+def providers_config(section: dict[str, Any]) -> ProvidersConfig:
+    """A `providers:` section (as YAML would give it), validated."""
+    return msgspec.convert(section, ProvidersConfig)

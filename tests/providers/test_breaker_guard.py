@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from gateway.health import BreakerState, TargetUnavailableError
 from gateway.upstreams.base import UpstreamError
 from gateway.upstreams.providers import ProviderError, ProviderRegistry, build_providers
-from tests.providers.conftest import env_for, provider_entry
+from tests.providers.conftest import env_for, provider_entry, providers_config
 from tests.support.fake_providers import FakeProvider, Fault
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}
@@ -28,7 +28,7 @@ def metrics() -> CollectorRegistry:
 async def registry(fake_openai: FakeProvider, metrics: CollectorRegistry) -> AsyncIterator[ProviderRegistry]:
     entry = provider_entry(fake_openai, "openai-us")  # min_calls 2, 50%, cool-down 0.3 s
     registry = build_providers(
-        {"endpoints": [entry]}, env=env_for(fake_openai, entry), metrics_registry=metrics
+        providers_config({"endpoints": [entry]}), env=env_for(fake_openai, entry), metrics_registry=metrics
     )
     await registry.start()
     yield registry

@@ -21,7 +21,7 @@ from gateway.health import (
 )
 from gateway.upstreams.base import UpstreamError
 from gateway.upstreams.providers import build_providers
-from tests.providers.conftest import env_for, provider_entry
+from tests.providers.conftest import env_for, provider_entry, providers_config
 from tests.support.fake_providers import FakeProvider, Fault
 from tests.support.processes import free_port
 
@@ -121,7 +121,7 @@ async def test_gateway_replicas_share_a_provider_opening_through_redis_url(
 ) -> None:
     provider_id = f"openai-{uuid.uuid4().hex[:8]}"
     entry = provider_entry(fake_openai, provider_id)
-    section = {"endpoints": [entry], "redis_url": redis_server}
+    section = providers_config({"endpoints": [entry], "redis_url": redis_server})
     replicas = [build_providers(section, env=env_for(fake_openai, entry)) for _ in range(2)]
     try:
         fake_openai.fail_next(Fault(status=500), times=2)

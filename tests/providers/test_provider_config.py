@@ -6,8 +6,10 @@ from typing import Any
 
 import pytest
 
+from gateway.config import ConfigError
 from gateway.health import GuardedUpstream
 from gateway.upstreams.providers import AnthropicAdapter, OpenAIAdapter, ProviderConfigError, build_providers
+from tests.support.gateway_config import gateway_config
 
 ENTRY: dict[str, Any] = {
     "id": "anthropic-eu",
@@ -23,11 +25,15 @@ ENV = {"ANTHROPIC_KEY_FOR_TEST": "sk-ant"}
 
 
 def build(entries: list[dict[str, Any]], env: dict[str, str] = ENV) -> Any:
-    return build_providers({"endpoints": entries}, env=env, source="gateway.yaml")
+    """As the gateway starts: the config file validated (ConfigError), then the registry built
+    (ProviderConfigError for an unset key variable)."""
+    config = gateway_config(providers={"endpoints": entries}, source="gateway.yaml")
+    return build_providers(config.providers, env=env, source=config.source)
 
 
-async def test_no_section_means_no_providers() -> None:
-    registry = build_providers(None)
+@pytest.mark.parametrize("section", [{}, {"providers": None}])
+async def test_no_section_means_no_providers(section: dict[str, Any]) -> None:
+    registry = build_providers(gateway_config(**section).providers)
     assert not registry and registry.snapshot() == ()
 
 
@@ -65,19 +71,19 @@ async def test_entry_becomes_provider_info_and_guarded_upstream() -> None:
     ],
 )
 def test_invalid_entries_name_the_field(change: dict[str, Any], field: str) -> None:
-    with pytest.raises(ProviderConfigError) as info:
+    with pytest.raises(ConfigError) as info:
         build([{**ENTRY, **change}])
     assert str(info.value).startswith(f"gateway.yaml: {field}")
 
 
 def test_missing_required_field_is_named() -> None:
     entry = {k: v for k, v in ENTRY.items() if k != "region"}
-    with pytest.raises(ProviderConfigError, match=r"endpoints\[0\].*region"):
+    with pytest.raises(ConfigError, match=r"endpoints\[0\].*region"):
         build([entry])
 
 
 def test_duplicate_ids_are_refused() -> None:
-    with pytest.raises(ProviderConfigError, match=r"endpoints\[1\]\.id: duplicate"):
+    with pytest.raises(ConfigError, match=r"endpoints\[1\]\.id: duplicate"):
         build([ENTRY, ENTRY])
 
 

@@ -16,8 +16,9 @@ import sys
 import time
 from typing import Any
 
-from gateway.quota import build_quota_gate
-from protocol import RateLimitError
+import msgspec
+
+from gateway.quota import QuotaConfig, QuotaExceeded, build_quota_gate
 from router.types import TenantLimits, TenantPolicy
 
 
@@ -46,7 +47,7 @@ async def one_request(
         try:
             admission = await gate.admit(policy, request_id=f"{n}", estimated_tokens=estimate)
             break
-        except RateLimitError:
+        except QuotaExceeded:
             if time.monotonic() >= deadline:
                 return record
             await asyncio.sleep(rng.uniform(0.005, 0.03))
@@ -58,7 +59,7 @@ async def one_request(
 
 
 async def main(spec: dict[str, Any]) -> None:
-    gate = build_quota_gate(spec["quota"])
+    gate = build_quota_gate(msgspec.convert(spec["quota"], QuotaConfig))
     rng = random.Random(spec.get("seed", 0))
     try:
         if spec.get("hold_forever"):
@@ -68,7 +69,7 @@ async def main(spec: dict[str, Any]) -> None:
                 try:
                     await gate.admit(policy, request_id=f"hold-{n}", estimated_tokens=1)
                     held += 1
-                except RateLimitError:
+                except QuotaExceeded:
                     pass
             print(f"HELD {held}", flush=True)
             await asyncio.sleep(3600)

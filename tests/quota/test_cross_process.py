@@ -10,10 +10,10 @@ import time
 import uuid
 from typing import Any
 
+import msgspec
 import pytest
 
-from gateway.quota import build_quota_gate
-from protocol import RateLimitError
+from gateway.quota import QuotaConfig, QuotaExceeded, build_quota_gate
 from tests.quota.conftest import make_policy
 from tests.support.processes import REPO_ROOT
 
@@ -126,7 +126,7 @@ async def test_slots_of_a_killed_process_come_back_after_lease_expiry(redis_serv
         cwd=REPO_ROOT,
         stdout=asyncio.subprocess.PIPE,
     )  # fmt: skip
-    gate = build_quota_gate(quota)
+    gate = build_quota_gate(msgspec.convert(quota, QuotaConfig))
     try:
         assert holder.stdout is not None
         line = await asyncio.wait_for(holder.stdout.readline(), timeout=30)
@@ -134,7 +134,7 @@ async def test_slots_of_a_killed_process_come_back_after_lease_expiry(redis_serv
         holder.kill()  # SIGKILL: no settlement, no cleanup
         await holder.wait()
         killed_at = time.monotonic()
-        with pytest.raises(RateLimitError):
+        with pytest.raises(QuotaExceeded):
             await gate.admit(policy, request_id="too-soon", estimated_tokens=1)
         regained = 0
         while regained < 3:
@@ -142,7 +142,7 @@ async def test_slots_of_a_killed_process_come_back_after_lease_expiry(redis_serv
             try:
                 await gate.admit(policy, request_id=f"after-{regained}", estimated_tokens=1)
                 regained += 1
-            except RateLimitError:
+            except QuotaExceeded:
                 await asyncio.sleep(0.05)
     finally:
         if holder.returncode is None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.quota import StoreQuotaGate
-from protocol import InvalidRequestError, RateLimitError
+from gateway.api.errors import to_api_error
+from gateway.quota import QuotaExceeded, RequestTooLarge, StoreQuotaGate
 from tests.quota.conftest import FakeClock, make_policy
 
 
@@ -28,9 +28,9 @@ async def test_tokens_over_limit_get_429_with_retry_after(gate: StoreQuotaGate, 
     await gate.admit(policy, request_id="a", estimated_tokens=600)
     clock.advance(10_000)
     await gate.admit(policy, request_id="b", estimated_tokens=300)
-    with pytest.raises(RateLimitError) as caught:
+    with pytest.raises(QuotaExceeded) as caught:
         await gate.admit(policy, request_id="c", estimated_tokens=200)
-    error = caught.value
+    error = to_api_error(caught.value)
     assert error.status_code == 429 and error.code == "rate_limit_exceeded"
     # 100 tokens short: the first 600 must leave the window, 61 s after they were charged.
     assert error.headers["retry-after"] == "51"
@@ -43,9 +43,9 @@ async def test_requests_per_minute_limit_is_exact(gate: StoreQuotaGate, clock: F
     for i in range(3):
         await gate.admit(policy, request_id=f"r{i}", estimated_tokens=1)
         clock.advance(20_000)
-    with pytest.raises(RateLimitError) as caught:  # 60 s after the first, which counts until 61 s
+    with pytest.raises(QuotaExceeded) as caught:  # 60 s after the first, which counts until 61 s
         await gate.admit(policy, request_id="r3", estimated_tokens=1)
-    assert caught.value.headers["retry-after-ms"] == "1000"
+    assert to_api_error(caught.value).headers["retry-after-ms"] == "1000"
     clock.advance(1_000)
     await gate.admit(policy, request_id="r4", estimated_tokens=1)
 
@@ -58,7 +58,7 @@ async def test_window_slides_rather_than_resetting_at_a_boundary(
     await gate.admit(policy, request_id="a", estimated_tokens=1)
     await gate.admit(policy, request_id="b", estimated_tokens=1)
     clock.advance(1_000)
-    with pytest.raises(RateLimitError):
+    with pytest.raises(QuotaExceeded):
         await gate.admit(policy, request_id="c", estimated_tokens=1)
     clock.advance(60_000)
     await gate.admit(policy, request_id="d", estimated_tokens=1)
@@ -95,10 +95,10 @@ async def test_concurrency_cap_and_release_on_settle(gate: StoreQuotaGate) -> No
     policy = make_policy(concurrent_requests=2)
     first = await gate.admit(policy, request_id="a", estimated_tokens=1)
     await gate.admit(policy, request_id="b", estimated_tokens=1)
-    with pytest.raises(RateLimitError) as caught:
+    with pytest.raises(QuotaExceeded) as caught:
         await gate.admit(policy, request_id="c", estimated_tokens=1)
     assert "concurrent requests" in caught.value.message
-    assert caught.value.headers["retry-after"] == "1"
+    assert to_api_error(caught.value).headers["retry-after"] == "1"
     await gate.settle(first, actual_tokens=1)
     await gate.admit(policy, request_id="d", estimated_tokens=1)
 
@@ -107,7 +107,7 @@ async def test_unsettled_lease_expires(gate: StoreQuotaGate, clock: FakeClock) -
     policy = make_policy(concurrent_requests=1)
     await gate.admit(policy, request_id="a", estimated_tokens=1)  # never settled: its owner died
     clock.advance(1_999)
-    with pytest.raises(RateLimitError):
+    with pytest.raises(QuotaExceeded):
         await gate.admit(policy, request_id="b", estimated_tokens=1)
     clock.advance(1)
     await gate.admit(policy, request_id="c", estimated_tokens=1)
@@ -119,7 +119,7 @@ async def test_renewed_lease_outlives_its_first_expiry(gate: StoreQuotaGate, clo
     clock.advance(1_500)
     await gate.renew(admission)
     clock.advance(1_500)
-    with pytest.raises(RateLimitError):
+    with pytest.raises(QuotaExceeded):
         await gate.admit(policy, request_id="b", estimated_tokens=1)
     assert (await gate.usage(policy))["concurrent_requests"]["in_use"] == 1
 
@@ -132,9 +132,9 @@ async def test_no_lease_without_a_concurrency_cap(gate: StoreQuotaGate) -> None:
 async def test_daily_budget_runs_out_until_midnight(gate: StoreQuotaGate, clock: FakeClock) -> None:
     policy = make_policy(daily_tokens=1000)
     await gate.admit(policy, request_id="a", estimated_tokens=900)
-    with pytest.raises(RateLimitError) as caught:
+    with pytest.raises(QuotaExceeded) as caught:
         await gate.admit(policy, request_id="b", estimated_tokens=200)
-    assert caught.value.headers["retry-after"] == str(12 * 3600)  # the clock starts at noon UTC
+    assert to_api_error(caught.value).headers["retry-after"] == str(12 * 3600)  # the clock starts at noon UTC
     clock.advance(12 * 3600 * 1000)
     await gate.admit(policy, request_id="c", estimated_tokens=200)
 
@@ -142,17 +142,18 @@ async def test_daily_budget_runs_out_until_midnight(gate: StoreQuotaGate, clock:
 @pytest.mark.parametrize("limit", ["tokens_per_minute", "daily_tokens"])
 async def test_estimate_above_a_token_limit_is_a_clear_400(gate: StoreQuotaGate, limit: str) -> None:
     policy = make_policy(**{limit: 500})
-    with pytest.raises(InvalidRequestError) as caught:
+    with pytest.raises(RequestTooLarge) as caught:
         await gate.admit(policy, request_id="a", estimated_tokens=501)
-    assert caught.value.status_code == 400
-    assert caught.value.code == "request_too_large" and caught.value.param == "max_tokens"
-    assert "can never be admitted" in caught.value.message
+    error = to_api_error(caught.value)
+    assert error.status_code == 400
+    assert error.code == "request_too_large" and error.param == "max_tokens"
+    assert "can never be admitted" in error.message
 
 
 async def test_refused_request_reserves_nothing(gate: StoreQuotaGate) -> None:
     policy = make_policy(requests_per_minute=10, tokens_per_minute=100, concurrent_requests=5)
     await gate.admit(policy, request_id="a", estimated_tokens=90)
-    with pytest.raises(RateLimitError):
+    with pytest.raises(QuotaExceeded):
         await gate.admit(policy, request_id="b", estimated_tokens=20)
     usage = await gate.usage(policy)
     assert (usage["requests"]["used"], usage["tokens"]["used"], usage["concurrent_requests"]["in_use"]) == (

@@ -6,8 +6,7 @@ import asyncio
 
 import pytest
 
-from gateway.quota import MemoryQuotaStore, StoreQuotaGate, lease_keeper
-from protocol import RateLimitError
+from gateway.quota import MemoryQuotaStore, QuotaExceeded, StoreQuotaGate, lease_keeper
 from tests.quota.conftest import make_policy
 
 
@@ -17,7 +16,7 @@ async def test_kept_lease_outlives_its_expiry_and_lapses_after_the_block() -> No
     admission = await gate.admit(policy, request_id="long", estimated_tokens=1)
     async with lease_keeper(gate, admission, interval=0.1):
         await asyncio.sleep(0.8)  # well past the 300 ms lease
-        with pytest.raises(RateLimitError):
+        with pytest.raises(QuotaExceeded):
             await gate.admit(policy, request_id="other", estimated_tokens=1)
     await asyncio.sleep(0.4)  # no settle: the lease must lapse now that nobody renews it
     await gate.admit(policy, request_id="later", estimated_tokens=1)

@@ -13,7 +13,8 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from gateway.quota import StoreQuotaGate, build_quota_gate
+from gateway.api.errors import to_api_error
+from gateway.quota import QuotaConfig, QuotaExceeded, QuotaUnavailable, StoreQuotaGate, build_quota_gate
 from gateway.quota.interface import Admission
 from protocol import RateLimitError, ServiceUnavailableError
 from router.types import TenantPolicy
@@ -34,19 +35,19 @@ def server() -> Iterator[RedisServer]:
 @pytest.fixture
 async def gate(server: RedisServer) -> AsyncIterator[StoreQuotaGate]:
     built = build_quota_gate(
-        {"redis_url": server.url, "timeout_ms": TIMEOUT_MS, "cooldown_ms": 300, "local_share": 0.5}
+        QuotaConfig(redis_url=server.url, timeout_ms=TIMEOUT_MS, cooldown_ms=300, local_share=0.5)
     )
     yield built
     await built.close()
 
 
 async def timed_admit(gate: StoreQuotaGate, policy: TenantPolicy, request_id: str) -> tuple[float, object]:
-    """(seconds taken, Admission or the APIError raised)."""
+    """(seconds taken, Admission or the client's error for what the gate raised)."""
     start = time.monotonic()
     try:
         result: object = await gate.admit(policy, request_id=request_id, estimated_tokens=10)
-    except (RateLimitError, ServiceUnavailableError) as exc:
-        result = exc
+    except (QuotaExceeded, QuotaUnavailable) as exc:
+        result = to_api_error(exc)
     return time.monotonic() - start, result
 
 
@@ -111,6 +112,6 @@ async def test_exact_limiting_resumes_after_redis_restarts(gate: StoreQuotaGate,
     for i in range(4):
         admission = await gate.admit(policy, request_id=f"r{i}", estimated_tokens=1)
         assert "x-meridian-quota" not in admission.headers
-    with pytest.raises(RateLimitError):
+    with pytest.raises(QuotaExceeded):
         await gate.admit(policy, request_id="r4", estimated_tokens=1)
     assert (await gate.usage(policy))["requests"]["used"] == 4

@@ -4,9 +4,8 @@ from gateway.upstreams.providers.anthropic_adapter import AnthropicAdapter
 from gateway.upstreams.providers.config import (
     ProviderConfigError,
     ProviderEntry,
-    ProvidersSection,
+    ProvidersConfig,
     ProviderTimeouts,
-    parse_providers,
 )
 from gateway.upstreams.providers.errors import ProviderError
 from gateway.upstreams.providers.openai_adapter import OpenAIAdapter
@@ -20,7 +19,6 @@ __all__ = [
     "ProviderError",
     "ProviderRegistry",
     "ProviderTimeouts",
-    "ProvidersSection",
+    "ProvidersConfig",
     "build_providers",
-    "parse_providers",
 ]

@@ -1,4 +1,4 @@
-"""The gateway config's `providers:` section, validated into typed structs.
+"""The gateway config's `providers:` section as typed structs (validated with the rest of the file).
 
 ```yaml
 providers:
@@ -17,7 +17,10 @@ providers:
   sync_interval_s: 0.5             # how often breaker marks are read from Redis (when shared)
 ```
 
-Errors name the source and the field: `gateway.yaml: $.providers.endpoints[0].kind: ...`.
+Errors name the file and the field: `gateway.yaml: $.providers.endpoints[0].kind: ...`. Rules the
+types cannot express are checked in `__post_init__`, which says "field: why" relative to its struct;
+the config loader puts that under the struct's path. The API keys themselves are looked up when the
+registry is built (`resolve_api_keys`), since the environment is the builder's to give.
 """
 
 from __future__ import annotations
@@ -25,12 +28,11 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Literal
 from urllib.parse import urlparse
 
 import msgspec
 
-from gateway.config_fields import field_first
 from gateway.health import BreakerConfig
 
 ProviderKind = Literal["openai", "anthropic"]
@@ -38,7 +40,7 @@ ServeAs = Literal["model", "fallback"]
 
 
 class ProviderConfigError(Exception):
-    """The providers section is invalid; the message names the source and the field."""
+    """A provider's API key variable is unset; the message names the source and the field."""
 
 
 class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -50,6 +52,11 @@ class ProviderTimeouts(_Section):
     first_byte_s: float = 60.0  # request sent -> response headers (a whole answer, unstreamed)
     idle_s: float = 30.0  # the longest silence between two stream events or body reads
 
+    def __post_init__(self) -> None:
+        for name in ("connect_s", "first_byte_s", "idle_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name}: must be positive")
+
 
 class BreakerSettings(_Section):
     failure_rate: float = 0.5
@@ -59,6 +66,9 @@ class BreakerSettings(_Section):
     half_open_probes: int = 1
     probe_successes: int = 1
     default_retry_after_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        self.to_config()  # BreakerConfig's own checks, which name the field
 
     def to_config(self) -> BreakerConfig:
         return BreakerConfig(**msgspec.structs.asdict(self))
@@ -79,27 +89,40 @@ class ProviderEntry(_Section):
     default_max_tokens: int = 1024
     anthropic_version: str = "2023-06-01"
 
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", self.id):
+            raise ValueError(f"id: {self.id!r} is not a valid id (letters, digits, '-', '_', '.')")
+        url = urlparse(self.base_url)
+        if url.scheme not in ("http", "https") or not url.netloc:
+            raise ValueError(f"base_url: expected an http(s) URL, got {self.base_url!r}")
+        if not self.api_key_env:
+            raise ValueError("api_key_env: the name of an environment variable is required")
+        if not self.models:
+            raise ValueError("models: at least one logical model -> provider model mapping is required")
+        for logical, remote in self.models.items():
+            if not logical or not remote:
+                raise ValueError(f"models: empty model name in {logical!r}: {remote!r}")
+        if self.default_max_tokens < 1:
+            raise ValueError("default_max_tokens: must be at least 1")
 
-class ProvidersSection(_Section):
+
+class ProvidersConfig(_Section):
     endpoints: list[ProviderEntry] = msgspec.field(default_factory=list)
     # Share breaker openings across replicas through this Redis (default: the quota's Redis).
     redis_url: str | None = None
     sync_interval_s: float = 0.5
     store_timeout_s: float = 0.1  # one Redis read or write of breaker marks
 
-
-def parse_providers(section: Mapping[str, Any] | None, *, source: str = "<memory>") -> ProvidersSection:
-    """Validate the section; None (no `providers:` key) means no provider is configured."""
-    if section is None:
-        return ProvidersSection()
-    if not isinstance(section, Mapping):
-        raise ProviderConfigError(f"{source}: $.providers: expected a mapping with `endpoints:`")
-    try:
-        parsed = msgspec.convert(dict(section), ProvidersSection)
-    except msgspec.ValidationError as exc:
-        raise ProviderConfigError(f"{source}: {field_first(str(exc), root='$.providers')}") from None
-    _check(parsed, source)
-    return parsed
+    def __post_init__(self) -> None:
+        seen: set[str] = set()
+        for i, entry in enumerate(self.endpoints):
+            if entry.id in seen:
+                raise ValueError(f"endpoints[{i}].id: duplicate provider id {entry.id!r}")
+            seen.add(entry.id)
+        if self.sync_interval_s <= 0:
+            raise ValueError("sync_interval_s: must be positive")
+        if self.store_timeout_s <= 0:
+            raise ValueError("store_timeout_s: must be positive")
 
 
 def resolve_api_key(entry: ProviderEntry, index: int, env: Mapping[str, str], source: str) -> str:
@@ -113,45 +136,8 @@ def resolve_api_key(entry: ProviderEntry, index: int, env: Mapping[str, str], so
 
 
 def resolve_api_keys(
-    section: ProvidersSection, *, env: Mapping[str, str] | None = None, source: str = "<memory>"
+    config: ProvidersConfig, *, env: Mapping[str, str] | None = None, source: str = "<memory>"
 ) -> dict[str, str]:
     """Each provider's key from the environment, by provider id; a missing one is an error."""
     env = os.environ if env is None else env
-    return {e.id: resolve_api_key(e, i, env, source) for i, e in enumerate(section.endpoints)}
-
-
-def _check(section: ProvidersSection, source: str) -> None:
-    def fail(path: str, message: str) -> None:
-        raise ProviderConfigError(f"{source}: $.providers.{path}: {message}")
-
-    seen: set[str] = set()
-    for i, entry in enumerate(section.endpoints):
-        at = f"endpoints[{i}]"
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", entry.id):
-            fail(f"{at}.id", f"{entry.id!r} is not a valid id (letters, digits, '-', '_', '.')")
-        if entry.id in seen:
-            fail(f"{at}.id", f"duplicate provider id {entry.id!r}")
-        seen.add(entry.id)
-        url = urlparse(entry.base_url)
-        if url.scheme not in ("http", "https") or not url.netloc:
-            fail(f"{at}.base_url", f"expected an http(s) URL, got {entry.base_url!r}")
-        if not entry.api_key_env:
-            fail(f"{at}.api_key_env", "the name of an environment variable is required")
-        if not entry.models:
-            fail(f"{at}.models", "at least one logical model -> provider model mapping is required")
-        for logical, remote in entry.models.items():
-            if not logical or not remote:
-                fail(f"{at}.models", f"empty model name in {logical!r}: {remote!r}")
-        for name in ("connect_s", "first_byte_s", "idle_s"):
-            if getattr(entry.timeouts, name) <= 0:
-                fail(f"{at}.timeouts.{name}", "must be positive")
-        try:
-            entry.breaker.to_config()
-        except ValueError as exc:
-            fail(f"{at}.breaker", str(exc))
-        if entry.default_max_tokens < 1:
-            fail(f"{at}.default_max_tokens", "must be at least 1")
-    if section.sync_interval_s <= 0:
-        fail("sync_interval_s", "must be positive")
-    if section.store_timeout_s <= 0:
-        fail("store_timeout_s", "must be positive")
+    return {e.id: resolve_api_key(e, i, env, source) for i, e in enumerate(config.endpoints)}

@@ -1,14 +1,13 @@
 """The configured commercial providers: their routing view and their (breaker-guarded) upstreams.
 
 Built once at start-up by `build_providers` from the config's `providers:` section. With no
-section the registry is empty and no request ever leaves for a commercial API.
+endpoints the registry is empty and no request ever leaves for a commercial API.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
@@ -17,7 +16,7 @@ from gateway.health import BreakerBoard, BreakerMetrics, GuardedUpstream, RedisB
 from gateway.health.state import Clock
 from gateway.upstreams.base import Upstream
 from gateway.upstreams.providers.anthropic_adapter import AnthropicAdapter
-from gateway.upstreams.providers.config import ProviderEntry, parse_providers, resolve_api_keys
+from gateway.upstreams.providers.config import ProviderEntry, ProvidersConfig, resolve_api_keys
 from gateway.upstreams.providers.metrics import ProviderMetrics
 from gateway.upstreams.providers.openai_adapter import OpenAIAdapter
 from router.types import ProviderInfo
@@ -86,7 +85,7 @@ class ProviderRegistry:
 
 
 def build_providers(
-    section: Mapping[str, Any] | None,
+    config: ProvidersConfig,
     *,
     env: Mapping[str, str] | None = None,
     redis: Redis | None = None,
@@ -95,38 +94,38 @@ def build_providers(
     source: str = "<memory>",
     clock: Clock = time.time,
 ) -> ProviderRegistry:
-    """Validate the `providers:` section and build the registry.
+    """The registry for the config's (already validated) `providers:` section.
 
     Breaker openings are shared across gateway replicas through Redis: the `redis` client
     (owned by the caller; a RedisCluster works too), else a client the registry opens (and
-    closes) for the section's `redis_url`, else for `redis_url` here (the gateway passes the
+    closes) for the config's `redis_url`, else for `redis_url` here (the gateway passes the
     quota's). Without any, each replica keeps its own. `env` is where `api_key_env` names are
     looked up (os.environ by default); a configured provider whose variable is unset is a
-    start-up error. Opens no connection: the first breaker sync does.
+    start-up error (ProviderConfigError naming `source` and the field). Opens no connection:
+    the first breaker sync does.
     """
-    parsed = parse_providers(section, source=source)
-    keys = resolve_api_keys(parsed, env=env, source=source)
+    keys = resolve_api_keys(config, env=env, source=source)
     owned: Redis | None = None
-    url = parsed.redis_url or redis_url
-    if redis is None and url and parsed.endpoints:
-        timeout = parsed.store_timeout_s
+    url = config.redis_url or redis_url
+    if redis is None and url and config.endpoints:
+        timeout = config.store_timeout_s
         redis = owned = Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
     store = (
-        RedisBreakerStore(redis, timeout_s=parsed.store_timeout_s, clock=clock) if redis is not None else None
+        RedisBreakerStore(redis, timeout_s=config.store_timeout_s, clock=clock) if redis is not None else None
     )
     board = BreakerBoard(
         store=store,
         metrics=BreakerMetrics(metrics_registry) if metrics_registry is not None else None,
         clock=clock,
-        sync_interval_s=parsed.sync_interval_s,
+        sync_interval_s=config.sync_interval_s,
     )
     observer = (
-        ProviderMetrics(metrics_registry, {e.id: e.kind for e in parsed.endpoints})
+        ProviderMetrics(metrics_registry, {e.id: e.kind for e in config.endpoints})
         if metrics_registry is not None
         else None
     )
     upstreams: dict[str, Upstream] = {}
-    for entry in parsed.endpoints:
+    for entry in config.endpoints:
         board.register(entry.id, entry.breaker.to_config())
         adapter: Upstream = (
             OpenAIAdapter(entry, keys[entry.id])
@@ -134,4 +133,4 @@ def build_providers(
             else AnthropicAdapter(entry, keys[entry.id])
         )
         upstreams[entry.id] = GuardedUpstream(adapter, board, entry.id, observer=observer)
-    return ProviderRegistry(parsed.endpoints, upstreams, board, owned_redis=owned)
+    return ProviderRegistry(config.endpoints, upstreams, board, owned_redis=owned)
