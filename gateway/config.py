@@ -122,6 +122,8 @@ def _check(config: GatewayConfig) -> None:
         raise ConfigError(f"{config.source}: $.directory.file: a static directory needs a regions file")
     if config.token_estimate.bytes_per_token <= 0:
         raise ConfigError(f"{config.source}: $.token_estimate.bytes_per_token: must be positive")
+    if config.ejection.max_s < config.ejection.base_s:
+        raise ConfigError(f"{config.source}: $.ejection.max_s: must be at least base_s")
 
 
 def _resolve_paths(config: GatewayConfig, base: Path) -> GatewayConfig:

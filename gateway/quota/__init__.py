@@ -3,11 +3,10 @@
 `build_quota_gate(config_section)` is the entry point; see README.md for the algorithm.
 """
 
-from gateway.quota.breaker import StoreBreaker
 from gateway.quota.build import build_quota_gate
 from gateway.quota.config import QuotaConfig, parse_quota_config
 from gateway.quota.errors import QuotaConfigError, QuotaError, QuotaStoreUnavailable
-from gateway.quota.gate import StoreQuotaGate
+from gateway.quota.gate import StoreQuotaGate, store_breaker
 from gateway.quota.interface import Admission, QuotaGate
 from gateway.quota.lease import lease_keeper
 from gateway.quota.memory_store import MemoryQuotaStore
@@ -26,9 +25,9 @@ __all__ = [
     "QuotaLimits",
     "QuotaStoreUnavailable",
     "RedisQuotaStore",
-    "StoreBreaker",
     "StoreQuotaGate",
     "build_quota_gate",
     "lease_keeper",
     "parse_quota_config",
+    "store_breaker",
 ]

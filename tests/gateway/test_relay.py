@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gateway.config import RetryConfig
-from gateway.health.ejection import Ejections
+from gateway.health import BreakerBoard, ejection
 from gateway.metrics import GatewayMetrics
 from gateway.request.plan import RequestPlan
 from gateway.streaming.relay import StreamRelay
@@ -75,7 +75,7 @@ def plan(*, max_tokens: int = 10, wants_token_ids: bool = False, include_usage: 
 
 
 class FakeFleet:
-    ejections = Ejections(base_s=1.0, max_s=2.0)
+    board = BreakerBoard(ejection(base_s=1.0, max_s=2.0))
 
 
 def relay(first: OpenedStream, reopen: Any, request_plan: RequestPlan) -> StreamRelay:
