@@ -23,7 +23,7 @@ from gateway.api.errors import handle_exception
 from gateway.config import GatewayConfig
 from gateway.discovery.build import build_region_directory
 from gateway.discovery.interface import RegionDirectory
-from gateway.health.ejection import Ejections
+from gateway.health import BreakerBoard, build_board, ejection
 from gateway.health.probes import NodeProber, ProbeResult
 from gateway.metrics import GatewayMetrics
 from gateway.policy import PolicyStore
@@ -55,6 +55,7 @@ class Gateway:
     clients: ClientPool  # requests to nodes: shared by all of them
     probe_client: httpx.AsyncClient  # health probes, kept apart so probes never queue behind traffic
     prober: NodeProber
+    board: BreakerBoard  # every upstream's circuit breaker (nodes and providers)
     fleet: Fleet
     metrics: GatewayMetrics
     pipeline: RequestPipeline
@@ -62,9 +63,7 @@ class Gateway:
     async def start(self) -> None:
         await self.policies.start()
         await self.directory.start()
-        start_providers = getattr(self.providers, "start", None)
-        if start_providers is not None:
-            await start_providers()
+        await self.board.start()
         start_quota = getattr(self.quota, "start", None)  # warms Redis: scripts, connections
         if start_quota is not None:
             await start_quota()
@@ -84,6 +83,7 @@ class Gateway:
             self.prober.stop,
             self.directory.stop,
             self.policies.stop,
+            self.board.aclose,
             self.providers.aclose,
             self.quota.close,
             self.clients.aclose,
@@ -150,12 +150,19 @@ def build_gateway(
         config.providers,
         env=env,
         metrics_registry=metrics.registry,
-        source=config.source,  # an unset key variable is named from the root: `$.providers.endpoints[0]...`
-        # Breaker openings are shared across replicas through the quota's Redis, if any.
-        redis_url=config.quota.redis_url,
+        source=config.source,  # its errors name the field from the root: `$.providers.endpoints[0]...`
     )
-    ejections = Ejections(base_s=config.ejection.base_s, max_s=config.ejection.max_s)
-    fleet = Fleet(directory, prober, ejections, providers, node_upstream)
+    # One board for nodes and providers; openings are shared across replicas through the
+    # providers' Redis, else the quota's, if any.
+    sharing = config.providers
+    board = build_board(
+        ejection(config.ejection.base_s, config.ejection.max_s),
+        redis_url=sharing.redis_url or config.quota.redis_url,
+        store_timeout_s=sharing.store_timeout_s,
+        sync_interval_s=sharing.sync_interval_s,
+        metrics_registry=metrics.registry,
+    )
+    fleet = Fleet(directory, prober, board, providers, node_upstream)
     if quota is None:
         quota = build_quota_gate(config.quota)
     policies = PolicyStore(config.policies, extra=extra_policies)
@@ -175,6 +182,7 @@ def build_gateway(
         clients=clients,
         probe_client=probe_client,
         prober=prober,
+        board=board,
         fleet=fleet,
         metrics=metrics,
         pipeline=pipeline,

@@ -83,6 +83,10 @@ class EjectionConfig(_Section):
     base_s: Positive = 1.0
     max_s: Positive = 30.0
 
+    def __post_init__(self) -> None:
+        if self.max_s < self.base_s:
+            raise ValueError("max_s: must be at least base_s")
+
 
 class TokenEstimateConfig(_Section):
     # The gateway has no tokenizer: ~4 bytes per token is OpenAI's rule of thumb for English and

@@ -21,7 +21,7 @@ class AdminController(Controller):
             "status": "ok",
             "nodes": len(nodes),
             "healthy_nodes": sum(1 for n in nodes if n.healthy),
-            "ejected": sorted(fleet.ejections.ejected()),
+            "ejected": fleet.ejected(),
         }
 
     @get("/metrics")

@@ -1,27 +1,28 @@
-"""Circuit breakers per target (provider endpoint or node), optionally shared through Redis."""
+"""Health of every upstream: one circuit breaker per target (node, provider endpoint, the quota
+store), a board of them shared between replicas through Redis, and the nodes' active probes."""
 
-from gateway.health.board import BreakerBoard
-from gateway.health.config import BreakerConfig
-from gateway.health.guard import AttemptObserver, AttemptReport, GuardedUpstream, TargetUnavailableError
+from gateway.health.board import BreakerBoard, build_board
+from gateway.health.breaker import BreakerState, CircuitBreaker, Outcome, Permit, Rejection
+from gateway.health.config import BreakerConfig, ConsecutiveFailures, Cooldown, RollingWindow, ejection
 from gateway.health.metrics import BreakerMetrics
 from gateway.health.shared import RedisBreakerStore, RemoteMarks, SharedBreakerStore, SharedStoreUnavailable
-from gateway.health.state import BreakerState, CircuitBreaker, Outcome, Permit, Rejection
 
 __all__ = [
-    "AttemptObserver",
-    "AttemptReport",
     "BreakerBoard",
     "BreakerConfig",
     "BreakerMetrics",
     "BreakerState",
     "CircuitBreaker",
-    "GuardedUpstream",
+    "ConsecutiveFailures",
+    "Cooldown",
     "Outcome",
     "Permit",
     "RedisBreakerStore",
     "Rejection",
     "RemoteMarks",
+    "RollingWindow",
     "SharedBreakerStore",
     "SharedStoreUnavailable",
-    "TargetUnavailableError",
+    "build_board",
+    "ejection",
 ]

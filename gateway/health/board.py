@@ -1,9 +1,11 @@
-"""One breaker per target id (provider endpoint or node), optionally shared across replicas.
+"""One breaker per target id (node or provider endpoint), optionally shared across replicas.
 
-The request path only touches memory: `try_acquire` and `record` are synchronous. Openings and
-throttles this replica decides are published to the shared store by owned background tasks;
-a background loop reads the other replicas' marks every `sync_interval_s`. When the store is
-slow or down both sides give up after its short timeout and local state carries on alone.
+A gateway has one board for all its upstreams: nodes get the default (passive ejection) settings,
+providers register their own. The request path only touches memory: `try_acquire` and `record`
+are synchronous. Openings and throttles this replica decides are published to the shared store by
+owned background tasks; a background loop reads the other replicas' marks every
+`sync_interval_s`, so a target opened by one replica is open for all. When the store is slow or
+down both sides give up after its short timeout and local state carries on alone.
 """
 
 from __future__ import annotations
@@ -11,14 +13,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import TypeVar
 
+from prometheus_client import CollectorRegistry
+from redis.asyncio import Redis
+
+from gateway.health.breaker import BreakerState, CircuitBreaker, Clock, Outcome, Permit, Rejection
 from gateway.health.config import BreakerConfig
 from gateway.health.metrics import BreakerMetrics
-from gateway.health.shared import Mark, SharedBreakerStore, SharedStoreUnavailable
-from gateway.health.state import BreakerState, CircuitBreaker, Clock, Outcome, Permit, Rejection
+from gateway.health.shared import Mark, RedisBreakerStore, SharedBreakerStore, SharedStoreUnavailable
 from gateway.runtime.tasks import cancel_and_wait
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class BreakerBoard:
@@ -58,13 +66,18 @@ class BreakerBoard:
         return self.breaker(target_id).state
 
     def available(self, target_id: str) -> bool:
+        """Whether routing should offer the target (a snapshot's view: not counted as a refusal)."""
         return self.breaker(target_id).available()
 
+    def is_open(self, target_id: str) -> bool:
+        return self.breaker(target_id).state is BreakerState.OPEN
+
+    def refusal(self, target_id: str) -> Rejection | None:
+        """Why a call to the target would be refused now (counted as refused), or None."""
+        return self._refused(target_id, self.breaker(target_id).refusal())
+
     def try_acquire(self, target_id: str) -> Permit | Rejection:
-        result = self.breaker(target_id).try_acquire()
-        if isinstance(result, Rejection) and self._metrics is not None:
-            self._metrics.rejected(target_id, result.reason)
-        return result
+        return self._refused(target_id, self.breaker(target_id).try_acquire())
 
     def record(
         self, target_id: str, permit: Permit, outcome: Outcome, *, retry_after: float | None = None
@@ -72,6 +85,23 @@ class BreakerBoard:
         breaker = self.breaker(target_id)
         was_open, was_throttled = breaker.open_until, breaker.throttled_until
         breaker.record(permit, outcome, retry_after=retry_after)
+        self._share(target_id, breaker, was_open, was_throttled)
+
+    def record_break(self, target_id: str) -> None:
+        """A call recorded as a success failed after all (its stream broke midway)."""
+        breaker = self.breaker(target_id)
+        was_open, was_throttled = breaker.open_until, breaker.throttled_until
+        breaker.record_break()
+        self._share(target_id, breaker, was_open, was_throttled)
+
+    def _refused(self, target_id: str, result: T) -> T:
+        if isinstance(result, Rejection) and self._metrics is not None:
+            self._metrics.rejected(target_id, result.reason)
+        return result
+
+    def _share(
+        self, target_id: str, breaker: CircuitBreaker, was_open: float | None, was_throttled: float | None
+    ) -> None:
         if self._store is None:
             return
         if breaker.open_until is not None and breaker.open_until != was_open:
@@ -114,6 +144,8 @@ class BreakerBoard:
         self._sync_loop = None
         # Publications are bounded by the store's timeout, so this cannot hang shutdown.
         await self.flush()
+        if self._store is not None:
+            await self._store.aclose()
 
     async def _run_sync(self) -> None:
         while True:
@@ -143,3 +175,30 @@ class BreakerBoard:
         if self._store_down:
             logger.info("breaker store reachable again")
         self._store_down = False
+
+
+def build_board(
+    node_config: BreakerConfig,
+    *,
+    redis_url: str | None = None,
+    store_timeout_s: float = 0.1,
+    sync_interval_s: float = 0.5,
+    metrics_registry: CollectorRegistry | None = None,
+    clock: Clock = time.time,
+) -> BreakerBoard:
+    """The gateway's board: `node_config` for every target that registers no settings of its own
+    (nodes), marks shared through the Redis at `redis_url` if given (a client the board opens and
+    closes). Opens no connection: the first sync or publication does."""
+    store = None
+    if redis_url:
+        client = Redis.from_url(
+            redis_url, socket_timeout=store_timeout_s, socket_connect_timeout=store_timeout_s
+        )
+        store = RedisBreakerStore(client, timeout_s=store_timeout_s, clock=clock, owns_client=True)
+    return BreakerBoard(
+        node_config,
+        store=store,
+        metrics=BreakerMetrics(metrics_registry) if metrics_registry is not None else None,
+        clock=clock,
+        sync_interval_s=sync_interval_s,
+    )

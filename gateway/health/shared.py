@@ -19,7 +19,7 @@ from typing import Literal, Protocol
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from gateway.health.state import Clock
+from gateway.health.breaker import Clock
 
 Mark = Literal["open", "throttled"]
 
@@ -50,9 +50,11 @@ class SharedBreakerStore(Protocol):
 
     async def fetch(self, target_ids: Sequence[str]) -> dict[str, RemoteMarks]: ...
 
+    async def aclose(self) -> None: ...
+
 
 class RedisBreakerStore:
-    """`SharedBreakerStore` on a redis.asyncio client the caller owns (and closes)."""
+    """`SharedBreakerStore` on a redis.asyncio client; the caller closes it unless `owns_client`."""
 
     def __init__(
         self,
@@ -61,8 +63,10 @@ class RedisBreakerStore:
         prefix: str = "meridian:{breaker}:",
         timeout_s: float = 0.1,
         clock: Clock = time.time,
+        owns_client: bool = False,
     ) -> None:
         self._client = client
+        self._owns_client = owns_client
         self._prefix = prefix
         self._timeout_s = timeout_s
         self._clock = clock
@@ -96,6 +100,10 @@ class RedisBreakerStore:
             if open_until is not None or throttled_until is not None:
                 marks[target_id] = RemoteMarks(open_until, throttled_until)
         return marks
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()
 
 
 def _instant(value: bytes | str | None) -> float | None:

@@ -3,7 +3,6 @@
 `build_quota_gate(config.quota)` is the entry point; see README.md for the algorithm.
 """
 
-from gateway.quota.breaker import StoreBreaker
 from gateway.quota.build import build_quota_gate
 from gateway.quota.config import QuotaConfig
 from gateway.quota.errors import (
@@ -13,7 +12,7 @@ from gateway.quota.errors import (
     QuotaUnavailable,
     RequestTooLarge,
 )
-from gateway.quota.gate import StoreQuotaGate
+from gateway.quota.gate import StoreQuotaGate, store_breaker
 from gateway.quota.interface import Admission, QuotaGate
 from gateway.quota.lease import lease_keeper
 from gateway.quota.memory_store import MemoryQuotaStore
@@ -34,8 +33,8 @@ __all__ = [
     "QuotaUnavailable",
     "RedisQuotaStore",
     "RequestTooLarge",
-    "StoreBreaker",
     "StoreQuotaGate",
     "build_quota_gate",
     "lease_keeper",
+    "store_breaker",
 ]

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from gateway.quota.breaker import StoreBreaker
 from gateway.quota.config import QuotaConfig
-from gateway.quota.gate import StoreQuotaGate
+from gateway.quota.gate import StoreQuotaGate, store_breaker
 from gateway.quota.memory_store import MemoryQuotaStore
 from gateway.quota.redis_store import RedisQuotaStore, connect
 
@@ -25,7 +24,7 @@ def build_quota_gate(config: QuotaConfig) -> StoreQuotaGate:
     return StoreQuotaGate(
         RedisQuotaStore(client, key_prefix=config.key_prefix, timeout_s=timeout_s, congested_s=congested_s),
         fallback=MemoryQuotaStore(name="local"),
-        breaker=StoreBreaker(config.cooldown_ms / 1000),
+        breaker=store_breaker(config.cooldown_ms / 1000),
         lease_ms=config.lease_ms,
         local_share=config.local_share,
     )

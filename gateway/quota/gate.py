@@ -9,12 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from gateway.health import (
+    BreakerConfig,
+    BreakerState,
+    CircuitBreaker,
+    ConsecutiveFailures,
+    Cooldown,
+    Outcome,
+    Rejection,
+)
 from gateway.quota import reference
-from gateway.quota.breaker import StoreBreaker
 from gateway.quota.errors import QuotaExceeded, QuotaStoreUnavailable, QuotaUnavailable, RequestTooLarge
 from gateway.quota.headers import denial_message, rate_limit_headers
 from gateway.quota.interface import Admission
@@ -47,7 +56,7 @@ class StoreQuotaGate:
         store: QuotaStore,
         *,
         fallback: QuotaStore | None = None,
-        breaker: StoreBreaker | None = None,
+        breaker: CircuitBreaker | None = None,
         lease_ms: int = 30_000,
         local_share: float = 0.25,
         geometry: Geometry | None = None,
@@ -55,7 +64,7 @@ class StoreQuotaGate:
         """`fallback` (with `breaker`) only for a store that can fail, i.e. Redis."""
         self._store = store
         self._fallback = fallback
-        self._breaker = breaker or StoreBreaker(1.0)
+        self._breaker = breaker or store_breaker(1.0)
         self._lease_ms = lease_ms
         self._local_share = local_share
         self._geo = geometry or Geometry()
@@ -70,21 +79,23 @@ class StoreQuotaGate:
         """Ask the primary store through the breaker; QuotaStoreUnavailable if it cannot answer."""
         if self._fallback is None:
             return await call()  # the in-process store cannot be unreachable
-        if not self._breaker.allow():
+        permit = self._breaker.try_acquire()
+        if isinstance(permit, Rejection):
             raise QuotaStoreUnavailable("quota store skipped while its breaker is open")
         try:
             result = await call()
         except QuotaStoreUnavailable as exc:
-            if self._breaker.state == "closed":
+            if self._breaker.state is BreakerState.CLOSED:
                 logger.warning("quota store unreachable, applying tenants' fail_mode: %s", exc)
-            self._breaker.failure()
+            self._breaker.record(permit, Outcome.FAILURE)
             raise
         except BaseException:
-            self._breaker.abandon()
+            self._breaker.record(permit, Outcome.NEUTRAL)  # no answer either way: let another call probe
             raise
-        if self._breaker.state != "closed":
+        was_down = self._breaker.state is not BreakerState.CLOSED
+        self._breaker.record(permit, Outcome.SUCCESS)
+        if was_down and self._breaker.state is BreakerState.CLOSED:
             logger.warning("quota store reachable again")
-        self._breaker.success()
         return result
 
     def _unavailable(self, tenant_id: str) -> QuotaUnavailable:
@@ -211,3 +222,12 @@ class StoreQuotaGate:
         await self._store.close()
         if self._fallback is not None:
             await self._fallback.close()
+
+
+def store_breaker(cooldown_s: float, *, clock: Callable[[], float] = time.monotonic) -> CircuitBreaker:
+    """When to skip the shared store: after a failure, calls skip it for `cooldown_s` (they go
+    straight to the tenant's fail_mode, so nobody waits on a dead Redis); then exactly one call
+    probes it while the others keep skipping, and the probe's result closes or re-opens the
+    breaker. This is how the gateway goes back to Redis by itself once it returns."""
+    config = BreakerConfig(opens=ConsecutiveFailures(1), cooldown=Cooldown(cooldown_s), half_open_probes=1)
+    return CircuitBreaker(config, clock)

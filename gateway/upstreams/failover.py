@@ -3,7 +3,13 @@
 A retryable failure (connect error, timeout, 5xx, 429) moves on to the next target after a
 full-jitter back-off, at most `retry.max_attempts` targets in all; a 4xx goes straight back to the
 client. Only targets from the router's decision are ever tried, so failover cannot leave the
-tenant's residency. Node failures feed passive ejection; success readmits a half-open node.
+tenant's residency.
+
+This is the one place where upstream outcomes reach the circuit breakers, the same way for nodes
+and providers: a target whose breaker is unavailable is skipped (no attempt, no back-off), each
+attempt holds a permit, and its verdict comes from `verdict()`. A stream's verdict is given at
+its first chunk (the target answered); a stream that breaks later is reported through
+`record_failure` and turns that success into a failure.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from gateway.config import RetryConfig
+from gateway.health import Outcome, Permit, Rejection
 from gateway.metrics import GatewayMetrics
 from gateway.runtime.tasks import run_shielded
 from gateway.upstreams.base import Endpoint, UpstreamError
@@ -38,6 +45,20 @@ async def next_chunk(chunks: AsyncIterator[dict[str, Any]], idle_s: float) -> di
         return None
     except TimeoutError:
         raise UpstreamError(f"no stream chunk within {idle_s:g}s", status_code=504) from None
+
+
+def verdict(error: BaseException) -> tuple[Outcome, float | None]:
+    """What an attempt that raised `error` says about the target's health, and the Retry-After
+    to honour: one classifier for every upstream."""
+    if not isinstance(error, UpstreamError):
+        return Outcome.NEUTRAL, None  # cancelled (the client went away) or a bug of ours
+    if getattr(error, "kind", None) == "unsupported":
+        return Outcome.NEUTRAL, None  # the request, not the target, was the problem
+    if error.status_code == 429:
+        return Outcome.RATE_LIMITED, error.retry_after
+    if error.status_code >= 500 or error.status_code == 408:
+        return Outcome.FAILURE, None  # 5xx, connect error (502), timeout (504, 408)
+    return Outcome.SUCCESS, None  # any other 4xx: the target answered, it is alive
 
 
 @dataclass
@@ -105,6 +126,7 @@ class Forwarder:
     async def _first_success(
         self, targets: Sequence[Target], attempt: Callable[[Target], Awaitable[T]], *, model: str
     ) -> tuple[Target, T, int]:
+        board = self._fleet.board
         failures: list[tuple[Target, UpstreamError]] = []
         # Clamped like the back-off schedule, so a large configured value cannot outrun it.
         max_attempts = min(self._retry.max_attempts, MAX_ATTEMPTS_BOUND)
@@ -115,44 +137,45 @@ class Forwarder:
         for target in targets:
             if tried >= max_attempts:
                 break
-            if target.kind == "node" and not self._fleet.ejections.available(target.target_id):
+            if board.refusal(target.target_id) is not None:
                 continue
             if tried > 0:
                 self._metrics.failovers.labels("retry").inc()
                 await asyncio.sleep(delays[tried - 1])
-            # Acquire after the back-off: a half-open node admits one trial request at a time.
-            if target.kind == "node" and not self._fleet.ejections.try_acquire(target.target_id):
+            # Acquire after the back-off: a half-open target admits a bounded number of trials.
+            permit = board.try_acquire(target.target_id)
+            if isinstance(permit, Rejection):
                 continue
             tried += 1
             try:
                 result = await attempt(target)
-            except UpstreamError as error:
-                self.record_failure(target, error)
+            except BaseException as error:
+                self._settle(target, permit, error)
+                if not isinstance(error, UpstreamError):
+                    raise
+                self._count(target, "retryable" if error.retryable else "rejected")
                 if not error.retryable:
                     raise UpstreamRejectedError(error) from None
                 failures.append((target, error))
                 continue
-            except BaseException:
-                # Cancelled (client gone) or a bug: no verdict on the node, free its trial slot.
-                if target.kind == "node":
-                    self._fleet.ejections.release(target.target_id)
-                raise
+            board.record(target.target_id, permit, Outcome.SUCCESS)
             self.record_success(target)
             return target, result, tried
         raise exhausted_error(model, failures)
 
+    def _settle(self, target: Target, permit: Permit, error: BaseException) -> None:
+        outcome, retry_after = verdict(error)
+        self._fleet.board.record(target.target_id, permit, outcome, retry_after=retry_after)
+
+    def _count(self, target: Target, outcome: str) -> None:
+        self._metrics.upstream_attempts.labels(target.target_id, target.region, outcome).inc()
+
     def record_success(self, target: Target) -> None:
-        self._metrics.upstream_attempts.labels(target.target_id, target.region, "ok").inc()
-        if target.kind == "node":
-            self._fleet.ejections.record_success(target.target_id)
+        """Count a successful attempt (its breaker heard the verdict with the attempt's permit)."""
+        self._count(target, "ok")
 
     def record_failure(self, target: Target, error: UpstreamError, *, outcome: str | None = None) -> None:
-        outcome = outcome or ("retryable" if error.retryable else "rejected")
-        self._metrics.upstream_attempts.labels(target.target_id, target.region, outcome).inc()
-        if target.kind != "node":
-            return  # providers carry their own circuit breakers
-        if error.status_code >= 500:
-            self._fleet.ejections.record_failure(target.target_id)
-        else:
-            # A 4xx or 429 is an answer: the node is alive, which also ends a half-open trial.
-            self._fleet.ejections.record_success(target.target_id)
+        """A target failed after its attempt was recorded as a success (a stream broke midway):
+        counted, and a failure on its breaker."""
+        self._count(target, outcome or ("retryable" if error.retryable else "rejected"))
+        self._fleet.board.record_break(target.target_id)

@@ -1,32 +1,41 @@
-"""The fleet as one request sees it: directory membership overlaid with probes and ejections,
+"""The fleet as one request sees it: directory membership overlaid with probes and breakers,
 plus the Upstream that reaches each routing target.
+
+One rule for every target: a node is healthy when the directory lists it as such, its last probe
+found it ready and its breaker is available; a provider when its breaker is available.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from gateway.discovery.interface import RegionDirectory
-from gateway.health.ejection import Ejections
+from gateway.health import BreakerBoard, BreakerConfig
 from gateway.health.probes import NodeProber
 from gateway.upstreams.base import Upstream
 from router.types import FleetSnapshot, ProviderInfo, Target
 
 
 class ProviderSet(Protocol):
-    """Commercial providers as the request path needs them; gateway.upstreams.providers builds the real one.
+    """Commercial providers as the request path needs them; gateway.upstreams.providers builds the real one."""
 
-    `snapshot()` reports each provider with `healthy=False` while its circuit breaker is open.
-    """
+    def snapshot(self) -> tuple[ProviderInfo, ...]:
+        """The configured providers, before health (the fleet applies their breakers)."""
+        ...
 
-    def snapshot(self) -> tuple[ProviderInfo, ...]: ...
+    def breaker_configs(self) -> Mapping[str, BreakerConfig]:
+        """Each provider's own breaker settings, by provider id."""
+        ...
 
-    def upstream(self, provider_id: str) -> Upstream: ...
+    def upstream(self, provider_id: str) -> Upstream | None:
+        """The provider's Upstream; None for an id that is no provider."""
+        ...
 
-    def route_label(self, provider_id: str) -> str:
-        """x-meridian-route when this provider served, e.g. `provider=openai-us;fallback`."""
+    def route_label(self, provider_id: str) -> str | None:
+        """x-meridian-route when this provider served, e.g. `provider=openai-us;fallback`; None
+        for an id that is no provider."""
         ...
 
     async def aclose(self) -> None: ...
@@ -38,11 +47,14 @@ class NoProviders:
     def snapshot(self) -> tuple[ProviderInfo, ...]:
         return ()
 
-    def upstream(self, provider_id: str) -> Upstream:
-        raise KeyError(f"no provider {provider_id!r} is configured")
+    def breaker_configs(self) -> Mapping[str, BreakerConfig]:
+        return {}
 
-    def route_label(self, provider_id: str) -> str:
-        return f"provider={provider_id}"
+    def upstream(self, provider_id: str) -> Upstream | None:
+        return None
+
+    def route_label(self, provider_id: str) -> str | None:
+        return None
 
     async def aclose(self) -> None:
         return None
@@ -57,34 +69,47 @@ class Fleet:
         self,
         directory: RegionDirectory,
         prober: NodeProber,
-        ejections: Ejections,
+        board: BreakerBoard,
         providers: ProviderSet,
         node_upstream: NodeUpstreamFactory,
     ) -> None:
         self.directory = directory
         self.prober = prober
-        self.ejections = ejections
+        self.board = board
         self.providers = providers
         self._node_upstream = node_upstream
         self._upstreams: dict[tuple[str, str], Upstream] = {}
+        # Providers bring their own breaker settings; every other target (a node) gets the board's.
+        for provider_id, config in providers.breaker_configs().items():
+            board.register(provider_id, config)
 
     def snapshot(self) -> FleetSnapshot:
+        available = self.board.available
         nodes = []
         for node in self.directory.snapshot():
             probe = self.prober.result(node.node_id)
             ready = probe is not None and probe.ready
-            healthy = node.healthy and ready and self.ejections.available(node.node_id)
+            healthy = node.healthy and ready and available(node.node_id)
             load = probe.load if probe is not None else None
             nodes.append(dataclasses.replace(node, healthy=healthy, load=load or node.load))
-        return FleetSnapshot(nodes=tuple(nodes), providers=self.providers.snapshot())
+        providers = tuple(
+            p if available(p.provider_id) else dataclasses.replace(p, healthy=False)
+            for p in self.providers.snapshot()
+        )
+        return FleetSnapshot(nodes=tuple(nodes), providers=providers)
+
+    def ejected(self) -> list[str]:
+        """Ids of the directory's nodes whose breaker is open, sorted."""
+        return sorted(n.node_id for n in self.directory.snapshot() if self.board.is_open(n.node_id))
 
     def route_label(self, target: Target) -> str:
         """What x-meridian-route says about the target that served."""
-        return self.providers.route_label(target.target_id) if target.kind == "provider" else target.reason
+        return self.providers.route_label(target.target_id) or target.reason
 
     def upstream_for(self, target: Target) -> Upstream:
-        if target.kind == "provider":
-            return self.providers.upstream(target.target_id)
+        upstream = self.providers.upstream(target.target_id)
+        if upstream is not None:
+            return upstream
         key = (target.target_id, target.url)
         upstream = self._upstreams.get(key)
         if upstream is None:

@@ -59,6 +59,7 @@ def test_valid_config_loads_with_defaults_and_paths_relative_to_the_file(tmp_pat
         (("timeouts: {connect_s: 1.5}", "retry: {max_attempts: 11}"), "$.retry.max_attempts"),
         (("timeouts: {connect_s: 1.5}", "retry: {backoff_base_s: -1}"), "$.retry.backoff_base_s"),
         (("timeouts: {connect_s: 1.5}", "ejection: {base_s: 0}"), "$.ejection.base_s"),
+        (("timeouts: {connect_s: 1.5}", "ejection: {base_s: 5, max_s: 1}"), "$.ejection.max_s"),
     ],
 )
 def test_invalid_config_names_file_and_field(tmp_path: Path, change: tuple[str, str], field: str) -> None:

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from gateway.config import ConfigError
-from gateway.health import GuardedUpstream
 from gateway.upstreams.providers import AnthropicAdapter, OpenAIAdapter, ProviderConfigError, build_providers
+from gateway.upstreams.providers.metrics import ObservedUpstream
 from tests.support.gateway_config import gateway_config
 
 ENTRY: dict[str, Any] = {
@@ -47,7 +47,7 @@ async def test_entry_becomes_provider_info_and_guarded_upstream() -> None:
         assert (eu.kind, eu.region, eu.jurisdiction, eu.healthy) == ("anthropic", "eu-west", "EU", True)
         assert eu.models == frozenset({"small", "large"})
         upstream = registry.upstream("anthropic-eu")
-        assert isinstance(upstream, GuardedUpstream) and isinstance(upstream.inner, AnthropicAdapter)
+        assert isinstance(upstream, ObservedUpstream) and isinstance(upstream.inner, AnthropicAdapter)
         assert isinstance(registry.upstream("openai-us").inner, OpenAIAdapter)  # type: ignore[attr-defined]
         assert registry.route_label("openai-us") == "provider=openai-us;fallback"
         assert registry.route_label("anthropic-eu") == "provider=anthropic-eu;model"

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway.quota import MemoryQuotaStore, RedisQuotaStore, StoreBreaker, StoreQuotaGate
+from gateway.quota import MemoryQuotaStore, RedisQuotaStore, StoreQuotaGate, store_breaker
 from gateway.quota.redis_store import connect
 from router.types import FailMode, TenantLimits, TenantPolicy
 
@@ -53,7 +53,7 @@ async def gate(request: pytest.FixtureRequest, clock: FakeClock) -> AsyncIterato
         built = StoreQuotaGate(
             store,
             fallback=MemoryQuotaStore(name="local", clock=clock),
-            breaker=StoreBreaker(1.0),
+            breaker=store_breaker(1.0),
             lease_ms=2_000,
         )
     yield built

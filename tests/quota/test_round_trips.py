@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gateway.quota import MemoryQuotaStore, RedisQuotaStore, StoreBreaker, StoreQuotaGate
+from gateway.quota import MemoryQuotaStore, RedisQuotaStore, StoreQuotaGate, store_breaker
 from gateway.quota.redis_store import connect
 from tests.quota.conftest import make_policy
 
@@ -33,7 +33,7 @@ async def counted_gate(redis_server: str) -> AsyncIterator[tuple[StoreQuotaGate,
     gate = StoreQuotaGate(
         RedisQuotaStore(client, key_prefix="mqrt", timeout_s=1.0),
         fallback=MemoryQuotaStore(name="local"),
-        breaker=StoreBreaker(1.0),
+        breaker=store_breaker(1.0),
     )
     yield gate, log, client
     await gate.close()

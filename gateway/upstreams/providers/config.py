@@ -28,12 +28,12 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from typing import Literal
+from typing import Annotated, Literal
 from urllib.parse import urlparse
 
 import msgspec
 
-from gateway.health import BreakerConfig
+from gateway.health import BreakerConfig, Cooldown, RollingWindow
 
 ProviderKind = Literal["openai", "anthropic"]
 ServeAs = Literal["model", "fallback"]
@@ -62,7 +62,7 @@ class BreakerSettings(_Section):
     failure_rate: float = 0.5
     min_calls: int = 5
     window_s: float = 30.0
-    cooldown_s: float = 15.0
+    cooldown_s: Annotated[float, msgspec.Meta(ge=0)] = 15.0
     half_open_probes: int = 1
     probe_successes: int = 1
     default_retry_after_s: float = 1.0
@@ -71,7 +71,15 @@ class BreakerSettings(_Section):
         self.to_config()  # BreakerConfig's own checks, which name the field
 
     def to_config(self) -> BreakerConfig:
-        return BreakerConfig(**msgspec.structs.asdict(self))
+        return BreakerConfig(
+            opens=RollingWindow(
+                failure_rate=self.failure_rate, min_calls=self.min_calls, window_s=self.window_s
+            ),
+            cooldown=Cooldown(self.cooldown_s),
+            half_open_probes=self.half_open_probes,
+            probe_successes=self.probe_successes,
+            default_retry_after_s=self.default_retry_after_s,
+        )
 
 
 class ProviderEntry(_Section):
