@@ -17,7 +17,10 @@ What it does, in order:
      no database, callbacks/telemetry/spend logs off, httptools installed alongside it); it is
      pip-installed into /tmp/meridian-litellm-venv first if that venv has no `litellm` command.
      gateway_bench/litellm_proxy.py says exactly how it is configured.
-  4. With --workers N (N > 1), also starts a second Meridian with `--workers N` (N processes on
+  4. With --compare-tree PATH, also starts Meridian from the checkout at PATH as `meridian_base`,
+     measured in every phase like `meridian`: a before/after comparison in the same conditions
+     (e.g. PATH = `git archive BASE_COMMIT | tar -x -C PATH`).
+     With --workers N (N > 1), also starts a second Meridian with `--workers N` (N processes on
      one port), measured in the concurrency-32 phases only: the table's `scaling` lines set its
      throughput against the one-worker gateway's.
   5. Warms every system up (unrecorded requests, streamed and not), then measures four phases
@@ -113,13 +116,13 @@ def _versions(litellm_venv: Path | None) -> dict[str, str]:
     return versions
 
 
-def source_digest() -> str:
+def source_digest(tree: Path = REPO) -> str:
     """SHA-256 over the gateway's Python sources: the tree is shared and changes between runs, so
     a result names the code it measured."""
     digest = hashlib.sha256()
     for package in ("gateway", "router", "protocol"):
-        for path in sorted((REPO / package).rglob("*.py")):
-            digest.update(path.relative_to(REPO).as_posix().encode() + b"\0" + path.read_bytes())
+        for path in sorted((tree / package).rglob("*.py")):
+            digest.update(path.relative_to(tree).as_posix().encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
 
 
@@ -131,6 +134,8 @@ def running_systems(work: Path, args: argparse.Namespace) -> Iterator[list[Syste
         upstream = start_upstream(work, chunks=args.chunks)
         started.append(upstream)
         started.append(start_meridian(work, upstream.base_url))
+        if args.compare_tree is not None:
+            started.append(start_meridian(work, upstream.base_url, tree=args.compare_tree))
         if args.workers > 1:
             started.append(
                 start_meridian(work, upstream.base_url, workers=args.workers, only_phases=SCALING_PHASES)
@@ -154,6 +159,8 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "loadavg_before": [round(x, 2) for x in os.getloadavg()],
         "meridian_source_sha256": source_digest(),
+        "meridian_base_tree": str(args.compare_tree) if args.compare_tree else None,
+        "meridian_base_source_sha256": source_digest(args.compare_tree) if args.compare_tree else None,
         "rounds": args.rounds,
         "phases": [vars(p) | {"requests_per_round": p.requests / args.rounds} for p in plan],
         "warmup_requests_per_system": args.warmup,
@@ -161,6 +168,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "deadline_s_per_measurement": args.deadline_s,
         "workers": args.workers,
         "rss_requests": args.rss_requests,
+        "rss_deadline_s_per_half": args.rss_deadline_s,
         "layout": {
             "processes": "client, upstream and each proxy are separate processes on 127.0.0.1; "
             "one process per proxy (meridian_wN: N worker processes on one port)",
@@ -180,7 +188,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             if args.rss_requests > 0:
                 print(f"  rss: {args.rss_requests} requests through meridian ...", flush=True)
                 meridian = next(s for s in systems if s.name == "meridian")
-                rss = measure_rss(meridian, args.rss_requests, args.deadline_s)
+                rss = measure_rss(meridian, args.rss_requests, args.rss_deadline_s)
         if args.keep_logs is not None:
             args.keep_logs.mkdir(parents=True, exist_ok=True)
             for log in work.glob("*.log"):
@@ -190,7 +198,11 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     conditions["versions"] = _versions(args.litellm_venv if args.compare_litellm else None)
     conditions["duration_s"] = round(time.monotonic() - started, 1)
     summaries = summarize(runs, plan)
-    added = {name: added_latency(summaries, name) for name in ("meridian", "litellm") if name in summaries}
+    added = {
+        name: added_latency(summaries, name)
+        for name in ("meridian", "meridian_base", "litellm")
+        if name in summaries
+    }
     comparison = compare(summaries, added) if "litellm" in summaries else None
     return {
         "conditions": conditions,
@@ -220,12 +232,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="requests of the RSS phase, in two halves (0: skip it; default 100000, --quick 0)",
     )
     parser.add_argument(
+        "--rss-deadline-s", type=float, default=600.0, help="time bound of each half of the RSS phase"
+    )
+    parser.add_argument(
         "--workers", type=int, default=1, help="also measure `meridian gateway --workers N` (N > 1)"
     )
     parser.add_argument("--warmup", type=int, help="unrecorded requests per system before measuring")
     parser.add_argument("--chunks", type=int, default=16, help="content chunks per upstream stream")
     parser.add_argument("--deadline-s", type=float, default=180.0, help="time bound of one measurement")
     parser.add_argument("--litellm-venv", type=Path, default=DEFAULT_VENV)
+    parser.add_argument(
+        "--compare-tree", type=Path, help="also measure Meridian from this checkout, as meridian_base"
+    )
     parser.add_argument("--keep-logs", type=Path, help="copy the servers' logs to this folder")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)

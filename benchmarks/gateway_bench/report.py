@@ -212,7 +212,7 @@ def table(
     """The short printed summary; the JSON has everything. `extra`: the document's `scaling`,
     `rss` and `goals`, each printed when present."""
     header = (
-        f"{'system':<12}{'c1 p50':>8}{'c1 p99':>8}{'c32 p50':>9}{'c32 p99':>9}{'c32 req/s':>11}"
+        f"{'system':<14}{'c1 p50':>8}{'c1 p99':>8}{'c32 p50':>9}{'c32 p99':>9}{'c32 req/s':>11}"
         f"{'ttfb p50':>10}{'ttfb p99':>10}{'strm/s c32':>12}{'cpu ms/req':>12}{'errors':>8}"
     )
     lines = [
@@ -225,7 +225,7 @@ def table(
         stream, streams = phases.get("stream_c1", {}), phases.get("stream_c32", {})
         errors = sum(phases[p]["errors"] for p in phases)
         lines.append(
-            f"{name:<12}{_cell(c1.get('latency_p50_ms')):>8}{_cell(c1.get('latency_p99_ms')):>8}"
+            f"{name:<14}{_cell(c1.get('latency_p50_ms')):>8}{_cell(c1.get('latency_p99_ms')):>8}"
             f"{_cell(c32.get('latency_p50_ms')):>9}{_cell(c32.get('latency_p99_ms')):>9}"
             f"{_cell(c32.get('requests_per_s'), 0):>11}"
             f"{_cell(stream.get('ttfb_p50_ms')):>10}{_cell(stream.get('ttfb_p99_ms')):>10}"
@@ -234,7 +234,7 @@ def table(
         )
     for name, deltas in added.items():
         lines.append(
-            f"{'+' + name:<12}{_cell(deltas['chat_c1_latency_p50_ms']):>8}{_cell(deltas['chat_c1_latency_p99_ms']):>8}"
+            f"{'+' + name:<14}{_cell(deltas['chat_c1_latency_p50_ms']):>8}{_cell(deltas['chat_c1_latency_p99_ms']):>8}"
             f"{_cell(deltas['chat_c32_latency_p50_ms']):>9}{_cell(deltas['chat_c32_latency_p99_ms']):>9}{'':>11}"
             f"{_cell(deltas['stream_c1_ttfb_p50_ms']):>10}{_cell(deltas['stream_c1_ttfb_p99_ms']):>10}"
         )
