@@ -56,7 +56,13 @@ def run_client(specs: Sequence[LoadSpec]) -> list[LoadResult]:
     )
     if result.returncode != 0:
         raise RuntimeError(f"load generator failed ({result.returncode}): {result.stderr.decode()[-2000:]}")
-    return msgspec.json.decode(result.stdout, type=list[LoadResult])
+    try:
+        return msgspec.json.decode(result.stdout, type=list[LoadResult])
+    except msgspec.DecodeError as exc:
+        raise RuntimeError(
+            f"load generator exited 0 with unreadable output ({exc}; {len(result.stdout)} bytes, "
+            f"ending {result.stdout[-120:]!r}): {result.stderr.decode()[-2000:]}"
+        ) from None
 
 
 def spec_for(system: System, phase: Phase, requests: int, deadline_s: float) -> LoadSpec:
