@@ -105,10 +105,9 @@ class Response:
         return _header(self.headers, name)
 
 
-# Streams pause the socket when this much body is waiting for a slow reader, and resume below
-# the low mark: a stalled client then holds back the node instead of the gateway's memory.
+# Streams pause the socket when this much body is waiting for a slow reader, and resume once the
+# reader took it: a stalled client then holds back the node instead of the gateway's memory.
 _HIGH_WATER = 256 * 1024
-_LOW_WATER = 64 * 1024
 
 
 class Connection(asyncio.Protocol):
@@ -125,6 +124,9 @@ class Connection(asyncio.Protocol):
         self.reused = False  # it has served a response before this one
         self.idle_since = 0.0
         self._busy = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._deadline = 0.0
+        self._timeout_s = 0.0
         self._reset()
 
     def _reset(self) -> None:
@@ -162,6 +164,9 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._busy and not self.complete:
             if self.headers_done and not self._framed:
                 self.complete = True  # a body without framing ends when the connection does
@@ -214,14 +219,17 @@ class Connection(asyncio.Protocol):
             await self._wait(timeout_s)
 
     async def next_chunk(self, timeout_s: float) -> bytes | None:
-        """The next piece of body as it arrived (de-chunked); None once the body is complete."""
+        """The body bytes (de-chunked) that arrived since the last call, waiting up to `timeout_s`
+        for some; None once the body is complete."""
         while not self._body:
             if self.complete:
                 return None
             await self._wait(timeout_s)
-        data = self._body.popleft()
-        self._buffered -= len(data)
-        if self._paused and self._buffered < _LOW_WATER and self._transport is not None:
+        body = self._body
+        data = body.popleft() if len(body) == 1 else b"".join(body)
+        body.clear()
+        self._buffered = 0
+        if self._paused and self._transport is not None:
             self._paused = False
             self._transport.resume_reading()
         return data
@@ -254,14 +262,31 @@ class Connection(asyncio.Protocol):
         if self._error is not None:
             raise self._error
         waiter = self._waiter = self._loop.create_future()
-        timer = self._loop.call_later(timeout_s, _expire, waiter, timeout_s)
+        # One timer per connection, moved only when it fires early: a stream waits once per
+        # chunk, and arming and cancelling a timer for each wait costs more than the wait.
+        self._deadline = deadline = self._loop.time() + timeout_s
+        self._timeout_s = timeout_s
+        if self._timer is not None and self._timer.when() > deadline:
+            self._timer.cancel()
+            self._timer = None
+        if self._timer is None:
+            self._timer = self._loop.call_at(deadline, self._on_timer)
         try:
             await waiter
         finally:
-            timer.cancel()
             self._waiter = None
         if self._error is not None:
             raise self._error
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return  # nobody is waiting: the next wait arms it again
+        if self._loop.time() < self._deadline:
+            self._timer = self._loop.call_at(self._deadline, self._on_timer)
+        else:
+            waiter.set_exception(ReadTimeout(f"no response bytes for {self._timeout_s:g}s"))
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -272,11 +297,6 @@ class Connection(asyncio.Protocol):
         if self._error is None:
             self._error = error
         self._wake()
-
-
-def _expire(waiter: asyncio.Future[None], timeout_s: float) -> None:
-    if not waiter.done():
-        waiter.set_exception(ReadTimeout(f"no response bytes for {timeout_s:g}s"))
 
 
 class ConnectionPool:
