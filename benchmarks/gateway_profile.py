@@ -5,8 +5,10 @@
 
 Starts the benchmark's fixed-response upstream and Meridian (gateway_bench.systems, exactly as
 gateway_overhead.py does), warms them up, then for each load — non-streamed chat and 16-chunk
-streams, both at concurrency 32 — samples the gateway process with `py-spy record --nonblocking`
-while one load-generator process sends a fixed number of requests. Idle samples (the event loop
+streams, both at concurrency 32 — samples the gateway process with `py-spy record` while one
+load-generator process sends a fixed number of requests. py-spy pauses the process for each
+sample (the CPU ms per request then include that cost): without pausing (`--nonblocking`) about
+half the stacks come back cut short, which spoils the inclusive view. Idle samples (the event loop
 waiting in epoll) are not recorded, so shares are of the gateway's busy CPU time.
 
 For each load it prints and writes (benchmarks/results/gateway_profile.json, plus the raw
@@ -35,6 +37,11 @@ from gateway_bench.runner import Phase, run_client, spec_for, warm_up
 from gateway_bench.systems import REPO, System, start_meridian, start_upstream
 
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "gateway_profile.json"
+
+
+# Leaves py-spy reports as busy although the thread only waits: the default executor's worker
+# threads blocked on their work queue (Litestar runs sync callables there).
+_IDLE_LEAVES = ("_worker (",)
 
 
 def _area(frame: str) -> str:
@@ -71,8 +78,9 @@ def summarize(collapsed: str, cpu_ms_per_request: float, top: int) -> dict[str, 
             continue
         count = int(count_text)
         frames = stack.split(";")
-        # py-spy's raw format starts with the process/thread frame; the leaf is last.
-        leaf = frames[-1]
+        leaf = frames[-1]  # the root is first
+        if _function(leaf).startswith(_IDLE_LEAVES):
+            continue
         total += count
         selfs[_function(leaf)] += count
         areas[_area(leaf)] += count
@@ -99,24 +107,20 @@ def summarize(collapsed: str, cpu_ms_per_request: float, top: int) -> dict[str, 
 
 
 def profile_load(
-    system: System, phase: Phase, py_spy: str, rate: int, raw_path: Path, deadline_s: float
+    system: System,
+    phase: Phase,
+    py_spy: str,
+    rate: int,
+    raw_path: Path,
+    deadline_s: float,
+    *,
+    nonblocking: bool,
 ) -> float:
     """Run one load under py-spy; returns the gateway's CPU ms per request over it."""
     pid = system.servers[0].process.pid
+    command = [py_spy, "record", "--pid", str(pid), "--format", "raw", "--rate", str(rate)]
     recorder = subprocess.Popen(
-        [
-            py_spy,
-            "record",
-            "--pid",
-            str(pid),
-            "--format",
-            "raw",
-            "--rate",
-            str(rate),
-            "--nonblocking",
-            "--output",
-            str(raw_path),
-        ],
+        [*command, *(["--nonblocking"] if nonblocking else []), "--output", str(raw_path)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
@@ -140,7 +144,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunks", type=int, default=16, help="content chunks per stream")
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument("--top", type=int, default=25, help="rows per table")
+    parser.add_argument(
+        "--nonblocking",
+        action="store_true",
+        help="sample without pausing the gateway: less overhead, but many stacks come back cut short",
+    )
     parser.add_argument("--deadline-s", type=float, default=300.0)
+    parser.add_argument("--tree", type=Path, help="profile Meridian from this checkout instead")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
@@ -152,18 +162,20 @@ def main(argv: list[str] | None = None) -> int:
         Phase("stream_c32", stream=True, concurrency=32, requests=args.streams, warmup=32),
     ]
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {"py_spy_rate_hz": args.rate, "loads": {}}
+    report: dict[str, Any] = {"py_spy_rate_hz": args.rate, "nonblocking": args.nonblocking, "loads": {}}
     with tempfile.TemporaryDirectory(prefix="meridian-gateway-profile-") as folder:
         work = Path(folder)
         systems: list[System] = []
         try:
             systems.append(start_upstream(work, chunks=args.chunks))
-            systems.append(start_meridian(work, systems[0].base_url))
+            systems.append(start_meridian(work, systems[0].base_url, tree=args.tree))
             warm_up(systems[1:], 500, args.deadline_s)
             for phase in loads:
                 raw = args.out.with_name(f"{args.out.stem}_{phase.name}.collapsed.txt")
                 print(f"profiling {phase.name}: {phase.requests} requests ...", flush=True)
-                cpu_ms = profile_load(systems[1], phase, py_spy, args.rate, raw, args.deadline_s)
+                cpu_ms = profile_load(
+                    systems[1], phase, py_spy, args.rate, raw, args.deadline_s, nonblocking=args.nonblocking
+                )
                 report["loads"][phase.name] = summarize(raw.read_text(), cpu_ms, args.top) | {
                     "collapsed_stacks": str(raw)
                 }
