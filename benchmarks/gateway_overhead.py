@@ -1,6 +1,7 @@
 """What Meridian's gateway adds on top of an upstream: latency, requests/s, streaming first byte.
 
-    .venv/bin/python benchmarks/gateway_overhead.py [--compare-litellm] [--quick]
+    .venv/bin/python benchmarks/gateway_overhead.py [--compare-litellm] [--quick] [--workers 2]
+                                                    [--rss-requests 100000]
 
 What it does, in order:
   1. Starts the fixed-response upstream (gateway_bench.upstream) in its own process: a raw ASGI
@@ -16,11 +17,18 @@ What it does, in order:
      no database, callbacks/telemetry/spend logs off, httptools installed alongside it); it is
      pip-installed into /tmp/meridian-litellm-venv first if that venv has no `litellm` command.
      gateway_bench/litellm_proxy.py says exactly how it is configured.
-  4. Warms every system up (unrecorded requests, streamed and not), then measures three phases
+  4. With --compare-tree PATH, also starts Meridian from the checkout at PATH as `meridian_base`,
+     measured in every phase like `meridian`: a before/after comparison in the same conditions
+     (e.g. PATH = `git archive BASE_COMMIT | tar -x -C PATH`).
+     With --workers N (N > 1), also starts a second Meridian with `--workers N` (N processes on
+     one port), measured in the concurrency-32 phases only: the table's `scaling` lines set its
+     throughput against the one-worker gateway's.
+  5. Warms every system up (unrecorded requests, streamed and not), then measures four phases
      in `--rounds` rounds:
        chat_c1    non-streamed chat, concurrency 1          latency p50/p99
        chat_c32   non-streamed chat, concurrency 32         latency p50/p99, requests/s
        stream_c1  streamed chat, concurrency 1              time to first data event p50/p99
+       stream_c32 streamed chat, concurrency 32             streams/s (of --chunks content chunks)
      The concurrency-1 phases interleave the systems in one client process: turns of 20
      back-to-back requests per system (plus one unrecorded request to wake the system after its
      idle spell), the first system rotating every turn; chat_c32 runs the systems back to back
@@ -30,10 +38,13 @@ What it does, in order:
      --deadline-s) that reports its own CPU use; every reply is checked (200 and choices, or a
      stream ending in [DONE]). Each system's CPU time is read from /proc around every
      measurement (for "direct", the upstream, which also serves the proxies' requests).
-  5. Writes benchmarks/results/gateway_overhead.json (conditions, per-system summaries, added
-     latency, and with LiteLLM the target ratios) and prints a table. Targets: LiteLLM's p50
-     added latency (chat_c1) at least 5x Meridian's, and Meridian's chat_c32 requests/s at least
-     3x LiteLLM's.
+  6. Then the RSS phase, on the one-worker Meridian only: --rss-requests non-streamed requests
+     at concurrency 32 in two halves, with the gateway's VmRSS (/proc/PID/status) read before,
+     between and after them (0 skips it). Growth in the second half would be a leak.
+  7. Writes benchmarks/results/gateway_overhead.json (conditions, per-system summaries, added
+     latency, scaling, RSS, the issue's absolute goals for Meridian, and with LiteLLM the target
+     ratios) and prints a table. Targets against LiteLLM: its p50 added latency (chat_c1) at least
+     5x Meridian's, and Meridian's chat_c32 requests/s at least 3x LiteLLM's.
 
 The client, the systems and the upstream share this machine's cores (and on the team machine,
 other engineers' work), so absolute numbers are noisy; the JSON records CPU count and load average
@@ -59,13 +70,31 @@ from typing import Any
 
 from gateway_bench.litellm_proxy import DEFAULT_VENV, litellm_version, start_litellm
 from gateway_bench.processes import stop_server
-from gateway_bench.report import added_latency, compare, summarize, table
-from gateway_bench.runner import Phase, measure, warm_up
+from gateway_bench.report import added_latency, compare, goals, scaling, summarize, table
+from gateway_bench.runner import Phase, measure, measure_rss, warm_up
 from gateway_bench.systems import REPO, System, start_meridian, start_upstream
 
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "gateway_overhead.json"
-FULL = {"requests_c1": 300, "requests_c32": 3000, "streams": 300, "rounds": 3, "warmup": 200}
-QUICK = {"requests_c1": 60, "requests_c32": 600, "streams": 60, "rounds": 1, "warmup": 64}
+FULL = {
+    "requests_c1": 300,
+    "requests_c32": 3000,
+    "streams": 300,
+    "streams_c32": 1500,
+    "rss_requests": 100_000,
+    "rounds": 3,
+    "warmup": 200,
+}
+QUICK = {
+    "requests_c1": 60,
+    "requests_c32": 600,
+    "streams": 60,
+    "streams_c32": 300,
+    "rss_requests": 0,
+    "rounds": 1,
+    "warmup": 64,
+}
+# The phases a `--workers N` gateway is measured in: scaling is about throughput.
+SCALING_PHASES = frozenset({"chat_c32", "stream_c32"})
 
 
 def phases(args: argparse.Namespace) -> list[Phase]:
@@ -73,6 +102,7 @@ def phases(args: argparse.Namespace) -> list[Phase]:
         Phase("chat_c1", stream=False, concurrency=1, requests=args.requests_c1, warmup=10),
         Phase("chat_c32", stream=False, concurrency=32, requests=args.requests_c32, warmup=64),
         Phase("stream_c1", stream=True, concurrency=1, requests=args.streams, warmup=10),
+        Phase("stream_c32", stream=True, concurrency=32, requests=args.streams_c32, warmup=32),
     ]
 
 
@@ -86,13 +116,13 @@ def _versions(litellm_venv: Path | None) -> dict[str, str]:
     return versions
 
 
-def source_digest() -> str:
+def source_digest(tree: Path = REPO) -> str:
     """SHA-256 over the gateway's Python sources: the tree is shared and changes between runs, so
     a result names the code it measured."""
     digest = hashlib.sha256()
-    for package in ("gateway", "router", "regional_node/protocol"):
-        for path in sorted((REPO / package).rglob("*.py")):
-            digest.update(path.relative_to(REPO).as_posix().encode() + b"\0" + path.read_bytes())
+    for package in ("gateway", "router", "protocol"):
+        for path in sorted((tree / package).rglob("*.py")):
+            digest.update(path.relative_to(tree).as_posix().encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
 
 
@@ -104,6 +134,12 @@ def running_systems(work: Path, args: argparse.Namespace) -> Iterator[list[Syste
         upstream = start_upstream(work, chunks=args.chunks)
         started.append(upstream)
         started.append(start_meridian(work, upstream.base_url))
+        if args.compare_tree is not None:
+            started.append(start_meridian(work, upstream.base_url, tree=args.compare_tree))
+        if args.workers > 1:
+            started.append(
+                start_meridian(work, upstream.base_url, workers=args.workers, only_phases=SCALING_PHASES)
+            )
         if args.compare_litellm:
             started.append(start_litellm(work, upstream.base_url, args.litellm_venv))
         yield started
@@ -123,14 +159,19 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "loadavg_before": [round(x, 2) for x in os.getloadavg()],
         "meridian_source_sha256": source_digest(),
+        "meridian_base_tree": str(args.compare_tree) if args.compare_tree else None,
+        "meridian_base_source_sha256": source_digest(args.compare_tree) if args.compare_tree else None,
         "rounds": args.rounds,
         "phases": [vars(p) | {"requests_per_round": p.requests / args.rounds} for p in plan],
         "warmup_requests_per_system": args.warmup,
         "stream_content_chunks": args.chunks,
         "deadline_s_per_measurement": args.deadline_s,
+        "workers": args.workers,
+        "rss_requests": args.rss_requests,
+        "rss_deadline_s_per_half": args.rss_deadline_s,
         "layout": {
             "processes": "client, upstream and each proxy are separate processes on 127.0.0.1; "
-            "one process per proxy (no workers)",
+            "one process per proxy (meridian_wN: N worker processes on one port)",
             "client": "raw asyncio HTTP/1.1 keep-alive client on uvloop, one connection per worker",
             "c1_phases": "systems interleaved in turns of 20 requests, +1 unrecorded wake-up each",
             "c32_phase": "systems back to back, order rotating every round",
@@ -143,6 +184,11 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             print(f"systems up: {', '.join(f'{s.name} {s.base_url}' for s in systems)}", flush=True)
             warm_up(systems, args.warmup, args.deadline_s)
             runs = measure(systems, plan, rounds=args.rounds, deadline_s=args.deadline_s)
+            rss = None
+            if args.rss_requests > 0:
+                print(f"  rss: {args.rss_requests} requests through meridian ...", flush=True)
+                meridian = next(s for s in systems if s.name == "meridian")
+                rss = measure_rss(meridian, args.rss_requests, args.rss_deadline_s)
         if args.keep_logs is not None:
             args.keep_logs.mkdir(parents=True, exist_ok=True)
             for log in work.glob("*.log"):
@@ -152,12 +198,19 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     conditions["versions"] = _versions(args.litellm_venv if args.compare_litellm else None)
     conditions["duration_s"] = round(time.monotonic() - started, 1)
     summaries = summarize(runs, plan)
-    added = {name: added_latency(summaries, name) for name in summaries if name != "direct"}
+    added = {
+        name: added_latency(summaries, name)
+        for name in ("meridian", "meridian_base", "litellm")
+        if name in summaries
+    }
     comparison = compare(summaries, added) if "litellm" in summaries else None
     return {
         "conditions": conditions,
         "systems": summaries,
         "added_latency_ms": added,
+        "scaling": scaling(summaries, args.workers) if args.workers > 1 else None,
+        "rss": rss,
+        "goals": goals(summaries, added, rss),
         "comparison": comparison,
     }
 
@@ -172,10 +225,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--requests-c32", type=int, help="non-streamed requests at concurrency 32, per system"
     )
     parser.add_argument("--streams", type=int, help="streamed requests at concurrency 1, per system")
+    parser.add_argument("--streams-c32", type=int, help="streamed requests at concurrency 32, per system")
+    parser.add_argument(
+        "--rss-requests",
+        type=int,
+        help="requests of the RSS phase, in two halves (0: skip it; default 100000, --quick 0)",
+    )
+    parser.add_argument(
+        "--rss-deadline-s", type=float, default=600.0, help="time bound of each half of the RSS phase"
+    )
+    parser.add_argument(
+        "--workers", type=int, default=1, help="also measure `meridian gateway --workers N` (N > 1)"
+    )
     parser.add_argument("--warmup", type=int, help="unrecorded requests per system before measuring")
     parser.add_argument("--chunks", type=int, default=16, help="content chunks per upstream stream")
     parser.add_argument("--deadline-s", type=float, default=180.0, help="time bound of one measurement")
     parser.add_argument("--litellm-venv", type=Path, default=DEFAULT_VENV)
+    parser.add_argument(
+        "--compare-tree", type=Path, help="also measure Meridian from this checkout, as meridian_base"
+    )
     parser.add_argument("--keep-logs", type=Path, help="copy the servers' logs to this folder")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
@@ -190,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run_benchmark(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(table(result["systems"], result["added_latency_ms"], result["comparison"]))
+    print(table(result["systems"], result["added_latency_ms"], result["comparison"], result))
     print(f"wrote {args.out}")
     return 0
 

@@ -32,15 +32,12 @@ from gateway.quota.interface import QuotaGate
 from gateway.request.pipeline import RequestPipeline
 from gateway.upstreams.failover import Forwarder
 from gateway.upstreams.fleet import Fleet, ProviderSet
-from gateway.upstreams.node import ClientPool, NodeUpstream
+from gateway.upstreams.http1 import ConnectionPool
+from gateway.upstreams.node import NodeUpstream
 from gateway.upstreams.providers import build_providers
 from router.types import NodeInfo, TenantPolicy
 
 logger = logging.getLogger(__name__)
-
-# Node clients (see ClientPool): enough that no pool grows long at a few hundred concurrent
-# requests; idle clients cost nothing.
-_NODE_CLIENTS = 8
 
 
 @dataclass
@@ -52,7 +49,7 @@ class Gateway:
     directory: RegionDirectory
     quota: QuotaGate
     providers: ProviderSet
-    clients: ClientPool  # requests to nodes: shared by all of them
+    clients: ConnectionPool  # requests to nodes: shared by all of them
     probe_client: httpx.AsyncClient  # health probes, kept apart so probes never queue behind traffic
     prober: NodeProber
     board: BreakerBoard  # every upstream's circuit breaker (nodes and providers)
@@ -118,7 +115,7 @@ def build_gateway(
     if node_token is None:
         logger.warning("%s is not set: requests to nodes carry no credential", config.node_auth.token_env)
     timeouts = config.timeouts
-    clients = ClientPool(_NODE_CLIENTS, connect_timeout_s=timeouts.connect_s, read_timeout_s=timeouts.read_s)
+    clients = ConnectionPool(connect_timeout_s=timeouts.connect_s)
     probe_client = httpx.AsyncClient(timeout=httpx.Timeout(timeouts.probe_s))
     directory = directory or build_region_directory(config.directory, registry=metrics.registry)
 

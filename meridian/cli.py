@@ -1,7 +1,7 @@
 """The `meridian` command.
 
     meridian up [--port 8080]             local federation: gateway + one node per region
-    meridian gateway --config FILE        the gateway alone
+    meridian gateway --config FILE        the gateway alone [--workers N: N processes, one port]
     meridian node ...                     a regional node (regional_node/cli.py)
     meridian model init OUT_DIR ...       a random local checkpoint (regional_node/checkpoints)
     meridian policy hash-key KEY          the sha256:... form of an API key, for policy files
@@ -13,8 +13,30 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from litestar import Litestar
+
+logger = logging.getLogger("meridian.gateway")
+
+
+def _configure_gateway_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # One line per probe and per proxied request would drown everything else.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def _worker_app(config_path: str) -> Litestar:
+    """One `--workers` process's app, built in that process from the config the parent checked."""
+    from gateway.app import create_app
+    from gateway.config import load_config
+
+    _configure_gateway_logging()
+    return create_app(load_config(config_path))
 
 
 def _gateway_main(args: argparse.Namespace) -> int:
@@ -22,20 +44,34 @@ def _gateway_main(args: argparse.Namespace) -> int:
     from gateway.config import ConfigError, load_config
     from gateway.policy import PolicyError
     from gateway.runtime.serve import run_gateway
+    from gateway.runtime.workers import run_workers
     from gateway.upstreams.providers import ProviderConfigError
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # One line per probe and per proxied request would drown everything else.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    _configure_gateway_logging()
+    if args.workers < 1:
+        print("meridian gateway: --workers must be at least 1", file=sys.stderr)
+        return 2
     try:
         config = load_config(args.config)
+        # Built here even with --workers, where each worker builds its own: a bad policy or
+        # provider entry then stops start-up once, with its file and field named.
         app = create_app(config)
     except (ConfigError, PolicyError, ProviderConfigError) as exc:
         print(f"meridian gateway: {exc}", file=sys.stderr)
         return 2
     host = args.host or config.listen.host
     port = args.port if args.port is not None else config.listen.port
-    return run_gateway(app, host, port)
+    if args.workers == 1:
+        return run_gateway(app, host, port)
+    del app
+    if not (config.quota or {}).get("redis_url"):
+        logger.warning(
+            "--workers %d with the in-process quota store: each worker keeps its own counters, so a "
+            "tenant may get up to %d times its limits; set quota.redis_url for exact quotas",
+            args.workers,
+            args.workers,
+        )
+    return run_workers(functools.partial(_worker_app, str(args.config)), host, port, args.workers)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,6 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
     gateway.add_argument("--config", required=True, help="gateway YAML config (see gateway/README.md)")
     gateway.add_argument("--host", help="listen address (default: the config's listen.host)")
     gateway.add_argument("--port", type=int, help="listen port (default: the config's listen.port)")
+    gateway.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="gateway processes sharing the port (SO_REUSEPORT; default 1). With more than one, "
+        "exact quotas need quota.redis_url: the in-process store counts per worker",
+    )
     commands.add_parser("node", help="run a regional node (meridian node --help)", add_help=False)
     commands.add_parser("model", help="manage local checkpoints (meridian model init --help)", add_help=False)
     commands.add_parser("policy", help="policy tools: hash-key KEY, check [DIR]", add_help=False)

@@ -21,8 +21,8 @@ The process reports its own CPU use, so a reader can tell whether it was the bot
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib.util
+import os
 import sys
 import time
 from urllib.parse import urlsplit
@@ -220,9 +220,15 @@ def main(argv: list[str] | None = None) -> int:
         results = uvloop.run(run_specs(specs))
     else:
         results = asyncio.run(run_specs(specs))
-    with contextlib.suppress(BrokenPipeError):
-        sys.stdout.buffer.write(msgspec.json.encode(results) + b"\n")
-        sys.stdout.flush()
+    # os.write in a loop, not sys.stdout: after the event loop ran, a write of megabytes into the
+    # pipe came back short now and then without an error (a signal interrupting it mid-way), and
+    # the parent got truncated JSON from a process that exited 0.
+    left = memoryview(msgspec.json.encode(results) + b"\n")
+    try:
+        while left:
+            left = left[os.write(sys.stdout.fileno(), left) :]
+    except BrokenPipeError:
+        return 1  # nobody reads the results: say so instead of pretending they were delivered
     return 0
 
 

@@ -16,7 +16,15 @@ from pathlib import Path
 
 from meridian.federation.process_group import free_port, stop_process_group
 
-__all__ = ["Server", "free_port", "process_tree_cpu_s", "start_server", "stop_server", "wait_until"]
+__all__ = [
+    "Server",
+    "free_port",
+    "process_tree_cpu_s",
+    "process_tree_rss_mb",
+    "start_server",
+    "stop_server",
+    "wait_until",
+]
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -36,6 +44,10 @@ class Server:
     def cpu_s(self) -> float:
         """CPU seconds (user + system) of the server and every live descendant."""
         return process_tree_cpu_s(self.process.pid)
+
+    def rss_mb(self) -> float:
+        """Resident memory (VmRSS) of the server and every live descendant, in MiB."""
+        return process_tree_rss_mb(self.process.pid)
 
 
 def start_server(
@@ -83,24 +95,45 @@ def _stat_fields(pid: int) -> list[str] | None:
     return text[text.rindex(")") + 2 :].split()
 
 
-def process_tree_cpu_s(root: int) -> float:
-    """utime + stime of `root` and its descendants, from /proc (Linux only; 0.0 elsewhere)."""
+def _descendants(root: int) -> list[int]:
+    """`root` and every live process below it, from /proc (Linux only; empty elsewhere)."""
     parents: dict[int, int] = {}
-    cpu: dict[int, float] = {}
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
         if not entry.isdigit():
             continue
         fields = _stat_fields(int(entry))
-        if fields is None:
-            continue
-        # After the name: state(0) ppid(1) ... utime(11) stime(12), i.e. stat fields 4, 14 and 15.
-        parents[int(entry)] = int(fields[1])
-        cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
-    total = 0.0
-    for pid in cpu:
+        if fields is not None:
+            parents[int(entry)] = int(fields[1])  # after the name: state(0) ppid(1)
+    tree = []
+    for pid in parents:
         walk = pid
         while walk in parents and walk != root:
             walk = parents[walk]
         if walk == root:
-            total += cpu[pid]
+            tree.append(pid)
+    return tree
+
+
+def process_tree_cpu_s(root: int) -> float:
+    """utime + stime of `root` and its descendants (stat fields 14 and 15)."""
+    total = 0.0
+    for pid in _descendants(root):
+        fields = _stat_fields(pid)
+        if fields is not None:  # after the name, utime and stime are fields 11 and 12
+            total += (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
     return total
+
+
+def process_tree_rss_mb(root: int) -> float:
+    """VmRSS of `root` and its descendants, from /proc/PID/status, in MiB."""
+    total_kb = 0
+    for pid in _descendants(root):
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith("VmRSS:"):
+                total_kb += int(line.split()[1])  # "VmRSS:   12345 kB"
+                break
+    return total_kb / 1024

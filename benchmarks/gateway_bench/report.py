@@ -87,9 +87,58 @@ def summarize_phase(phase: Phase, runs: Sequence[Run]) -> dict[str, Any]:
 
 def summarize(table: RunTable, phases: Sequence[Phase]) -> dict[str, dict[str, Any]]:
     return {
-        system: {phase.name: summarize_phase(phase, runs[phase.name]) for phase in phases}
+        system: {
+            phase.name: summarize_phase(phase, runs[phase.name]) for phase in phases if phase.name in runs
+        }
         for system, runs in table.items()
     }
+
+
+def scaling(systems: dict[str, dict[str, Any]], workers: int) -> dict[str, Any]:
+    """Throughput of `meridian --workers N` against one worker, in the phases both ran."""
+    one, many = systems["meridian"], systems[f"meridian_w{workers}"]
+    result: dict[str, Any] = {"workers": workers}
+    for phase in many:
+        rate_one, rate_many = one[phase]["requests_per_s"], many[phase]["requests_per_s"]
+        result[phase] = {
+            "requests_per_s_1_worker": rate_one,
+            f"requests_per_s_{workers}_workers": rate_many,
+            "speedup": _ratio(rate_many, rate_one),
+        }
+    return result
+
+
+# The issue's absolute targets for Meridian alone (issue 10, "Speed"): (comparison, bound).
+GOALS: dict[str, tuple[str, float]] = {
+    "chat_c1_added_latency_p50_ms": ("<=", 1.0),
+    "chat_c32_requests_per_s": (">=", 1200.0),
+    "stream_c32_streams_per_s": (">=", 500.0),
+    "chat_c32_cpu_ms_per_request": ("<=", 0.8),
+    "rss_mb_after_all_requests": ("<=", 100.0),
+    # "No growth": within what allocator arenas and GC timing move between two reads.
+    "rss_growth_mb_second_half": ("<=", 2.0),
+}
+
+
+def goals(
+    systems: dict[str, dict[str, Any]], added: dict[str, dict[str, float | None]], rss: dict[str, Any] | None
+) -> dict[str, dict[str, Any]]:
+    """Each goal with the measured value and whether it is met (None: not measured this run)."""
+    meridian = systems["meridian"]
+    measured: dict[str, float | None] = {
+        "chat_c1_added_latency_p50_ms": added["meridian"]["chat_c1_latency_p50_ms"],
+        "chat_c32_requests_per_s": meridian["chat_c32"]["requests_per_s"],
+        "stream_c32_streams_per_s": meridian.get("stream_c32", {}).get("requests_per_s"),
+        "chat_c32_cpu_ms_per_request": meridian["chat_c32"]["proxy_cpu_ms_per_request"],
+        "rss_mb_after_all_requests": rss["rss_mb_after_second_half"] if rss else None,
+        "rss_growth_mb_second_half": rss["rss_growth_mb_second_half"] if rss else None,
+    }
+    verdicts = {}
+    for name, (op, bound) in GOALS.items():
+        value = measured[name]
+        met = None if value is None else (value <= bound if op == "<=" else value >= bound)
+        verdicts[name] = {"target": f"{op} {bound:g}", "measured": value, "met": met}
+    return verdicts
 
 
 def added_latency(
@@ -142,6 +191,10 @@ def compare(systems: dict[str, dict[str, Any]], added: dict[str, dict[str, float
             systems["litellm"]["chat_c32"]["proxy_cpu_ms_per_request"],
             systems["meridian"]["chat_c32"]["proxy_cpu_ms_per_request"],
         ),
+        "stream_c32_streams_per_s_ratio": _ratio(
+            systems["meridian"].get("stream_c32", {}).get("requests_per_s"),
+            systems["litellm"].get("stream_c32", {}).get("requests_per_s"),
+        ),
     }
     return {"targets": targets, "other_ratios": informative}
 
@@ -154,25 +207,34 @@ def table(
     systems: dict[str, dict[str, Any]],
     added: dict[str, dict[str, float | None]],
     comparison: dict[str, Any] | None,
+    extra: dict[str, Any] | None = None,
 ) -> str:
-    """The short printed summary; the JSON has everything."""
+    """The short printed summary; the JSON has everything. `extra`: the document's `scaling`,
+    `rss` and `goals`, each printed when present."""
     header = (
-        f"{'system':<10}{'c1 p50':>9}{'c1 p99':>9}{'c32 p50':>9}{'c32 p99':>9}{'c32 req/s':>11}"
-        f"{'ttfb p50':>10}{'ttfb p99':>10}{'cpu ms/req':>12}{'errors':>8}"
+        f"{'system':<14}{'c1 p50':>8}{'c1 p99':>8}{'c32 p50':>9}{'c32 p99':>9}{'c32 req/s':>11}"
+        f"{'ttfb p50':>10}{'ttfb p99':>10}{'strm/s c32':>12}{'cpu ms/req':>12}{'errors':>8}"
     )
-    lines = ["latency in ms (non-streamed chat; ttfb = streamed, first data event, c=1)", header]
+    lines = [
+        "latency in ms (non-streamed chat; ttfb = streamed, first data event, c=1; "
+        "strm/s = streams of 16 chunks/s at c=32; cpu = the system's own, per c32 request)",
+        header,
+    ]
     for name, phases in systems.items():
-        c1, c32, stream = phases["chat_c1"], phases["chat_c32"], phases["stream_c1"]
+        c1, c32 = phases.get("chat_c1", {}), phases.get("chat_c32", {})
+        stream, streams = phases.get("stream_c1", {}), phases.get("stream_c32", {})
         errors = sum(phases[p]["errors"] for p in phases)
         lines.append(
-            f"{name:<10}{_cell(c1['latency_p50_ms']):>9}{_cell(c1['latency_p99_ms']):>9}"
-            f"{_cell(c32['latency_p50_ms']):>9}{_cell(c32['latency_p99_ms']):>9}{_cell(c32['requests_per_s'], 0):>11}"
-            f"{_cell(stream['ttfb_p50_ms']):>10}{_cell(stream['ttfb_p99_ms']):>10}"
-            f"{_cell(c32['proxy_cpu_ms_per_request'], 3):>12}{errors:>8}"
+            f"{name:<14}{_cell(c1.get('latency_p50_ms')):>8}{_cell(c1.get('latency_p99_ms')):>8}"
+            f"{_cell(c32.get('latency_p50_ms')):>9}{_cell(c32.get('latency_p99_ms')):>9}"
+            f"{_cell(c32.get('requests_per_s'), 0):>11}"
+            f"{_cell(stream.get('ttfb_p50_ms')):>10}{_cell(stream.get('ttfb_p99_ms')):>10}"
+            f"{_cell(streams.get('requests_per_s'), 0):>12}"
+            f"{_cell(c32.get('proxy_cpu_ms_per_request'), 3):>12}{errors:>8}"
         )
     for name, deltas in added.items():
         lines.append(
-            f"{'+' + name:<10}{_cell(deltas['chat_c1_latency_p50_ms']):>9}{_cell(deltas['chat_c1_latency_p99_ms']):>9}"
+            f"{'+' + name:<14}{_cell(deltas['chat_c1_latency_p50_ms']):>8}{_cell(deltas['chat_c1_latency_p99_ms']):>8}"
             f"{_cell(deltas['chat_c32_latency_p50_ms']):>9}{_cell(deltas['chat_c32_latency_p99_ms']):>9}{'':>11}"
             f"{_cell(deltas['stream_c1_ttfb_p50_ms']):>10}{_cell(deltas['stream_c1_ttfb_p99_ms']):>10}"
         )
@@ -181,4 +243,25 @@ def table(
             verdict = "met" if target["met"] else "MISSED"
             shown = "inf" if target["measured"] is None and target["met"] else _cell(target["measured"])
             lines.append(f"target {name}: {shown} (want >= {target['target']:g}) {verdict}")
+    extra = extra or {}
+    if extra.get("scaling"):
+        workers = extra["scaling"]["workers"]
+        for phase, numbers in extra["scaling"].items():
+            if phase != "workers":
+                lines.append(
+                    f"scaling {phase}: 1 worker {_cell(numbers['requests_per_s_1_worker'], 0)}/s, "
+                    f"{workers} workers {_cell(numbers[f'requests_per_s_{workers}_workers'], 0)}/s "
+                    f"(x{_cell(numbers['speedup'])})"
+                )
+    if extra.get("rss"):
+        rss = extra["rss"]
+        lines.append(
+            f"rss meridian: {rss['rss_mb_start']} MiB at start, {rss['rss_mb_after_first_half']} after "
+            f"{rss['requests_per_half']} requests, {rss['rss_mb_after_second_half']} after "
+            f"{2 * rss['requests_per_half']} "
+            f"({rss['errors']} errors{', TRUNCATED' if rss['truncated'] else ''})"
+        )
+    for name, goal in (extra.get("goals") or {}).items():
+        verdict = {True: "met", False: "MISSED", None: "not measured"}[goal["met"]]
+        lines.append(f"goal {name}: {_cell(goal['measured'])} (want {goal['target']}) {verdict}")
     return "\n".join(lines)

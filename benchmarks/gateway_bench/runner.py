@@ -5,7 +5,8 @@ measured only in a quiet or only in a busy spell. Concurrency-1 phases interleav
 in blocks of requests in one client process (gateway_bench.load says how); the concurrency-32 phase cannot (the systems would
 compete for the same cores), so it runs them back to back, in an order that rotates every round.
 Each measurement is one load-generator process (gateway_bench.load); each system's CPU time is
-read from /proc around it.
+read from /proc around it. A system may take part in some phases only (System.only_phases).
+The RSS phase (measure_rss) runs on its own, after the others.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
@@ -54,7 +56,13 @@ def run_client(specs: Sequence[LoadSpec]) -> list[LoadResult]:
     )
     if result.returncode != 0:
         raise RuntimeError(f"load generator failed ({result.returncode}): {result.stderr.decode()[-2000:]}")
-    return msgspec.json.decode(result.stdout, type=list[LoadResult])
+    try:
+        return msgspec.json.decode(result.stdout, type=list[LoadResult])
+    except msgspec.DecodeError as exc:
+        raise RuntimeError(
+            f"load generator exited 0 with unreadable output ({exc}; {len(result.stdout)} bytes, "
+            f"ending {result.stdout[-120:]!r}): {result.stderr.decode()[-2000:]}"
+        ) from None
 
 
 def spec_for(system: System, phase: Phase, requests: int, deadline_s: float) -> LoadSpec:
@@ -105,12 +113,13 @@ def measure(
 ) -> RunTable:
     """Concurrency-1 phases interleave the systems in blocks (one client process); others run the
     systems back to back, rotating who goes first each round."""
-    table: RunTable = {s.name: {p.name: [] for p in phases} for s in systems}
+    table: RunTable = {s.name: {p.name: [] for p in phases if s.measures(p.name)} for s in systems}
     for index in range(rounds):
         for phase in phases:
             requests = split(phase.requests, rounds, index)
-            shift = index % len(systems)
-            order = [*systems[shift:], *systems[:shift]]
+            taking_part = [s for s in systems if s.measures(phase.name)]
+            shift = index % len(taking_part)
+            order = [*taking_part[shift:], *taking_part[:shift]]
             if phase.concurrency == 1:
                 batches = [order]
             else:
@@ -126,3 +135,33 @@ def measure(
                             flush=True,
                         )
     return table
+
+
+def measure_rss(system: System, requests: int, deadline_s: float, concurrency: int = 32) -> dict[str, Any]:
+    """Resident memory before and after two equal halves of `requests` non-streamed requests.
+
+    A leak shows as growth in the second half: the first half may still grow caches, pools and
+    allocator arenas to their working size, the second must not. Each half is bounded by
+    `deadline_s` (`truncated` then says so).
+    """
+    half = requests // 2
+    phase = Phase("rss", stream=False, concurrency=concurrency, requests=half, warmup=0)
+    rss = [round(system.servers[0].rss_mb(), 1)]
+    results = []
+    for _ in range(2):
+        results.append(run_client([spec_for(system, phase, half, deadline_s)])[0])
+        rss.append(round(system.servers[0].rss_mb(), 1))
+    wall = sum(r.wall_s for r in results)
+    ok = sum(r.ok for r in results)
+    return {
+        "requests_per_half": half,
+        "requests": ok,
+        "errors": sum(r.errors for r in results),
+        "truncated": any(r.truncated for r in results),
+        "requests_per_s": round(ok / wall, 1) if wall > 0 else None,
+        "rss_mb_start": rss[0],
+        "rss_mb_after_first_half": rss[1],
+        "rss_mb_after_second_half": rss[2],
+        "rss_growth_mb_first_half": round(rss[1] - rss[0], 1),
+        "rss_growth_mb_second_half": round(rss[2] - rss[1], 1),
+    }

@@ -3,6 +3,8 @@
   direct     the fixed-response upstream itself (gateway_bench.upstream)
   meridian   `meridian gateway --config FILE` (the real CLI) with a static directory holding one
              node, the upstream; one tenant with no limits; in-process quota (no Redis)
+  meridian_wN  the same with `--workers N` (N processes on one port), measured in the
+             concurrency-32 phases only, to show how throughput scales with workers
   litellm    see gateway_bench.litellm_proxy
 
 A `System` is what the load generator needs (URL, key, model) plus the processes whose CPU is
@@ -37,6 +39,10 @@ class System:
     model: str = MODEL
     servers: list[Server] = field(default_factory=list)  # the proxy's processes (CPU accounting)
     is_upstream: bool = False  # "direct": its processes also serve every proxy's requests
+    only_phases: frozenset[str] | None = None  # measured in these phases only; None: in all
+
+    def measures(self, phase: str) -> bool:
+        return self.only_phases is None or phase in self.only_phases
 
     def cpu_s(self) -> float:
         return sum(server.cpu_s() for server in self.servers)
@@ -96,13 +102,34 @@ def write_meridian_config(work: Path, upstream_url: str, port: int) -> Path:
     return path
 
 
-def start_meridian(work: Path, upstream_url: str) -> System:
+def start_meridian(
+    work: Path,
+    upstream_url: str,
+    *,
+    workers: int = 1,
+    only_phases: frozenset[str] | None = None,
+    tree: Path | None = None,
+) -> System:
+    """Meridian from this checkout, or with `tree` from another one (named meridian_base): the
+    same benchmark run then measures two versions of the code side by side, in the same
+    conditions."""
+    name = "meridian_base" if tree is not None else "meridian" if workers == 1 else f"meridian_w{workers}"
     port = free_port()
-    config = write_meridian_config(work, upstream_url, port)
+    config = write_meridian_config(work / name, upstream_url, port)
     cmd = [sys.executable, "-m", "meridian.cli", "gateway", "--config", str(config)]
-    server = start_server(
-        "meridian", cmd, log_dir=work, env=python_env(MERIDIAN_NODE_TOKEN=NODE_TOKEN), cwd=REPO
-    )
-    system = System("meridian", f"http://127.0.0.1:{port}", MERIDIAN_KEY, servers=[server])
+    if workers > 1:
+        cmd += ["--workers", str(workers)]
+    if tree is None:
+        env, cwd = python_env(MERIDIAN_NODE_TOKEN=NODE_TOKEN), REPO
+    else:  # only that tree's code on the path, whatever this process runs with
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(tree),
+            "PYTHONUNBUFFERED": "1",
+            "MERIDIAN_NODE_TOKEN": NODE_TOKEN,
+        }
+        cwd = tree
+    server = start_server(name, cmd, log_dir=work, env=env, cwd=cwd)
+    system = System(name, f"http://127.0.0.1:{port}", MERIDIAN_KEY, servers=[server], only_phases=only_phases)
     wait_until(server, lambda: chat_answers(system), timeout_s=60)
     return system

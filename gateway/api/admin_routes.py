@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from litestar import Controller, Response, get
@@ -15,10 +16,12 @@ _PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 class AdminController(Controller):
     @get("/health")
     async def health(self, fleet: Fleet) -> dict[str, Any]:
-        """Liveness: 200 while the gateway runs. Node counts tell an operator what routing sees."""
+        """Liveness: 200 while the gateway runs. Node counts tell an operator what routing sees;
+        `pid` tells which process answered (`--workers N` runs N behind one port)."""
         nodes = fleet.snapshot().nodes
         return {
             "status": "ok",
+            "pid": os.getpid(),
             "nodes": len(nodes),
             "healthy_nodes": sum(1 for n in nodes if n.healthy),
             "ejected": fleet.ejected(),

@@ -1,4 +1,4 @@
-"""The Upstream for regional nodes: OpenAI-format HTTP/SSE over pooled httpx clients.
+"""The Upstream for regional nodes: OpenAI-format HTTP/SSE over the app's pooled HTTP/1.1 client.
 
 Every node request carries the gateway's node credential and the tenant's routing headers
 (x-meridian-tenant, x-meridian-priority, x-meridian-cache-salt), which the pipeline puts in
@@ -9,22 +9,20 @@ another target; other 4xx are the client's fault and go back to it unchanged.
 from __future__ import annotations
 
 import contextlib
-import itertools
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import msgspec
 
 from gateway.upstreams.base import Endpoint, UpstreamError
+from gateway.upstreams.http1 import Connection, ConnectionPool, Timeout, TransportError, split_url
 
 _PATHS: dict[str, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 _decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
 
 
-def _retry_after(response: httpx.Response) -> float | None:
-    value = response.headers.get("retry-after")
+def _retry_after(value: str | None) -> float | None:
     try:
         return float(value) if value is not None else None
     except ValueError:
@@ -39,9 +37,8 @@ def _error_body(content: bytes) -> dict[str, Any] | None:
     return body if isinstance(body, dict) and isinstance(body.get("error"), dict) else None
 
 
-def status_error(response: httpx.Response, content: bytes, target: str) -> UpstreamError:
+def status_error(status: int, retry_after: str | None, content: bytes, target: str) -> UpstreamError:
     """Map a node's non-200 answer to an UpstreamError."""
-    status = response.status_code
     body = _error_body(content)
     detail = body["error"].get("message") if body else content[:200].decode("utf-8", "replace")
     if status in (401, 403):
@@ -56,85 +53,69 @@ def status_error(response: httpx.Response, content: bytes, target: str) -> Upstr
         status_code=status,
         retryable=retryable,
         body=body if not retryable else None,
-        retry_after=_retry_after(response) if status == 429 else None,
+        retry_after=_retry_after(retry_after) if status == 429 else None,
     )
 
 
-def transport_error(exc: httpx.HTTPError, target: str) -> UpstreamError:
-    if isinstance(exc, httpx.TimeoutException):
+def transport_error(exc: TransportError, target: str) -> UpstreamError:
+    if isinstance(exc, Timeout):
         return UpstreamError(f"{target} timed out ({type(exc).__name__})", status_code=504)
     return UpstreamError(f"{target} failed: {type(exc).__name__}: {exc}", status_code=502)
 
 
-async def _sse_chunks(response: httpx.Response, target: str) -> AsyncIterator[dict[str, Any]]:
+async def _sse_chunks(response: Connection, idle_s: float, target: str) -> AsyncIterator[dict[str, Any]]:
     """OpenAI chunk dicts from an SSE body; a body that ends before `[DONE]` is a broken stream.
 
-    Deliberately leaner than gateway/providers/sse.py's spec-complete decoder: our nodes send one
-    `data:` line per event, and this loop runs for every chunk of every stream (the hot path).
+    Deliberately leaner than protocol/sse.py's spec-complete decoder: our nodes send one `data:`
+    line per event, and this loop runs for every chunk of every stream (the hot path), so it
+    splits bytes and hands each payload to msgspec without building str lines or event objects.
     """
     done = False
-    try:
-        async for line in response.aiter_lines():
-            if done or not line.startswith("data:"):
+    pending = b""  # a line cut between two body pieces
+    while True:
+        try:
+            data = await response.next_chunk(idle_s)
+        except TransportError as exc:
+            if done:
+                return  # the answer was complete; only the connection's tidy end was lost
+            raise transport_error(exc, target) from None
+        if data is None:
+            lines = [pending] if pending else []
+        else:
+            lines = (pending + data if pending else data).split(b"\n")
+            pending = lines.pop()
+        for line in lines:
+            if done or not line.startswith(b"data:"):
                 continue  # blank separators, comments, `event:` lines; anything after [DONE]
-            data = line[5:].strip()
-            if data == "[DONE]":
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
                 # Keep reading to the end of the body (normally just the chunked terminator):
-                # httpx only returns a fully read connection to the pool for reuse.
+                # only a fully read connection goes back to the pool.
                 done = True
                 continue
             try:
-                chunk = _decoder.decode(data)
+                chunk = _decoder.decode(payload)
             except msgspec.DecodeError:
                 raise UpstreamError(f"{target} sent a malformed stream event", status_code=502) from None
             if isinstance(chunk, dict) and "error" in chunk:
                 message = (chunk["error"] or {}).get("message", "stream error")
                 raise UpstreamError(f"{target} ended the stream with an error: {message}", status_code=502)
             yield chunk
-    except httpx.HTTPError as exc:
-        if done:
-            return  # the answer was complete; only the connection's tidy end was lost
-        raise transport_error(exc, target) from None
+        if data is None:
+            break
     if not done:
         raise UpstreamError(f"{target} closed the stream before [DONE]", status_code=502)
 
 
-class ClientPool:
-    """httpx clients shared by every node upstream, taken in turn; owned by the app.
-
-    Several small pools instead of one big one: httpcore re-counts every connection for each
-    connection it checks when assigning a request (O(connections^2) per request), which made a
-    single client the gateway's bottleneck at ~30 concurrent requests.
-    """
-
-    def __init__(self, size: int, *, connect_timeout_s: float, read_timeout_s: float) -> None:
-        assert size >= 1, "a client pool needs at least one client"
-        self._clients = [
-            httpx.AsyncClient(
-                timeout=httpx.Timeout(read_timeout_s, connect=connect_timeout_s),
-                limits=httpx.Limits(max_connections=256, max_keepalive_connections=32, keepalive_expiry=30.0),
-            )
-            for _ in range(size)
-        ]
-        self._turn = itertools.cycle(self._clients)
-
-    def next(self) -> httpx.AsyncClient:
-        return next(self._turn)
-
-    async def aclose(self) -> None:
-        for client in self._clients:
-            await client.aclose()
-
-
 class NodeUpstream:
-    """One regional node; its connections come from the app's shared ClientPool."""
+    """One regional node; its connections come from the app's shared ConnectionPool."""
 
     token_exact = True
 
     def __init__(
         self,
         base_url: str,
-        clients: ClientPool,
+        pool: ConnectionPool,
         *,
         node_token: str | None,
         read_timeout_s: float,
@@ -142,38 +123,45 @@ class NodeUpstream:
         connect_timeout_s: float,
         name: str | None = None,
     ) -> None:
-        self._base_url = base_url.rstrip("/")
-        self._clients = clients
-        self._auth = {"authorization": f"Bearer {node_token}"} if node_token else {}
-        self._name = name or self._base_url
-        self._complete_timeout = httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
+        self._origin, host, prefix = split_url(base_url)
+        self._pool = pool
+        self._name = name or base_url.rstrip("/")
+        self._read_timeout_s = read_timeout_s
         # For streams the read timeout is the idle timeout: it bounds the wait for each chunk.
-        self._stream_timeout = httpx.Timeout(stream_idle_s, connect=connect_timeout_s)
+        self._stream_idle_s = stream_idle_s
+        # The connect timeout is the pool's (one pool serves every node, built from one config).
+        del connect_timeout_s
+        auth = f"authorization: Bearer {node_token}\r\n" if node_token else ""
+        # Everything in a request that does not change between requests, encoded once.
+        self._heads = {
+            endpoint: (
+                f"POST {prefix}{path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n{auth}"
+            ).encode()
+            for endpoint, path in _PATHS.items()
+        }
 
-    def _request(
-        self, client: httpx.AsyncClient, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str]
-    ) -> httpx.Request:
-        return client.build_request(
-            "POST",
-            self._base_url + _PATHS[endpoint],
-            content=_encoder.encode(body),
-            headers={**headers, **self._auth, "content-type": "application/json"},
-        )
+    def _request(self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str]) -> bytes:
+        content = _encoder.encode(body)
+        lines = []
+        for name, value in headers.items():
+            if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
+                raise ValueError(f"header {name!r} holds a line break")
+            lines.append(f"{name}: {value}\r\n")
+        lines.append(f"content-length: {len(content)}\r\n\r\n")
+        return self._heads[endpoint] + "".join(lines).encode() + content
 
     async def complete(
         self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str]
     ) -> dict[str, Any]:
-        client = self._clients.next()
-        request = self._request(client, endpoint, {**body, "stream": False}, headers)
-        request.extensions["timeout"] = self._complete_timeout.as_dict()
+        raw = self._request(endpoint, {**body, "stream": False}, headers)
         try:
-            response = await client.send(request)
-        except httpx.HTTPError as exc:
+            response = await self._pool.request(self._origin, raw, timeout_s=self._read_timeout_s)
+        except TransportError as exc:
             raise transport_error(exc, self._name) from None
-        if response.status_code != 200:
-            raise status_error(response, response.content, self._name)
+        if response.status != 200:
+            raise status_error(response.status, response.header(b"retry-after"), response.body, self._name)
         try:
-            result = _decoder.decode(response.content)
+            result = _decoder.decode(response.body)
         except msgspec.DecodeError:
             raise UpstreamError(f"{self._name} sent a malformed response", status_code=502) from None
         if not isinstance(result, dict):
@@ -184,30 +172,29 @@ class NodeUpstream:
     async def stream(
         self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str]
     ) -> AsyncIterator[AsyncIterator[dict[str, Any]]]:
-        client = self._clients.next()
-        request = self._request(client, endpoint, {**body, "stream": True}, headers)
-        request.extensions["timeout"] = self._stream_timeout.as_dict()
+        raw = self._request(endpoint, {**body, "stream": True}, headers)
+        idle_s = self._stream_idle_s
         try:
-            response = await client.send(request, stream=True)
-        except httpx.HTTPError as exc:
+            response = await self._pool.open(self._origin, raw, timeout_s=idle_s)
+        except TransportError as exc:
             raise transport_error(exc, self._name) from None
         try:
-            if response.status_code != 200:
+            if response.status != 200:
                 try:
-                    content = await response.aread()
-                except httpx.HTTPError as exc:
+                    content = await response.read_body(idle_s)
+                except TransportError as exc:
                     raise transport_error(exc, self._name) from None
-                raise status_error(response, content, self._name)
-            chunks = _sse_chunks(response, self._name)
+                raise status_error(response.status, response.header(b"retry-after"), content, self._name)
+            chunks = _sse_chunks(response, idle_s, self._name)
             try:
                 yield chunks
             finally:
                 await chunks.aclose()
         finally:
-            # Closing the connection mid-stream is how the node learns the client is gone: it
-            # aborts the sequence and frees its KV blocks.
-            await response.aclose()
+            # Released before the body's end, the connection is closed: that is how the node
+            # learns the client is gone, aborts the sequence and frees its KV blocks.
+            self._pool.release(response)
 
     async def aclose(self) -> None:
-        # The shared clients belong to the app, which closes them once for every node.
+        # The shared pool belongs to the app, which closes it once for every node.
         return None

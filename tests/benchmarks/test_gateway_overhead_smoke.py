@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-PHASES = {"chat_c1", "chat_c32", "stream_c1"}
+PHASES = {"chat_c1", "chat_c32", "stream_c1", "stream_c32"}
 PHASE_KEYS = {
     "requests",
     "errors",
@@ -44,16 +44,36 @@ def gateway_overhead(monkeypatch: pytest.MonkeyPatch):
     return gateway_overhead
 
 
-# About 6 s (two server processes and six load-generator processes), so not marked slow.
+GOALS = {
+    "chat_c1_added_latency_p50_ms",
+    "chat_c32_requests_per_s",
+    "stream_c32_streams_per_s",
+    "chat_c32_cpu_ms_per_request",
+    "rss_mb_after_all_requests",
+    "rss_growth_mb_second_half",
+}
+
+
+# About 15 s (three server processes, one with two workers, and a dozen load-generator
+# processes), so not marked slow.
 def test_main_measures_direct_and_meridian_and_writes_every_key(
     gateway_overhead, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "gateway_overhead.json"
-    tiny = ["--requests-c1", "5", "--requests-c32", "40", "--streams", "5", "--warmup", "4", "--rounds", "1"]
+    tiny = ["--requests-c1", "5", "--requests-c32", "40", "--streams", "5", "--streams-c32", "40"]
+    tiny += ["--warmup", "4", "--rounds", "1", "--rss-requests", "200", "--workers", "2"]
     assert gateway_overhead.main([*tiny, "--deadline-s", "60", "--out", str(out)]) == 0
 
     result = json.loads(out.read_text())
-    assert set(result) == {"conditions", "systems", "added_latency_ms", "comparison"}
+    assert set(result) == {
+        "conditions",
+        "systems",
+        "added_latency_ms",
+        "scaling",
+        "rss",
+        "goals",
+        "comparison",
+    }
     conditions = {
         "cpu_count",
         "loadavg_before",
@@ -63,16 +83,31 @@ def test_main_measures_direct_and_meridian_and_writes_every_key(
         "meridian_source_sha256",
     }
     assert conditions <= set(result["conditions"])
-    assert set(result["systems"]) == {"direct", "meridian"}
-    for system in result["systems"].values():
-        assert set(system) == PHASES
+    assert set(result["systems"]) == {"direct", "meridian", "meridian_w2"}
+    workers = result["systems"].pop("meridian_w2")
+    assert set(workers) == {"chat_c32", "stream_c32"}  # scaling is measured at concurrency 32 only
+    for system in [*result["systems"].values(), workers]:
         for phase in system.values():
             assert PHASE_KEYS <= set(phase)
             assert phase["errors"] == 0
-        assert system["chat_c1"]["requests"] == 5
         assert system["chat_c32"]["requests"] == 40
+        assert system["stream_c32"]["requests"] == 40
+    for system in result["systems"].values():
+        assert set(system) == PHASES
+        assert system["chat_c1"]["requests"] == 5
         assert {"ttfb_p50_ms", "ttfb_p99_ms"} <= set(system["stream_c1"])
     assert set(result["added_latency_ms"]) == {"meridian"}
     assert set(result["added_latency_ms"]["meridian"]) == ADDED_KEYS
+    assert result["scaling"]["workers"] == 2
+    assert result["scaling"]["chat_c32"]["requests_per_s_2_workers"] > 0
+    rss = result["rss"]
+    assert (rss["requests"], rss["errors"], rss["truncated"]) == (200, 0, False)
+    assert all(rss[f"rss_mb_{when}"] > 10 for when in ("start", "after_first_half", "after_second_half"))
+    assert rss["rss_growth_mb_second_half"] == round(
+        rss["rss_mb_after_second_half"] - rss["rss_mb_after_first_half"], 1
+    )
+    assert set(result["goals"]) == GOALS
+    assert all(goal["measured"] is not None for goal in result["goals"].values())
     assert result["comparison"] is None  # only with --compare-litellm
-    assert "meridian" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "meridian" in printed and "scaling chat_c32" in printed and "rss meridian" in printed
