@@ -15,7 +15,6 @@ from litestar.response import Stream
 from litestar.response.base import ASGIResponse
 from litestar.types import Receive, Scope, Send
 
-from gateway.runtime.tasks import run_shielded
 from gateway.streaming.served import ServedStream
 from protocol.sse import DONE, encode_data
 
@@ -36,8 +35,11 @@ class _ClosingResponse:
         try:
             await self._inner(scope, receive, send)
         finally:
-            await run_shielded(self._frames.aclose, what="stop SSE frames")
-            await self._served.aclose()
+            try:
+                # Frames hold nothing but the chunks, which the stream's own (shielded) close ends.
+                await self._frames.aclose()
+            finally:
+                await self._served.aclose()
 
 
 class SSEResponse(Stream):

@@ -7,10 +7,9 @@ tenant's fail_mode decides: "closed" -> QuotaUnavailable, "open" -> an in-proces
 
 from __future__ import annotations
 
-import asyncio
 import logging
+import os
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -68,7 +67,6 @@ class StoreQuotaGate:
         self._lease_ms = lease_ms
         self._local_share = local_share
         self._geo = geometry or Geometry()
-        self._settling: set[asyncio.Task[None]] = set()
         self.dropped_settlements = 0
 
     @property
@@ -113,7 +111,7 @@ class StoreQuotaGate:
         limits = QuotaLimits.from_tenant(policy.limits)
         cost = max(0, int(estimated_tokens))
         check_can_ever_fit(tenant_id, limits, cost)
-        lease_id = f"{request_id}:{uuid.uuid4().hex[:12]}"  # unique even if request ids repeat
+        lease_id = f"{request_id}:{os.urandom(6).hex()}"  # unique even if request ids repeat
         store, source = self._store, self._store.name
         try:
             outcome = await self._guarded(
@@ -179,15 +177,10 @@ class StoreQuotaGate:
         if ticket.settled:
             return
         ticket.settled = True
-        # Shielded: a request cancelled mid-settlement (client gone) must still release its slot.
-        task = asyncio.ensure_future(self._settle(admission, ticket, int(actual_tokens)))
-        self._settling.add(task)
-        task.add_done_callback(self._settling.discard)
-        await asyncio.shield(task)
-
-    async def _settle(self, admission: Admission, ticket: Ticket, actual_tokens: int) -> None:
+        # The request path shields this call (gateway.runtime.tasks.run_shielded): a request
+        # cancelled mid-settlement (client gone) still releases its slot.
         store = self._store_for(ticket)
-        delta = actual_tokens - admission.reserved_tokens
+        delta = int(actual_tokens) - admission.reserved_tokens
         lease_id = admission.lease_id or ""
         call = lambda: store.settle(ticket.tenant_id, ticket.slot, ticket.day, delta, lease_id)  # noqa: E731
         try:
@@ -217,8 +210,6 @@ class StoreQuotaGate:
         return usage_report(tenant_id, limits, reading, source=source, geometry=self._geo)
 
     async def close(self) -> None:
-        if self._settling:
-            await asyncio.wait(set(self._settling), timeout=1.0)
         await self._store.close()
         if self._fallback is not None:
             await self._fallback.close()

@@ -11,6 +11,8 @@ from router.types import Target, TenantPolicy
 def header_safe(value: str) -> str:
     """Route reasons become header values: ASCII, one line, bounded."""
     # Control characters (CR, LF, ...) in directory data would break the response's headers.
+    if value.isascii() and value.isprintable():  # the usual case, without a pass per character
+        return value[:512]
     printable = "".join(ch if " " <= ch <= "~" else " " for ch in value)
     return printable[:512]
 

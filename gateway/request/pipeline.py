@@ -14,8 +14,8 @@ the request ends.
 from __future__ import annotations
 
 import logging
+import os
 import time
-import uuid
 from collections.abc import AsyncGenerator, Mapping
 from contextlib import AsyncExitStack
 from typing import Any
@@ -126,7 +126,7 @@ class RequestPipeline:
 
     def start_call(self, headers: Mapping[str, str]) -> CallContext:
         return CallContext(
-            request_id=f"req_{uuid.uuid4().hex}",
+            request_id=f"req_{os.urandom(16).hex()}",  # uuid4's randomness, without the UUID object
             client_region=headers.get("x-meridian-client-region") or None,
         )
 
@@ -236,13 +236,14 @@ class RequestPipeline:
     async def _settle_stream(
         self, ctx: CallContext, plan: RequestPlan, admission: Admission, relay: StreamRelay | None
     ) -> None:
+        """Runs as the stream's exit stack unwinds, which its owner already shields."""
         if relay is None:  # failed before the first chunk: nothing was served
-            await self._settle(admission, 0)
+            await self._quota.settle(admission, actual_tokens=0)
             return
         usage = relay.usage or {}
         served = int(usage.get("total_tokens") or plan.prompt_tokens_estimate + relay.completion_tokens())
         self._count_tokens(ctx, usage)
-        await self._settle(admission, served)
+        await self._quota.settle(admission, actual_tokens=served)
         self.record(ctx, "stream_error" if ctx.stream_error else "200", stream=True)
 
     # -- what the front doors read -------------------------------------------------------------

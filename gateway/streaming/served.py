@@ -31,5 +31,10 @@ class ServedStream:
         if self._closed:
             return
         self._closed = True
-        await run_shielded(self.chunks.aclose, what="stop client stream")
-        await run_shielded(self._owned.aclose, what="release client stream")
+        await run_shielded(self._release, what="release client stream")
+
+    async def _release(self) -> None:
+        try:
+            await self.chunks.aclose()
+        finally:
+            await self._owned.aclose()

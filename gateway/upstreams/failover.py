@@ -63,7 +63,8 @@ def verdict(error: BaseException) -> tuple[Outcome, float | None]:
 
 @dataclass
 class OpenedStream:
-    """A stream whose first chunk has arrived; `aclose` closes the upstream connection."""
+    """A stream whose first chunk has arrived; `aclose` closes the upstream connection (its owner,
+    the ServedStream, shields that when it must survive a cancellation)."""
 
     target: Target
     attempts: int  # targets tried to get here, this one included
@@ -72,7 +73,7 @@ class OpenedStream:
     stack: AsyncExitStack
 
     async def aclose(self) -> None:
-        await run_shielded(self.stack.aclose, what=f"close stream from {self.target.target_id}")
+        await self.stack.aclose()
 
 
 class Forwarder:
