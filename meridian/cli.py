@@ -64,7 +64,7 @@ def _gateway_main(args: argparse.Namespace) -> int:
     if args.workers == 1:
         return run_gateway(app, host, port)
     del app
-    if not (config.quota or {}).get("redis_url"):
+    if config.quota.redis_url is None:
         logger.warning(
             "--workers %d with the in-process quota store: each worker keeps its own counters, so a "
             "tenant may get up to %d times its limits; set quota.redis_url for exact quotas",

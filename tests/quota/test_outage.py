@@ -34,9 +34,16 @@ def server() -> Iterator[RedisServer]:
 
 @pytest.fixture
 async def gate(server: RedisServer) -> AsyncIterator[StoreQuotaGate]:
-    built = build_quota_gate(
-        QuotaConfig(redis_url=server.url, timeout_ms=TIMEOUT_MS, cooldown_ms=300, local_share=0.5)
+    # No stretching of the timeout while the loop lags (congested_timeout_ms): these tests are
+    # about a dead or hung Redis, and on a busy CI machine the stretch would blur the bound.
+    config = QuotaConfig(
+        redis_url=server.url,
+        timeout_ms=TIMEOUT_MS,
+        congested_timeout_ms=TIMEOUT_MS,
+        cooldown_ms=300,
+        local_share=0.5,
     )
+    built = build_quota_gate(config)
     yield built
     await built.close()
 
