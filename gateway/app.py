@@ -139,7 +139,6 @@ def build_gateway(
             node_token=node_token,
             read_timeout_s=timeouts.read_s,
             stream_idle_s=timeouts.stream_idle_s,
-            connect_timeout_s=timeouts.connect_s,
             name=node_id,
         )
 

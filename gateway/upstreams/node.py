@@ -108,7 +108,8 @@ async def _sse_chunks(response: Connection, idle_s: float, target: str) -> Async
 
 
 class NodeUpstream:
-    """One regional node; its connections come from the app's shared ConnectionPool."""
+    """One regional node; its connections come from the app's shared ConnectionPool (which also
+    holds the connect timeout: one pool serves every node)."""
 
     token_exact = True
 
@@ -120,7 +121,6 @@ class NodeUpstream:
         node_token: str | None,
         read_timeout_s: float,
         stream_idle_s: float,
-        connect_timeout_s: float,
         name: str | None = None,
     ) -> None:
         self._origin, host, prefix = split_url(base_url)
@@ -129,8 +129,6 @@ class NodeUpstream:
         self._read_timeout_s = read_timeout_s
         # For streams the read timeout is the idle timeout: it bounds the wait for each chunk.
         self._stream_idle_s = stream_idle_s
-        # The connect timeout is the pool's (one pool serves every node, built from one config).
-        del connect_timeout_s
         auth = f"authorization: Bearer {node_token}\r\n" if node_token else ""
         # Everything in a request that does not change between requests, encoded once.
         self._heads = {

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -135,3 +136,21 @@ def test_a_worker_that_dies_is_reported_and_stops_the_gateway(gateway: Gateway) 
     while not _gone(survivor):
         assert time.monotonic() < deadline, "the other worker was left running"
         time.sleep(0.05)
+
+
+def test_a_port_in_use_stops_start_up_with_exit_1(tmp_path: Path) -> None:
+    with socket.socket() as taken:  # an ordinary listener, without SO_REUSEPORT
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = _write_config(tmp_path, port)
+        result = subprocess.run(
+            python_command("-m", "meridian.cli", "gateway", "--config", str(config), "--workers", "2"),
+            env={**os.environ, "MERIDIAN_NODE_TOKEN": "t"},
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert result.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
