@@ -74,7 +74,9 @@ class RetryConfig(_Section):
     max_attempts: Annotated[int, msgspec.Meta(ge=1, le=MAX_ATTEMPTS_BOUND)] = 3
     backoff_base_s: NonNegative = 0.02  # full-jitter back-off between attempts: U(0, base * 2^n)
     backoff_max_s: NonNegative = 0.25
-    max_continuations: Annotated[int, msgspec.Meta(ge=0)] = 2  # how often one broken stream may be continued on another node
+    max_continuations: Annotated[int, msgspec.Meta(ge=0)] = (
+        2  # how often one broken stream may be continued on another node
+    )
 
 
 class EjectionConfig(_Section):

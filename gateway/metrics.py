@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 # Gateway-added latency is milliseconds; whole requests on CPU nodes run to tens of seconds.
@@ -11,6 +13,7 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
         r = self.registry
         self.requests = Counter(
             "meridian_gateway_requests",
@@ -57,6 +60,16 @@ class GatewayMetrics:
             ["node_id", "region"],
             registry=r,
         )
+
+    def labelled(self, metric: Counter | Histogram, *values: str) -> Any:
+        """`metric.labels(*values)`, remembered: labels() validates and locks on every call, and
+        the request path asks for the same few children on every request. Bounded like the
+        metric's own children (tenants x models x regions x outcomes)."""
+        key = (metric, values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

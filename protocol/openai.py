@@ -213,6 +213,12 @@ _PATH_FIELD = re.compile(r"`\$\.?([^`]*)`")
 
 def decode_request(body: bytes, request_type: type[RequestT]) -> RequestT:
     """Decode a JSON body into a request struct, or raise a 400 that names the offending field."""
+    return decode_request_and_object(body, request_type)[0]
+
+
+def decode_request_and_object(body: bytes, request_type: type[RequestT]) -> tuple[RequestT, dict[str, Any]]:
+    """The request struct and the JSON object it was read from (for a proxy that forwards the
+    client's fields as they came), decoded once; a 400 naming the field as `decode_request`."""
     if not body.strip():
         raise InvalidRequestError("The request body is empty; expected a JSON object.")
     try:
@@ -220,7 +226,7 @@ def decode_request(body: bytes, request_type: type[RequestT]) -> RequestT:
         if not isinstance(raw, dict):
             raise InvalidRequestError(f"The request body must be a JSON object, not {type(raw).__name__}.")
         # OpenAI treats an explicit `null` as "not given"; many clients send them for defaults.
-        return msgspec.convert({k: v for k, v in raw.items() if v is not None}, request_type)
+        return msgspec.convert({k: v for k, v in raw.items() if v is not None}, request_type), raw
     except msgspec.ValidationError as exc:
         message = str(exc)
         match = _PATH_FIELD.search(message)

@@ -57,10 +57,13 @@ def order_nodes(
     reason_prefix: str = "",
 ) -> tuple[Target, ...]:
     """`nodes` as Targets for `model`, in the documented order, each with its reason."""
-    affinity = {
-        node_id: rank
-        for rank, node_id in enumerate(rendezvous_rank(affinity_key, (n.node_id for n in nodes)))
-    }
+    # One node needs no ranking (the common case of a small region, and this runs per request).
+    ranked = (
+        rendezvous_rank(affinity_key, (n.node_id for n in nodes))
+        if len(nodes) > 1
+        else [n.node_id for n in nodes]
+    )
+    affinity = {node_id: rank for rank, node_id in enumerate(ranked)}
 
     def group(node: NodeInfo) -> tuple[bool, int, int]:
         pref = preference_class(

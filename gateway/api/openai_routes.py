@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import msgspec
 from litestar import Controller, Request, Response, get, post
 
 from gateway.api.errors import failed
@@ -17,8 +16,8 @@ from gateway.api.sse import SSEResponse
 from gateway.request.context import CallContext
 from gateway.request.pipeline import RequestPipeline
 from gateway.upstreams.base import Endpoint
-from protocol import ChatCompletionRequest, CompletionRequest, decode_request
-from protocol.openai import ModelCard, ModelList
+from protocol import ChatCompletionRequest, CompletionRequest
+from protocol.openai import ModelCard, ModelList, decode_request_and_object
 
 _REQUEST_TYPES: dict[Endpoint, type[ChatCompletionRequest] | type[CompletionRequest]] = {
     "chat": ChatCompletionRequest,
@@ -35,8 +34,7 @@ async def _serve(
     try:
         pipeline.authenticate(ctx, request.headers.get("authorization"))
         raw = await request.body()
-        parsed = decode_request(raw, _REQUEST_TYPES[endpoint])
-        body = msgspec.json.decode(raw)
+        parsed, body = decode_request_and_object(raw, _REQUEST_TYPES[endpoint])
         if parsed.stream:
             stream = await pipeline.stream(ctx, endpoint, parsed, body)
             return SSEResponse(stream)

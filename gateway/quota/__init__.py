@@ -14,7 +14,7 @@ from gateway.quota.errors import (
 )
 from gateway.quota.gate import StoreQuotaGate, store_breaker
 from gateway.quota.interface import Admission, QuotaGate
-from gateway.quota.lease import lease_keeper
+from gateway.quota.lease import LeaseKeeper
 from gateway.quota.memory_store import MemoryQuotaStore
 from gateway.quota.model import QuotaLimits
 from gateway.quota.redis_store import RedisQuotaStore
@@ -23,6 +23,7 @@ from gateway.quota.window import Geometry
 __all__ = [
     "Admission",
     "Geometry",
+    "LeaseKeeper",
     "MemoryQuotaStore",
     "QuotaConfig",
     "QuotaError",
@@ -35,6 +36,5 @@ __all__ = [
     "RequestTooLarge",
     "StoreQuotaGate",
     "build_quota_gate",
-    "lease_keeper",
     "store_breaker",
 ]

@@ -24,7 +24,7 @@ from gateway.config import GatewayConfig
 from gateway.metrics import GatewayMetrics
 from gateway.policy import PolicyStore
 from gateway.quota.interface import Admission, QuotaGate
-from gateway.quota.lease import lease_keeper
+from gateway.quota.lease import LeaseKeeper
 from gateway.request.context import CallContext, header_safe
 from gateway.request.errors import NoRouteError
 from gateway.request.plan import RequestPlan, plan_request
@@ -75,7 +75,7 @@ class RequestPipeline:
         served_tokens = 0
         try:
             targets = self._route(ctx, plan.model.name, plan.affinity_key)
-            async with lease_keeper(self._quota, admission):
+            async with LeaseKeeper(self._quota, admission):
                 target, result, attempts = await self._failover.complete(
                     targets, endpoint, lambda t: plan.body_for(t, stream=False), self._node_headers(ctx)
                 )
@@ -107,7 +107,7 @@ class RequestPipeline:
 
         try:
             owned.push_async_callback(settle)
-            await owned.enter_async_context(lease_keeper(self._quota, admission))
+            await owned.enter_async_context(LeaseKeeper(self._quota, admission))
             targets = self._route(ctx, plan.model.name, plan.affinity_key)
             opened = await self._failover.open_stream(
                 targets, endpoint, lambda t: plan.body_for(t, stream=True), self._node_headers(ctx)
@@ -256,8 +256,8 @@ class RequestPipeline:
 
     def record(self, ctx: CallContext, status: str, *, stream: bool) -> None:
         tenant = ctx.tenant.tenant_id if ctx.tenant else "-"
-        self._metrics.requests.labels(tenant, ctx.model, ctx.region, status).inc()
-        self._metrics.latency.labels(ctx.model, "true" if stream else "false").observe(
+        self._metrics.labelled(self._metrics.requests, tenant, ctx.model, ctx.region, status).inc()
+        self._metrics.labelled(self._metrics.latency, ctx.model, "true" if stream else "false").observe(
             time.monotonic() - ctx.started
         )
 
@@ -266,7 +266,7 @@ class RequestPipeline:
         for kind in ("prompt", "completion"):
             count = int(usage.get(f"{kind}_tokens", 0) or 0)
             if count:
-                self._metrics.tokens.labels(tenant, kind).inc(count)
+                self._metrics.labelled(self._metrics.tokens, tenant, kind).inc(count)
 
     def _node_headers(self, ctx: CallContext) -> dict[str, str]:
         assert ctx.tenant is not None

@@ -25,8 +25,11 @@ async def run_shielded(
     step: Callable[[], Awaitable[object]], *, timeout_s: float = 5.0, what: str = ""
 ) -> None:
     """Await `step()` shielded from cancellation, at most `timeout_s`; log (never raise) failures."""
-    # One scope that both shields and bounds: it runs on every request's clean-up path.
-    with anyio.CancelScope(shield=True, deadline=anyio.current_time() + timeout_s) as scope:
+    # One scope that both shields and bounds: it runs on every request's clean-up path. Its
+    # deadline is on anyio's clock, which on asyncio is the loop's (read directly: anyio's
+    # current_time() looks the backend up on every call).
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    with anyio.CancelScope(shield=True, deadline=deadline) as scope:
         try:
             await step()
         except Exception:

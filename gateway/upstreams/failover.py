@@ -169,7 +169,9 @@ class Forwarder:
         self._fleet.board.record(target.target_id, permit, outcome, retry_after=retry_after)
 
     def _count(self, target: Target, outcome: str) -> None:
-        self._metrics.upstream_attempts.labels(target.target_id, target.region, outcome).inc()
+        self._metrics.labelled(
+            self._metrics.upstream_attempts, target.target_id, target.region, outcome
+        ).inc()
 
     def record_success(self, target: Target) -> None:
         """Count a successful attempt (its breaker heard the verdict with the attempt's permit)."""
