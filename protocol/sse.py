@@ -68,3 +68,26 @@ class SSEDecoder:
         self._data = []
         self._event = None
         return event
+
+
+class DataLines:
+    """The `data:` payloads of a body whose every event is a single `data:` line, as bytes.
+
+    Our nodes' streams are of that shape, and they are read for every chunk of every stream, so
+    this skips what SSEDecoder does for any server (str lines, multi-line data, event objects):
+    it splits bytes and hands back each payload, for msgspec to decode as it is. Lines of other
+    fields, comments and blank separators are dropped.
+    """
+
+    def __init__(self) -> None:
+        self._pending = b""  # a line cut between two body pieces
+
+    def feed(self, data: bytes) -> list[bytes]:
+        lines = (self._pending + data if self._pending else data).split(b"\n")
+        self._pending = lines.pop()
+        return [line[5:].strip() for line in lines if line.startswith(b"data:")]
+
+    def end(self) -> list[bytes]:
+        """The body ended: a last line without its line break still counts."""
+        rest, self._pending = self._pending, b""
+        return [rest[5:].strip()] if rest.startswith(b"data:") else []

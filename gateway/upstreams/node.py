@@ -16,6 +16,7 @@ import msgspec
 
 from gateway.upstreams.base import Endpoint, UpstreamError
 from gateway.upstreams.http1 import Connection, ConnectionPool, Timeout, TransportError, split_url
+from protocol.sse import DataLines
 
 _PATHS: dict[str, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 _decoder = msgspec.json.Decoder()
@@ -66,12 +67,11 @@ def transport_error(exc: TransportError, target: str) -> UpstreamError:
 async def _sse_chunks(response: Connection, idle_s: float, target: str) -> AsyncIterator[dict[str, Any]]:
     """OpenAI chunk dicts from an SSE body; a body that ends before `[DONE]` is a broken stream.
 
-    Deliberately leaner than protocol/sse.py's spec-complete decoder: our nodes send one `data:`
-    line per event, and this loop runs for every chunk of every stream (the hot path), so it
-    splits bytes and hands each payload to msgspec without building str lines or event objects.
+    Our nodes send one `data:` line per event, so the lean DataLines reader splits them (the hot
+    path: every chunk of every stream) rather than the spec-complete SSEDecoder.
     """
     done = False
-    pending = b""  # a line cut between two body pieces
+    lines = DataLines()
     while True:
         try:
             data = await response.next_chunk(idle_s)
@@ -79,15 +79,9 @@ async def _sse_chunks(response: Connection, idle_s: float, target: str) -> Async
             if done:
                 return  # the answer was complete; only the connection's tidy end was lost
             raise transport_error(exc, target) from None
-        if data is None:
-            lines = [pending] if pending else []
-        else:
-            lines = (pending + data if pending else data).split(b"\n")
-            pending = lines.pop()
-        for line in lines:
-            if done or not line.startswith(b"data:"):
-                continue  # blank separators, comments, `event:` lines; anything after [DONE]
-            payload = line[5:].strip()
+        for payload in lines.feed(data) if data is not None else lines.end():
+            if done:
+                continue  # anything after [DONE]
             if payload == b"[DONE]":
                 # Keep reading to the end of the body (normally just the chunked terminator):
                 # only a fully read connection goes back to the pool.

@@ -1,6 +1,6 @@
 """`meridian model init OUT_DIR --arch ... --size ...`: write a random local checkpoint.
 
-gateway/cli.py either calls `model_init_main(argv_after_model)` or mounts `add_model_commands` on
+meridian/cli.py either calls `model_init_main(argv_after_model)` or mounts `add_model_commands` on
 its own subparsers; `python -m regional_node.checkpoints init ...` runs the same code.
 """
 

@@ -2,7 +2,7 @@
 
 Used both ways: the Anthropic adapter turns our OpenAI-format requests into Messages requests
 and the answers back; the `/v1/messages` front door does the opposite for Anthropic clients.
-Streams are in anthropic_stream. The mapping table is in gateway/providers/README.md.
+Streams are in anthropic_stream. The mapping table is in gateway/upstreams/providers/README.md.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""The SSE decoder's corner cases."""
+"""SSE framing: the decoder's corner cases, the lean data-line reader, and the encoder."""
 
 from __future__ import annotations
 
-from protocol.sse import SSEDecoder, SSEEvent
+from protocol.sse import DONE, DataLines, SSEDecoder, SSEEvent, encode_data, encode_event
 
 
 def decode(text: str) -> list[SSEEvent]:
@@ -40,3 +40,21 @@ def test_last_event_without_blank_line_is_still_delivered() -> None:
 def test_id_persists_across_events() -> None:
     events = decode("id: 7\ndata: a\n\ndata: b\n\n")
     assert [e.id for e in events] == ["7", "7"]
+
+
+def test_data_lines_cut_between_body_pieces_are_joined() -> None:
+    lines = DataLines()
+    assert lines.feed(b'data: {"a": 1}\n\ndata: {"b"') == [b'{"a": 1}']
+    assert lines.feed(b": 2}\n\n: keep-alive\nevent: x\n") == [b'{"b": 2}']
+    assert lines.feed(b"data: [DONE]") == []
+    assert lines.end() == [b"[DONE]"], "a last line without its line break still counts"
+    assert lines.end() == []
+
+
+def test_encoded_frames_decode_to_what_was_encoded() -> None:
+    assert encode_data({"a": 1}) == b'data: {"a":1}\n\n'
+    assert encode_event("message_stop", {"type": "message_stop"}) == (
+        b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+    )
+    lines = DataLines()
+    assert lines.feed(encode_data({"a": 1}) + DONE) == [b'{"a":1}', b"[DONE]"]
