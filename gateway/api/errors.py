@@ -9,6 +9,7 @@ stack trace.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from litestar import Request, Response
@@ -19,6 +20,7 @@ from gateway.quota.headers import retry_after_headers
 from gateway.request.context import CallContext
 from gateway.request.errors import NoRouteError
 from gateway.request.pipeline import RequestPipeline
+from gateway.upstreams.errors import UpstreamRejected, UpstreamsExhausted
 from protocol import (
     APIError,
     InternalServerError,
@@ -37,6 +39,10 @@ def to_api_error(exc: BaseException, *, request_id: str = "-") -> APIError:
         return exc
     if isinstance(exc, NoRouteError):
         return ServiceUnavailableError(exc.message, code="no_region_available")
+    if isinstance(exc, UpstreamsExhausted):
+        return _exhausted(exc)
+    if isinstance(exc, UpstreamRejected):
+        return _rejected(exc)
     if isinstance(exc, QuotaExceeded):
         return RateLimitError(exc.message, headers={**exc.headers, **retry_after_headers(exc.retry_after_ms)})
     if isinstance(exc, QuotaUnavailable):
@@ -51,6 +57,31 @@ def to_api_error(exc: BaseException, *, request_id: str = "-") -> APIError:
         return error_for_status(exc.status_code, str(exc.detail or "HTTP error"))
     logger.error("request %s failed with an unexpected error", request_id, exc_info=exc)
     return InternalServerError("The gateway had an error while processing your request.")
+
+
+def _exhausted(exc: UpstreamsExhausted) -> APIError:
+    """429 when every target was at capacity (with the soonest Retry-After they gave), else 503."""
+    if exc.all_at_capacity():
+        wait = exc.retry_after_s()
+        retry_after = max(1, math.ceil(wait)) if wait is not None else 1
+        return RateLimitError(
+            f"{exc.message[:-1]}; retry in {retry_after}s.",
+            code="upstream_capacity",
+            headers={"retry-after": str(retry_after)},
+        )
+    return ServiceUnavailableError(exc.message, headers={"retry-after": "1"})
+
+
+def _rejected(exc: UpstreamRejected) -> APIError:
+    """The target's own answer to a request it refused as the client's fault: status and body."""
+    body = exc.error.body or {}
+    detail = body.get("error") if isinstance(body.get("error"), dict) else {}
+    error = APIError(
+        str(detail.get("message") or exc.error.message), param=detail.get("param"), code=detail.get("code")
+    )
+    error.status_code = exc.error.status_code
+    error.error_type = str(detail.get("type") or "invalid_request_error")
+    return error
 
 
 def failed(pipeline: RequestPipeline, ctx: CallContext, exc: BaseException) -> APIError:

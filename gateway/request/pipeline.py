@@ -33,9 +33,10 @@ from gateway.streaming.continuation import Continue, Stop, decide
 from gateway.streaming.relay import StreamRelay, error_event
 from gateway.streaming.served import ServedStream
 from gateway.upstreams.base import Endpoint
+from gateway.upstreams.errors import UpstreamRejected, UpstreamsExhausted
 from gateway.upstreams.failover import Forwarder, OpenedStream
 from gateway.upstreams.fleet import Fleet
-from protocol import APIError, AuthenticationError, ChatCompletionRequest, CompletionRequest
+from protocol import AuthenticationError, ChatCompletionRequest, CompletionRequest
 from router import route
 from router.types import CatalogModel, RouteRequest, Target, TenantPolicy
 
@@ -195,7 +196,7 @@ class RequestPipeline:
             if isinstance(step, Continue):
                 try:
                     opened = await self._continue(ctx, plan, step, exclude=frozenset(failed))
-                except (APIError, NoRouteError) as exc:
+                except (NoRouteError, UpstreamsExhausted, UpstreamRejected) as exc:
                     step = Stop(
                         "error",
                         f"The stream from {report.target.target_id} broke ({report.error.message}) and could not be continued: {exc}",

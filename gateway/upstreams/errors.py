@@ -1,52 +1,48 @@
-"""Upstream failures as the client sees them, in OpenAI's error format.
+"""How failover ends when no target served: the upstreams stage's domain errors.
 
-The protocol's APIError hierarchy (protocol.errors) is the one family of client
-errors; this module only maps what went wrong upstream onto it.
+gateway/api/errors.py maps them to OpenAI error bodies (the rejected request's own status and
+body, 429 when every target was at capacity, else 503 naming each failure).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 from gateway.upstreams.base import UpstreamError
-from protocol import APIError, RateLimitError, ServiceUnavailableError
 from router.types import Target
 
 
-class UpstreamRejectedError(APIError):
-    """A target refused the request as the client's fault (a 4xx): relayed with its status and body."""
+class UpstreamRejected(Exception):
+    """A target refused the request as the client's fault (a 4xx): the client gets that answer."""
 
     def __init__(self, error: UpstreamError) -> None:
-        body = error.body or {}
-        detail = body.get("error") if isinstance(body.get("error"), dict) else {}
-        super().__init__(
-            str(detail.get("message") or error.message),
-            param=detail.get("param"),
-            code=detail.get("code"),
-        )
-        self.status_code = error.status_code
-        self.error_type = str(detail.get("type") or "invalid_request_error")
+        super().__init__(error.message)
+        self.error = error
 
 
-def exhausted_error(model: str, failures: Sequence[tuple[Target, UpstreamError]]) -> APIError:
-    """Every target we tried failed: 429 when they all were busy, else 503 naming each failure."""
-    if not failures:
-        return ServiceUnavailableError(
-            f"No target for '{model}' is accepting requests right now (all are recovering from "
-            "recent failures); retry shortly.",
-            headers={"retry-after": "1"},
-        )
-    if all(error.status_code == 429 for _, error in failures):
-        waits = [error.retry_after for _, error in failures if error.retry_after is not None]
-        retry_after = max(1, math.ceil(min(waits))) if waits else 1
-        return RateLimitError(
-            f"Every node that may serve '{model}' is at capacity; retry in {retry_after}s.",
-            code="upstream_capacity",
-            headers={"retry-after": str(retry_after)},
-        )
-    tried = "; ".join(f"{target.target_id} ({target.region}): {error.message}" for target, error in failures)
-    return ServiceUnavailableError(
-        f"All {len(failures)} attempts to serve '{model}' failed: {tried}",
-        headers={"retry-after": "1"},
-    )
+class UpstreamsExhausted(Exception):
+    """Every target tried failed (or none was accepting requests); `failures` in attempt order."""
+
+    def __init__(self, model: str, failures: Sequence[tuple[Target, UpstreamError]]) -> None:
+        self.model = model
+        self.failures = tuple(failures)
+        if not failures:
+            message = (
+                f"No target for '{model}' is accepting requests right now (all are recovering from "
+                "recent failures); retry shortly."
+            )
+        elif self.all_at_capacity():
+            message = f"Every node that may serve '{model}' is at capacity."
+        else:
+            tried = "; ".join(f"{t.target_id} ({t.region}): {e.message}" for t, e in failures)
+            message = f"All {len(failures)} attempts to serve '{model}' failed: {tried}"
+        super().__init__(message)
+        self.message = message
+
+    def all_at_capacity(self) -> bool:
+        return bool(self.failures) and all(error.status_code == 429 for _, error in self.failures)
+
+    def retry_after_s(self) -> float | None:
+        """The soonest Retry-After any busy target gave, if all were busy and any gave one."""
+        waits = [e.retry_after for _, e in self.failures if e.retry_after is not None]
+        return min(waits) if self.all_at_capacity() and waits else None

@@ -26,7 +26,7 @@ from gateway.health import Outcome, Permit, Rejection
 from gateway.metrics import GatewayMetrics
 from gateway.runtime.tasks import run_shielded
 from gateway.upstreams.base import Endpoint, UpstreamError
-from gateway.upstreams.errors import UpstreamRejectedError, exhausted_error
+from gateway.upstreams.errors import UpstreamRejected, UpstreamsExhausted
 from gateway.upstreams.fleet import Fleet
 from router import MAX_ATTEMPTS_BOUND, backoff_delays
 from router.types import Target
@@ -156,13 +156,13 @@ class Forwarder:
                     raise
                 self._count(target, "retryable" if error.retryable else "rejected")
                 if not error.retryable:
-                    raise UpstreamRejectedError(error) from None
+                    raise UpstreamRejected(error) from None
                 failures.append((target, error))
                 continue
             board.record(target.target_id, permit, Outcome.SUCCESS)
             self.record_success(target)
             return target, result, tried
-        raise exhausted_error(model, failures)
+        raise UpstreamsExhausted(model, failures)
 
     def _settle(self, target: Target, permit: Permit, error: BaseException) -> None:
         outcome, retry_after = verdict(error)

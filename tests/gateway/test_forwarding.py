@@ -7,11 +7,12 @@ from typing import Any
 
 import pytest
 
+from gateway.api.errors import to_api_error
 from gateway.config import RetryConfig
 from gateway.health import BreakerBoard, BreakerState, ejection
 from gateway.metrics import GatewayMetrics
 from gateway.upstreams.base import UpstreamError
-from gateway.upstreams.errors import UpstreamRejectedError
+from gateway.upstreams.errors import UpstreamRejected, UpstreamsExhausted
 from gateway.upstreams.failover import Forwarder
 from protocol import RateLimitError, ServiceUnavailableError
 from router import MAX_ATTEMPTS_BOUND
@@ -41,8 +42,9 @@ async def test_attempts_never_exceed_the_bound_whatever_the_config_says() -> Non
     retry = RetryConfig(max_attempts=MAX_ATTEMPTS_BOUND + 5, backoff_base_s=0.0, backoff_max_s=0.0)
     forwarder = Forwarder(fleet, GatewayMetrics(), retry=retry, stream_idle_s=1.0)  # type: ignore[arg-type]
     targets = [Target("node", f"n{i}", f"http://n{i}", "eu-west", "eu", "m", "r") for i in range(20)]
-    with pytest.raises(ServiceUnavailableError):
+    with pytest.raises(UpstreamsExhausted) as info:
         await forwarder.complete(targets, "chat", lambda t: {}, {})
+    assert isinstance(to_api_error(info.value), ServiceUnavailableError)
     assert fleet.upstream.calls == MAX_ATTEMPTS_BOUND
 
 
@@ -122,8 +124,9 @@ async def test_a_node_at_capacity_is_throttled_for_its_retry_after_not_ejected()
     busy = UpstreamError("busy", status_code=429, retry_after=3.0)
     fleet = _ScriptedFleet(clock, a=[busy, busy], b=[busy])
     forwarder = forwarder_over(fleet)
-    with pytest.raises(RateLimitError):
+    with pytest.raises(UpstreamsExhausted) as info:
         await forwarder.complete(NODES, "chat", lambda t: {}, {})
+    assert isinstance(to_api_error(info.value), RateLimitError)
     assert not fleet.board.available("a") and fleet.board.state("a") is BreakerState.CLOSED
     clock.now += 3.0
     assert fleet.board.available("a")
@@ -134,7 +137,7 @@ async def test_a_client_error_from_a_node_keeps_it_in_routing() -> None:
     invalid = UpstreamError("bad request", status_code=400, retryable=False)
     fleet = _ScriptedFleet(clock, a=[invalid], b=[])
     forwarder = forwarder_over(fleet)
-    with pytest.raises(UpstreamRejectedError):
+    with pytest.raises(UpstreamRejected):
         await forwarder.complete(NODES, "chat", lambda t: {}, {})
     assert fleet.board.available("a") and fleet.nodes["b"].calls == 0
 

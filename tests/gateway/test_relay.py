@@ -16,12 +16,13 @@ from gateway.metrics import GatewayMetrics
 from gateway.policy import PolicyStore, key_digest
 from gateway.quota import QuotaConfig, build_quota_gate
 from gateway.request.context import CallContext
+from gateway.request.errors import NoRouteError
 from gateway.request.pipeline import RequestPipeline
 from gateway.request.plan import RequestPlan
 from gateway.streaming.continuation import Continue, Stop, StreamBreak, decide
 from gateway.upstreams.base import UpstreamError
 from gateway.upstreams.failover import BodyFor, OpenedStream
-from protocol import ChatCompletionRequest, ServiceUnavailableError
+from protocol import ChatCompletionRequest
 from router.types import CatalogModel, FleetSnapshot, NodeInfo, Target, TenantPolicy
 
 NODE_A = Target("node", "a", "http://a", "eu-west", "eu", "m", "first")
@@ -196,7 +197,7 @@ async def test_token_ids_are_stripped_unless_asked_for() -> None:
 
 async def test_a_break_that_cannot_be_continued_ends_with_an_error_event() -> None:
     first = opened(NODE_A, [chunk([], ""), chunk([1], "a"), UpstreamError("reset", status_code=502)])
-    out, _, ctx = await stream([first, ServiceUnavailableError("no other healthy node serving 'm'")])
+    out, _, ctx = await stream([first, NoRouteError("m", "no other healthy node serving 'm'")])
     assert out[-1]["error"]["code"] == "stream_interrupted"
     assert "no other healthy node" in out[-1]["error"]["message"]
     assert ctx.stream_error is not None

@@ -14,12 +14,13 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gateway.api.errors import to_api_error
 from gateway.config import RetryConfig
 from gateway.health import BreakerBoard, BreakerMetrics, BreakerState, ejection
 from gateway.health.probes import NodeProber
 from gateway.metrics import GatewayMetrics
 from gateway.upstreams.base import Upstream, UpstreamError
-from gateway.upstreams.errors import UpstreamRejectedError
+from gateway.upstreams.errors import UpstreamRejected, UpstreamsExhausted
 from gateway.upstreams.failover import Forwarder, next_chunk
 from gateway.upstreams.fleet import Fleet
 from gateway.upstreams.providers import build_providers
@@ -94,19 +95,22 @@ async def call_fails(
 ) -> None:
     """The call reached the provider, which failed it."""
     calls = len(fake.requests)
-    with pytest.raises(error):
+    with pytest.raises((UpstreamsExhausted, UpstreamRejected)) as info:
         await gw.call()
+    assert isinstance(to_api_error(info.value), error)
     assert len(fake.requests) == calls + 1
 
 
 async def call_refused(gw: Gateway, fake: FakeProvider) -> ServiceUnavailableError:
     """The call was refused without contacting the provider."""
     calls = len(fake.requests)
-    with pytest.raises(ServiceUnavailableError) as info:
+    with pytest.raises(UpstreamsExhausted) as info:
         await gw.call()
-    assert "No target" in info.value.message, info.value.message
+    error = to_api_error(info.value)
+    assert isinstance(error, ServiceUnavailableError)
+    assert "No target" in error.message, error.message
     assert len(fake.requests) == calls
-    return info.value
+    return error
 
 
 async def fail_twice(gw: Gateway, fake: FakeProvider) -> None:
@@ -199,7 +203,7 @@ async def test_rate_limits_skip_the_provider_until_retry_after_without_tripping(
 async def test_client_errors_do_not_trip_the_breaker(gw: Gateway, fake_openai: FakeProvider) -> None:
     fake_openai.fail_next(Fault(status=400), times=4)
     for _ in range(4):
-        with pytest.raises(UpstreamRejectedError):
+        with pytest.raises(UpstreamRejected):
             await gw.call()
     assert gw.board.state("openai-us") is BreakerState.CLOSED
 
