@@ -26,10 +26,9 @@ from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from types import FrameType
 
-import uvicorn
 from litestar import Litestar
 
-from gateway.runtime.serve import uvicorn_config
+from gateway.runtime.serve import ServingServer, uvicorn_config
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +60,7 @@ def _die_with_parent() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-class _WorkerServer(uvicorn.Server):
+class _WorkerServer(ServingServer):
     """Any signal asks for a graceful stop. Ctrl-C reaches a worker twice (from the terminal and
     from the supervisor), which plain uvicorn would take as "force quit"; forcing is the
     supervisor's call (SIGKILL on a second SIGINT)."""
