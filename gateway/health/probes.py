@@ -18,18 +18,10 @@ import msgspec
 
 from gateway.discovery.interface import RegionDirectory
 from gateway.runtime.tasks import cancel_and_wait
+from protocol.load import LoadReport
 from router.types import NodeInfo, NodeLoad
 
 logger = logging.getLogger(__name__)
-
-
-class _LoadReport(msgspec.Struct, kw_only=True):
-    """The fields of a node's /load report that routing reads; others are ignored."""
-
-    kv_cache_usage: float = 0.0
-    waiting_tokens: int = 0
-    num_running: int = 0
-    num_waiting: int = 0
 
 
 @dataclass(frozen=True)
@@ -39,7 +31,7 @@ class ProbeResult:
     checked_at: float
 
 
-_load_decoder = msgspec.json.Decoder(_LoadReport)
+_load_decoder = msgspec.json.Decoder(LoadReport)
 
 
 class NodeProber:

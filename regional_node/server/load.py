@@ -10,45 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import msgspec
-
+from protocol.load import LoadReport, ModelEntry, ModelLoad
 from regional_node.server.config import NodeConfig
 from regional_node.server.pool import ModelPool
-
-
-class ModelEntry(msgspec.Struct, kw_only=True):
-    name: str
-    tier: str
-
-
-class ModelLoad(msgspec.Struct, kw_only=True):
-    tier: str
-    loaded: bool
-    max_model_len: int | None
-    kv_cache_usage: float
-    kv_blocks_total: int
-    kv_blocks_used: int
-    waiting_tokens: int
-    num_running: int
-    num_waiting: int
-    num_preemptions: int
-    prefix_cache_hit_rate: float
-
-
-class LoadReport(msgspec.Struct, kw_only=True):
-    node_id: str
-    region: str
-    jurisdiction: str
-    ready: bool
-    models: list[ModelEntry]
-    kv_cache_usage: float
-    kv_blocks_total: int
-    kv_blocks_used: int
-    waiting_tokens: int
-    num_running: int
-    num_waiting: int
-    prefix_cache_hit_rate: float
-    per_model: dict[str, ModelLoad]
 
 
 def load_report(config: NodeConfig, pool: ModelPool) -> LoadReport:

@@ -33,6 +33,15 @@ def fail_next_call(board: BreakerBoard, clock: Clock, node: str) -> float:
     return until - clock.now
 
 
+def trial_after_ejection(board: BreakerBoard, clock: Clock, node: str) -> Permit:
+    """Eject the node once, wait out its time, and take the one trial it then admits."""
+    fail_next_call(board, clock, node)
+    clock.now += 1.0
+    trial = board.try_acquire(node)
+    assert isinstance(trial, Permit)
+    return trial
+
+
 def test_failures_eject_for_doubling_capped_periods() -> None:
     clock = Clock()
     board = board_with(clock, base_s=1.0, max_s=5.0)
@@ -55,10 +64,7 @@ def test_after_the_back_off_a_single_trial_is_admitted() -> None:
 def test_a_failed_trial_doubles_the_ejection_and_a_good_one_readmits() -> None:
     clock = Clock()
     board = board_with(clock, base_s=1.0, max_s=8.0)
-    fail_next_call(board, clock, "n")
-    clock.now += 1.0
-    trial = board.try_acquire("n")
-    assert isinstance(trial, Permit)
+    trial = trial_after_ejection(board, clock, "n")
     board.record("n", trial, Outcome.FAILURE)
     assert board.breaker("n").open_until == clock.now + 2.0
     clock.now += 2.0
@@ -73,10 +79,7 @@ def test_a_failed_trial_doubles_the_ejection_and_a_good_one_readmits() -> None:
 def test_a_trial_without_verdict_frees_the_slot() -> None:
     clock = Clock()
     board = board_with(clock, base_s=1.0, max_s=8.0)
-    fail_next_call(board, clock, "n")
-    clock.now += 1.0
-    trial = board.try_acquire("n")
-    assert isinstance(trial, Permit)
+    trial = trial_after_ejection(board, clock, "n")
     board.record("n", trial, Outcome.NEUTRAL)
     assert isinstance(board.try_acquire("n"), Permit)
 

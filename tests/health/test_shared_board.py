@@ -173,12 +173,12 @@ def failing_node() -> tuple[Any, list[str]]:
 _ERROR = {"error": {"message": "engine crashed", "type": "server_error", "param": None, "code": None}}
 
 
-def chat(gateway: RunningGateway, model: str) -> httpx.Response:
+def chat(gateway: RunningGateway, model: str, key: str = GLOBAL_KEY) -> httpx.Response:
     body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}
     return httpx.post(
         f"{gateway.url}/v1/chat/completions",
         json=body,
-        headers={"authorization": f"Bearer {GLOBAL_KEY}"},
+        headers={"authorization": f"Bearer {key}"},
         timeout=20,
     )
 
@@ -246,13 +246,7 @@ def test_two_gateways_share_a_provider_opening_through_redis_url(
     ):
         fake_openai.fail_next(Fault(status=500), times=2)
         for _ in range(2):
-            response = httpx.post(
-                f"{first.url}/v1/chat/completions",
-                json={"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8},
-                headers={"authorization": f"Bearer {US_KEY}"},
-                timeout=20,
-            )
-            assert response.status_code == 503
+            assert chat(first, "tiny", US_KEY).status_code == 503
         wait_for(
             lambda: (
                 f'meridian_breaker_state{{target="{provider_id}"}} 2.0'
@@ -260,11 +254,5 @@ def test_two_gateways_share_a_provider_opening_through_redis_url(
             ),
             "the second gateway never saw the opening",
         )
-        response = httpx.post(
-            f"{second.url}/v1/chat/completions",
-            json={"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8},
-            headers={"authorization": f"Bearer {US_KEY}"},
-            timeout=20,
-        )
-        assert response.status_code == 503
+        assert chat(second, "tiny", US_KEY).status_code == 503
     assert len(fake_openai.requests) == 2

@@ -1,0 +1,46 @@
+"""The `/load` report a regional node serves and the gateway's prober reads.
+
+Every field has a default, so a reader accepts a report from a node older or newer than itself
+(a missing field reads as idle, an unknown one is ignored) instead of losing the node's load.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class ModelEntry(msgspec.Struct, kw_only=True):
+    name: str
+    tier: str
+
+
+class ModelLoad(msgspec.Struct, kw_only=True):
+    tier: str = ""
+    loaded: bool = False
+    max_model_len: int | None = None
+    kv_cache_usage: float = 0.0
+    kv_blocks_total: int = 0
+    kv_blocks_used: int = 0
+    waiting_tokens: int = 0
+    num_running: int = 0
+    num_waiting: int = 0
+    num_preemptions: int = 0
+    prefix_cache_hit_rate: float = 0.0
+
+
+class LoadReport(msgspec.Struct, kw_only=True):
+    """Aggregates over all of the node's engines, plus a per-model breakdown."""
+
+    node_id: str = ""
+    region: str = ""
+    jurisdiction: str = ""
+    ready: bool = False
+    models: list[ModelEntry] = msgspec.field(default_factory=list)
+    kv_cache_usage: float = 0.0  # 0..1: used / total KV blocks, summed over engines
+    kv_blocks_total: int = 0
+    kv_blocks_used: int = 0
+    waiting_tokens: int = 0
+    num_running: int = 0
+    num_waiting: int = 0
+    prefix_cache_hit_rate: float = 0.0
+    per_model: dict[str, ModelLoad] = msgspec.field(default_factory=dict)
