@@ -23,6 +23,7 @@ import yaml
 
 from gateway.quota.config import QuotaConfig
 from gateway.upstreams.providers.config import ProvidersConfig
+from http_server import ServerLimits
 from protocol.consul.advertisement import SERVICE_NAME
 from protocol.consul.client import ConsulConfig, resolve_tls_paths
 from router import MAX_ATTEMPTS_BOUND
@@ -148,6 +149,8 @@ class GatewayConfig(_Section):
     retry: RetryConfig = msgspec.field(default_factory=RetryConfig)
     ejection: EjectionConfig = msgspec.field(default_factory=EjectionConfig)
     token_estimate: TokenEstimateConfig = msgspec.field(default_factory=TokenEstimateConfig)
+    # What the gateway's HTTP server allows its clients (http_server/limits.py documents each).
+    server: ServerLimits = msgspec.field(default_factory=ServerLimits)
     # Where this config came from, for error messages and resolving relative paths; not in YAML.
     source: str = "<memory>"
 

@@ -64,6 +64,31 @@ class NotFoundError(APIError):
     default_code = "model_not_found"
 
 
+class RequestTimeoutError(APIError):
+    """The client did not send its request (headers or body) within the server's read timeout."""
+
+    status_code = 408
+    error_type = "invalid_request_error"
+    default_code = "request_timeout"
+
+
+class PayloadTooLargeError(APIError):
+    """The request body is over the server's size limit (refused before it is read whole)."""
+
+    status_code = 413
+    error_type = "invalid_request_error"
+    default_code = "request_too_large"
+
+
+class ClientClosedRequestError(APIError):
+    """The client left before sending its whole request: 499 (nginx's "client closed request")
+    is what logs and metrics count it as; nobody reads the body."""
+
+    status_code = 499
+    error_type = "invalid_request_error"
+    default_code = "client_closed_request"
+
+
 class RateLimitError(APIError):
     status_code = 429
     error_type = "rate_limit_error"

@@ -8,6 +8,7 @@ marked; OpenAI's SDKs pass them through `extra_body`.
 from __future__ import annotations
 
 import re
+from itertools import accumulate
 from typing import Any, Literal, TypeVar
 
 import msgspec
@@ -216,11 +217,43 @@ def decode_request(body: bytes, request_type: type[RequestT]) -> RequestT:
     return decode_request_and_object(body, request_type)[0]
 
 
+# Bodies nesting deeper than this are refused with a 400 before they are parsed: msgspec's parser
+# recurses per level (about 1,000 levels exhaust the stack). Requests need a handful of levels;
+# JSON schemas in tools or response_format a few dozen at most.
+MAX_JSON_DEPTH = 128
+
+# A JSON string (escapes included): skipped when counting brackets, as its brackets are text.
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_BRACKETS = b"[]{}"
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in _BRACKETS)
+# +1 for an opening bracket, -1 for a closing one (only brackets are left when this is applied).
+_DEPTH_STEP = [0] * 256
+for _open in b"[{":
+    _DEPTH_STEP[_open] = 1
+for _close in b"]}":
+    _DEPTH_STEP[_close] = -1
+
+
+def json_depth_exceeds(body: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether the JSON text nests arrays/objects more than `limit` deep. Linear and without
+    recursion: strings are cut out, then the running bracket count is scanned, all in C."""
+    if body.count(b"[") + body.count(b"{") <= limit:
+        return False  # the usual case: too few brackets to nest that deep, decided without a scan
+    skeleton = _JSON_STRING.sub(b"", body).translate(None, _NOT_BRACKETS)
+    depths = accumulate(map(_DEPTH_STEP.__getitem__, skeleton))
+    return next(filter(limit.__lt__, depths), None) is not None  # stops at the first level too deep
+
+
 def decode_request_and_object(body: bytes, request_type: type[RequestT]) -> tuple[RequestT, dict[str, Any]]:
     """The request struct and the JSON object it was read from (for a proxy that forwards the
-    client's fields as they came), decoded once; a 400 naming the field as `decode_request`."""
+    client's fields as they came), decoded once; a 400 naming the field as `decode_request`.
+    Bodies that are not UTF-8, or nest deeper than MAX_JSON_DEPTH, are 400s too."""
     if not body.strip():
         raise InvalidRequestError("The request body is empty; expected a JSON object.")
+    if json_depth_exceeds(body):
+        raise InvalidRequestError(
+            f"The request body nests arrays or objects more than {MAX_JSON_DEPTH} levels deep."
+        )
     try:
         raw = msgspec.json.decode(body)
         if not isinstance(raw, dict):
@@ -238,3 +271,8 @@ def decode_request_and_object(body: bytes, request_type: type[RequestT]) -> tupl
         raise InvalidRequestError(f"Invalid request: {message}", param=param) from None
     except msgspec.DecodeError as exc:
         raise InvalidRequestError(f"The request body is not valid JSON: {exc}") from None
+    except UnicodeDecodeError as exc:
+        # msgspec validates UTF-8 as it reads strings, and raises this rather than a DecodeError.
+        raise InvalidRequestError(
+            f"The request body is not valid UTF-8 (byte {exc.start}: {exc.reason})."
+        ) from None

@@ -8,7 +8,6 @@ runs the app's shutdown hook, which stops every engine.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import sys
 from pathlib import Path
@@ -128,6 +127,7 @@ def serve(config: NodeConfig) -> int:
     """Run the node until SIGTERM/SIGINT; 0 on a clean stop, 1 if the server could not start."""
     import uvicorn
 
+    from http_server import server_config
     from regional_node.server.app import create_app
 
     logging.basicConfig(
@@ -155,12 +155,11 @@ def serve(config: NodeConfig) -> int:
                 captured.clear()
 
     server = NodeServer(
-        uvicorn.Config(
+        server_config(
             create_app(config),
-            host=config.host,
-            port=config.port,
-            loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
-            http="httptools" if importlib.util.find_spec("httptools") else "h11",
+            config.host,
+            config.port,
+            config.server,
             lifespan="on",
             log_level=config.log_level,
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 from litestar import Controller, Request, Response, post
 
+from gateway.api.body import request_body
 from gateway.api.errors import failed
 from gateway.api.sse import SSEResponse
 from gateway.request.context import CallContext
@@ -87,7 +88,7 @@ class AnthropicController(Controller):
         ctx = pipeline.start_call(request.headers)
         try:
             pipeline.authenticate(ctx, _authorization(request.headers))
-            messages, body, parsed = _chat_request(await request.body())
+            messages, body, parsed = _chat_request(await request_body(request))
             if parsed.stream:
                 stream = await pipeline.stream(ctx, "chat", parsed, body)
                 events = ChatToMessagesStream(

@@ -21,6 +21,7 @@ from gateway.request.context import CallContext
 from gateway.request.errors import NoRouteError
 from gateway.request.pipeline import RequestPipeline
 from gateway.upstreams.errors import UpstreamRejected, UpstreamsExhausted
+from http_server import ClientDisconnected
 from protocol import (
     APIError,
     InternalServerError,
@@ -28,7 +29,7 @@ from protocol import (
     RateLimitError,
     ServiceUnavailableError,
 )
-from protocol.errors import error_for_status
+from protocol.errors import ClientClosedRequestError, error_for_status
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +52,10 @@ def to_api_error(exc: BaseException, *, request_id: str = "-") -> APIError:
         )
     if isinstance(exc, RequestTooLarge):
         return InvalidRequestError(exc.message, param="max_tokens", code="request_too_large")
+    if isinstance(exc, ClientDisconnected):
+        # The client's doing, not the gateway's: no traceback, and counted as 499, not 500.
+        logger.info("request %s: the client disconnected before sending its whole request", request_id)
+        return ClientClosedRequestError("The client closed the connection before sending its request.")
     if isinstance(exc, ValidationException):
         return InvalidRequestError(str(exc.detail or "Invalid request"))
     if isinstance(exc, HTTPException):

@@ -11,6 +11,7 @@ from typing import Any
 
 from litestar import Controller, Request, Response, get, post
 
+from gateway.api.body import request_body
 from gateway.api.errors import failed
 from gateway.api.sse import SSEResponse
 from gateway.request.context import CallContext
@@ -33,7 +34,7 @@ async def _serve(
     ctx: CallContext = pipeline.start_call(request.headers)
     try:
         pipeline.authenticate(ctx, request.headers.get("authorization"))
-        raw = await request.body()
+        raw = await request_body(request)
         parsed, body = decode_request_and_object(raw, _REQUEST_TYPES[endpoint])
         if parsed.stream:
             stream = await pipeline.stream(ctx, endpoint, parsed, body)

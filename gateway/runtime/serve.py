@@ -5,22 +5,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import importlib.util
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from litestar import Litestar
 
+from http_server import server_config
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
 
 def uvicorn_config(app: Litestar, host: str, port: int, *, log_level: str = "warning") -> uvicorn.Config:
-    return uvicorn.Config(
+    """The gateway app's server config; the limits are its own config's `server` section."""
+    gateway: Gateway = app.state["gateway"]
+    return server_config(
         app,
-        host=host,
-        port=port,
-        # uvloop and httptools roughly halve the gateway's own per-request cost.
-        loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
-        http="httptools" if importlib.util.find_spec("httptools") else "h11",
+        host,
+        port,
+        gateway.config.server,
         lifespan="on",
         log_level=log_level,
         access_log=False,
@@ -28,7 +32,6 @@ def uvicorn_config(app: Litestar, host: str, port: int, *, log_level: str = "war
         # rewriting (an extra ASGI layer on every request) buys nothing.
         proxy_headers=False,
         timeout_graceful_shutdown=5,
-        # Streams can be long; uvicorn's keep-alive default (5 s) is fine for idle connections.
     )
 
 

@@ -17,10 +17,11 @@ from typing import Any
 from litestar import Litestar, Request, Response
 from litestar.di import Provide
 
+from http_server import ClientDisconnected
 from regional_node.discovery import consul_presence
 from regional_node.server.auth import bearer_guard
 from regional_node.server.config import NodeConfig, effective_token
-from regional_node.server.errors import ClientDisconnected, handle_exception
+from regional_node.server.errors import handle_exception
 from regional_node.server.metrics import NodeMetrics
 from regional_node.server.pool import EngineLoader, ModelPool, RunnerFactory, load_engine
 from regional_node.server.routes import ROUTES

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 import yaml
 
+from http_server import ServerLimits
 from regional_node.discovery.consul_registration import ConsulRegistrationConfig
 
 Tier = Literal["small", "large"]
@@ -75,6 +76,8 @@ class NodeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     warmup: bool = True
     # Register in Consul (regional_node/discovery) while running; None: listed in a static file.
     consul: ConsulRegistrationConfig | None = None
+    # What the node's HTTP server allows its clients (http_server/limits.py documents each).
+    server: ServerLimits = msgspec.field(default_factory=ServerLimits)
 
     def model_names(self) -> list[str]:
         return [model.name for model in self.models]

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from litestar import Request
 
-from regional_node.server.errors import ClientDisconnected
+from http_server import ClientDisconnected
 
 T = TypeVar("T")
 

@@ -31,10 +31,6 @@ from regional_node.engine.errors import InvalidRequestError as EngineInvalidRequ
 logger = logging.getLogger(__name__)
 
 
-class ClientDisconnected(Exception):
-    """The client went away before its response was ready; nothing is sent back."""
-
-
 def api_error(exc: BaseException, *, prompt_param: str) -> APIError:
     """Map an engine (or already-API) exception to the error the client sees.
 

@@ -7,6 +7,7 @@ from typing import Any
 import msgspec
 from litestar import Request, Response, get, post
 
+from http_server import read_body
 from protocol import ChatCompletionRequest, CompletionRequest, NotFoundError, decode_request
 from protocol.openai import ModelCard, ModelList
 from regional_node.server.auth import PUBLIC
@@ -23,13 +24,17 @@ def _json(content: Any, status_code: int = 200) -> Response[bytes]:
 
 @post("/v1/chat/completions", status_code=200)
 async def chat_completions(request: Request[Any, Any, Any], node: NodeState) -> Response[Any]:
-    body = decode_request(await request.body(), ChatCompletionRequest)
+    body = decode_request(
+        await read_body(request.receive, request.headers, node.config.server), ChatCompletionRequest
+    )
     return await serve_chat(node, request, body)
 
 
 @post("/v1/completions", status_code=200)
 async def completions(request: Request[Any, Any, Any], node: NodeState) -> Response[Any]:
-    body = decode_request(await request.body(), CompletionRequest)
+    body = decode_request(
+        await read_body(request.receive, request.headers, node.config.server), CompletionRequest
+    )
     return await serve_completion(node, request, body)
 
 

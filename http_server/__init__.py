@@ -1,0 +1,17 @@
+"""The HTTP/1.1 server both the gateway and the nodes run: uvicorn, with limits it lacks.
+
+uvicorn waits forever for a client that sends its headers or body slowly, and accepts any number
+of connections; these are the bounds a public server needs (slowloris, oversized requests):
+
+- `ServerLimits` (limits.py): the typed, documented limits, a `server:` section in each config;
+- `server_config` (server.py): a uvicorn config whose connections enforce the connection cap, the
+  header read timeout and the header size limit, answering in OpenAI's error format;
+- `read_body` (body.py): the request body within the size limit and the body read timeout, and
+  `ClientDisconnected` when the client leaves before sending it.
+"""
+
+from http_server.body import ClientDisconnected, read_body
+from http_server.limits import ServerLimits
+from http_server.server import server_config
+
+__all__ = ["ClientDisconnected", "ServerLimits", "read_body", "server_config"]

@@ -1,0 +1,25 @@
+"""The limits a serving process enforces on its clients (`server:` in the gateway's and a node's
+config). They apply per process: `meridian gateway --workers N` allows N times the connections."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+Seconds = Annotated[float, msgspec.Meta(gt=0)]
+
+
+class ServerLimits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    # Open connections at once; one more is answered 503 (Retry-After: 1) and closed at once.
+    max_connections: Annotated[int, msgspec.Meta(ge=1)] = 2048
+    # From a connection's opening (or a kept-alive connection's next request's first byte) to the
+    # end of the request's headers; a client slower than that gets 408 and is disconnected.
+    header_timeout_s: Seconds = 10.0
+    # From the end of the headers to the end of the body; slower gets 408 and is disconnected.
+    body_timeout_s: Seconds = 30.0
+    # Request line plus headers; more is refused with 431.
+    max_header_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 64 * 1024
+    # A larger body is refused with 413: from its Content-Length before any of it is read, or as
+    # soon as a chunked body passes the limit.
+    max_body_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 10 * 1024 * 1024

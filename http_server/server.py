@@ -1,0 +1,177 @@
+"""uvicorn, with a connection cap, a header read timeout and a header size limit.
+
+uvicorn's httptools protocol is extended rather than wrapped: the limits need the connection's
+own events (opened, request begun, headers complete), which an ASGI app never sees; a request
+refused here never reaches the app. Refusals are written directly, in OpenAI's error format, with
+`connection: close`, and the connection is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import logging
+from typing import Any
+
+import msgspec
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from http_server.limits import ServerLimits
+from protocol.errors import APIError, RequestTimeoutError, ServiceUnavailableError, error_for_status
+
+logger = logging.getLogger("meridian.http")
+
+_REASONS = {
+    400: b"Bad Request",
+    408: b"Request Timeout",
+    431: b"Request Header Fields Too Large",
+    503: b"Service Unavailable",
+}
+# After a refusal the connection is half-closed and what the client still sends is read and
+# dropped for up to this long: closing a socket with unread bytes resets it, and a reset can
+# destroy the refusal before the client reads it.
+_LINGER_S = 2.0
+
+
+def refusal(error: APIError) -> bytes:
+    """A complete HTTP/1.1 response for `error` that closes the connection."""
+    body = msgspec.json.encode(error.to_body())
+    head = [
+        b"HTTP/1.1 %d %s\r\n" % (error.status_code, _REASONS.get(error.status_code, b"Error")),
+        b"content-type: application/json\r\n",
+        b"content-length: %d\r\n" % len(body),
+        b"connection: close\r\n",
+    ]
+    head += [f"{name}: {value}\r\n".encode("latin-1") for name, value in error.headers.items()]
+    return b"".join([*head, b"\r\n", body])
+
+
+class _HeadersTooLarge(Exception):
+    """Raised from a parser callback: the request line and headers passed the size limit."""
+
+
+class LimitedHttpProtocol(HttpToolsProtocol):
+    """One client connection, with the limits of `ServerLimits` (set on a subclass per server)."""
+
+    limits = ServerLimits()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._head_bytes = 0
+        self._refused = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections:
+            self._refuse(
+                ServiceUnavailableError(
+                    f"This server is at its limit of {self.limits.max_connections} open connections; retry.",
+                    code="too_many_connections",
+                    headers={"retry-after": "1"},
+                )
+            )
+            return
+        # A connection that never sends a request is held no longer than a slow one.
+        self._start_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_head_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if not self._refused:  # after a refusal, what the client still sends is dropped
+            super().data_received(data)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head_bytes = 0
+        if self._head_timer is None:  # on a kept-alive connection: the next request has begun
+            self._start_head_timer()
+
+    def on_url(self, url: bytes) -> None:
+        self._count_head(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_head(len(name) + len(value) + 4)
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._stop_head_timer()
+        super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        if self.cycle.more_body and not self.transport.is_closing():
+            # Answered before the request's body was read (413, 408): the rest of it would be
+            # read and dropped for as long as the client kept sending. Close instead, gently.
+            self._linger()
+            return
+        super().on_response_complete()
+
+    def send_400_response(self, msg: str) -> None:
+        # uvicorn's answer to what its parser rejects (a callback's exception included).
+        if self._head_bytes > self.limits.max_header_bytes:
+            error = error_for_status(
+                431, f"The request line and headers are larger than {self.limits.max_header_bytes} bytes."
+            )
+        else:
+            error = error_for_status(400, f"Invalid HTTP request: {msg}")
+        self._refuse(error)
+
+    def _count_head(self, size: int) -> None:
+        self._head_bytes += size
+        if self._head_bytes > self.limits.max_header_bytes:
+            raise _HeadersTooLarge()  # the parser stops; uvicorn then calls send_400_response
+
+    def _start_head_timer(self) -> None:
+        self._head_timer = self.loop.call_later(self.limits.header_timeout_s, self._head_timed_out)
+
+    def _stop_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self.transport.is_closing():
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            # A request is still being answered (pipelining): close once it is done instead.
+            self.cycle.keep_alive = False
+            return
+        logger.info("closing a connection that sent no complete request headers in time")
+        self._refuse(
+            RequestTimeoutError(
+                f"The request headers did not arrive within {self.limits.header_timeout_s:g} s."
+            )
+        )
+
+    def _refuse(self, error: APIError) -> None:
+        self.transport.write(refusal(error))
+        self._linger()
+
+    def _linger(self) -> None:
+        """Half-close after the last response, drop what the client still sends, then close."""
+        self._refused = True
+        self._stop_head_timer()
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+            self.loop.call_later(_LINGER_S, self.transport.close)
+        else:
+            self.transport.close()
+
+
+def server_config(app: Any, host: str, port: int, limits: ServerLimits, **options: Any) -> uvicorn.Config:
+    """A uvicorn config for `app` whose connections enforce `limits`; `options` are uvicorn's."""
+    protocol = type("ServerProtocol", (LimitedHttpProtocol,), {"limits": limits})
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        http=protocol,
+        # uvloop roughly halves a server's own per-request cost where it is available.
+        loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
+        **options,
+    )

@@ -1,0 +1,433 @@
+"""Hostile input against a real gateway and the real node behind it: never a 5xx, never a stack
+trace, always a well-formed error in the endpoint's own format, nothing left held afterwards.
+
+The fixed cases are the ones an outside tester found (invalid UTF-8, deep nesting, an 11 MB body,
+a client leaving mid-upload, slowloris); the fuzz tests (hypothesis, bounded in count) cover JSON
+shapes, depths, sizes, types, encodings and headers on every public endpoint of both servers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from tests.gateway.conftest import (
+    AUTH,
+    GLOBAL_KEY,
+    SMALL_KEY,
+    NodeProcess,
+    RunningGateway,
+    gateway_config,
+    run_gateway,
+    running_fleet,
+    write_regions,
+)
+
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/messages")
+NODE_ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+TIMEOUT = httpx.Timeout(30.0)
+# Short read timeouts so the slow-client cases run quickly; the defaults are documented in
+# http_server/limits.py.
+SERVER = {"header_timeout_s": 1.0, "body_timeout_s": 1.0, "max_connections": 256}
+
+
+@pytest.fixture(scope="module")
+def node(
+    llama_checkpoint: Path, qwen2_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[NodeProcess]:
+    models = {"meridian-small": (llama_checkpoint, "small"), "meridian-large": (qwen2_checkpoint, "large")}
+    logs = tmp_path_factory.mktemp("node-logs")
+    with running_fleet([("eu-west-1", "eu-west", "eu")], models, logs) as fleet:
+        yield fleet[0]
+
+
+@pytest.fixture(scope="module")
+def gw(node: NodeProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
+    regions = write_regions(tmp_path_factory.mktemp("gw") / "regions.yaml", [node])
+    with run_gateway(gateway_config(regions, server=SERVER)) as running:
+        yield running
+
+
+def valid(endpoint: str) -> dict[str, Any]:
+    if endpoint == "/v1/completions":
+        return {"model": "meridian-small", "prompt": "Hello", "max_tokens": 4}
+    return {"model": "meridian-small", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}
+
+
+def with_field(endpoint: str, raw_value: bytes) -> bytes:
+    """A valid body plus `"x": <raw_value>`, spliced in as bytes (so the value may be anything)."""
+    return json.dumps(valid(endpoint)).encode()[:-1] + b', "x": ' + raw_value + b"}"
+
+
+def assert_error_body(endpoint: str, response: httpx.Response) -> dict[str, Any]:
+    """The error in the endpoint's own format, well formed; returns its inner object."""
+    body = response.json()
+    if endpoint == "/v1/messages":
+        assert body["type"] == "error", body
+        error = body["error"]
+        assert isinstance(error["type"], str) and isinstance(error["message"], str) and error["message"]
+        return error
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}, body
+    assert isinstance(error["message"], str) and error["message"]
+    return error
+
+
+def post(gw: RunningGateway, endpoint: str, content: bytes, **headers: str) -> httpx.Response:
+    headers = {"authorization": f"Bearer {GLOBAL_KEY}", "content-type": "application/json", **headers}
+    return httpx.post(gw.url + endpoint, content=content, headers=headers, timeout=TIMEOUT)
+
+
+def port_of(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+def five_hundreds(gw: RunningGateway) -> float:
+    return sum(
+        sample.value
+        for metric in gw.gateway.metrics.registry.collect()
+        if metric.name == "meridian_gateway_requests"
+        for sample in metric.samples
+        if sample.name.endswith("_total") and sample.labels.get("status", "").startswith("5")
+    )
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
+@pytest.mark.parametrize(
+    "raw",
+    [b'"\xff\xfe"', b'"truncated \xe2\x98"'],
+    ids=["invalid-start-bytes", "truncated-sequence"],
+)
+def test_invalid_utf8_is_a_400(gw: RunningGateway, endpoint: str, raw: bytes) -> None:
+    response = post(gw, endpoint, with_field(endpoint, raw))
+    assert response.status_code == 400
+    assert "UTF-8" in assert_error_body(endpoint, response)["message"]
+
+
+def test_invalid_utf8_inside_the_model_name_is_a_400(gw: RunningGateway) -> None:
+    body = b'{"model": "meridian-sm\xe2\x98", "messages": [{"role": "user", "content": "hi"}]}'
+    response = post(gw, "/v1/chat/completions", body)
+    assert response.status_code == 400 and assert_error_body("/v1/chat/completions", response)
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
+def test_deep_nesting_is_a_400(gw: RunningGateway, endpoint: str) -> None:
+    response = post(gw, endpoint, with_field(endpoint, b"[" * 1000 + b"]" * 1000))
+    assert response.status_code == 400
+    assert "levels deep" in assert_error_body(endpoint, response)["message"]
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
+def test_an_11_mb_body_is_a_413(gw: RunningGateway, endpoint: str) -> None:
+    huge = with_field(endpoint, json.dumps("a" * 11_000_000).encode())
+    response = post(gw, endpoint, huge)
+    assert response.status_code == 413
+    assert "limit" in assert_error_body(endpoint, response)["message"]
+
+
+def test_a_chunked_body_over_the_limit_is_a_413(gw: RunningGateway) -> None:
+    def pieces() -> Iterator[bytes]:
+        yield b'{"model": "meridian-small", "x": "'
+        for _ in range(12):
+            yield b"a" * 1_000_000
+        yield b'"}'
+
+    headers = {"authorization": f"Bearer {GLOBAL_KEY}"}
+    response = httpx.post(gw.url + "/v1/completions", content=pieces(), headers=headers, timeout=TIMEOUT)
+    assert response.status_code == 413 and assert_error_body("/v1/completions", response)
+
+
+@pytest.mark.parametrize("server", ["gateway", "node"])
+def test_an_oversized_body_is_refused_by_its_declared_length_before_it_is_sent(
+    gw: RunningGateway, node: NodeProcess, server: str
+) -> None:
+    url, key = (gw.url, GLOBAL_KEY) if server == "gateway" else (node.url, AUTH["authorization"][7:])
+    with socket.create_connection(("127.0.0.1", port_of(url)), timeout=10) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n"
+            b"authorization: Bearer %s\r\ncontent-length: 11000000\r\n\r\n" % key.encode()
+        )  # and not one byte of the body
+        head = sock.recv(65536)
+    assert head.startswith(b"HTTP/1.1 413")
+
+
+def test_a_client_leaving_mid_upload_is_a_499_at_info(
+    gw: RunningGateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    labels = {"tenant": "t-global", "model": "-", "region": "-", "status": "499"}
+    before = gw.metric("meridian_gateway_requests_total", **labels)
+    errors_before = five_hundreds(gw)
+    caplog.set_level(logging.INFO)
+    with socket.create_connection(("127.0.0.1", port_of(gw.url))) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n"
+            b"authorization: Bearer " + GLOBAL_KEY.encode() + b'\r\ncontent-length: 5000\r\n\r\n{"model": '
+        )
+        time.sleep(0.2)
+    deadline = time.monotonic() + 5
+    while gw.metric("meridian_gateway_requests_total", **labels) == before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert gw.metric("meridian_gateway_requests_total", **labels) == before + 1
+    assert five_hundreds(gw) == errors_before
+    gone = [r for r in caplog.records if "disconnected before sending" in r.getMessage()]
+    assert gone and all(r.levelno == logging.INFO and r.exc_info is None for r in gone)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR and r.name.startswith("gateway")]
+
+
+def test_slow_clients_are_cut_off_by_the_read_timeouts(gw: RunningGateway) -> None:
+    """The drill: slowloris connections (slow headers, slow bodies) and a request that declares
+    500 bytes and sends 8. All are answered 408 and closed within the timeouts, bounded here."""
+    port = port_of(gw.url)
+    auth = b"authorization: Bearer " + GLOBAL_KEY.encode() + b"\r\n"
+    starts = [b"POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\n"] * 10  # headers never finish
+    starts += [
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\n" + auth + b'content-length: 500\r\n\r\n{"model"'
+    ] * 10
+    sockets = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in starts]
+    started = time.monotonic()
+    try:
+        for sock, start in zip(sockets, starts, strict=True):
+            sock.sendall(start)
+        answers = []
+        for sock in sockets:
+            data = b""
+            try:
+                while chunk := sock.recv(65536):
+                    data += chunk
+            except ConnectionResetError:
+                pass
+            answers.append(data)
+    finally:
+        for sock in sockets:
+            sock.close()
+    elapsed = time.monotonic() - started
+    assert all(answer.startswith(b"HTTP/1.1 408") for answer in answers), answers
+    # Closed by the server: header/body timeout (1 s) plus the 2 s linger at most, with slack.
+    assert elapsed < 8
+
+
+def test_a_body_that_is_not_json_is_a_400_without_a_traceback(gw: RunningGateway) -> None:
+    response = post(gw, "/v1/chat/completions", b"\x00\x01\x02 not json")
+    assert response.status_code == 400
+    assert "Traceback" not in response.text
+
+
+# -- fuzz -----------------------------------------------------------------------------------------
+
+_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=30)
+)
+json_values = st.recursive(
+    _scalars,
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
+    max_leaves=12,
+)
+small_int = st.integers(-3, 12)
+messages = (
+    st.lists(
+        st.fixed_dictionaries(
+            {"role": st.sampled_from(["user", "assistant", "system", "tool", "robot"]) | json_values},
+            optional={
+                "content": st.text(max_size=40)
+                | st.lists(
+                    st.fixed_dictionaries(
+                        {"type": st.sampled_from(["text", "image_url"]), "text": st.text(max_size=20)}
+                    ),
+                    max_size=3,
+                )
+                | json_values
+            },
+        ),
+        max_size=4,
+    )
+    | json_values
+)
+fields = {
+    "model": st.sampled_from(["meridian-small", "meridian-large", "nope", ""]) | json_values,
+    "max_tokens": small_int | json_values,
+    "temperature": st.floats(-1, 3) | json_values,
+    "top_p": st.floats(-1, 2) | json_values,
+    "top_k": small_int | json_values,
+    "stop": st.text(max_size=5) | st.lists(st.text(max_size=5), max_size=5) | json_values,
+    "stream": st.booleans() | json_values,
+    "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}) | json_values,
+    "n": small_int | json_values,
+    "seed": st.integers() | json_values,
+    "logprobs": st.booleans() | small_int | json_values,
+    "echo": st.booleans() | json_values,
+    "return_token_ids": st.booleans() | json_values,
+    "continuation_token_ids": st.lists(st.integers(-2, 70000), max_size=5) | json_values,
+    "ignore_eos": st.booleans() | json_values,
+    "user": json_values,
+}
+openai_bodies = st.fixed_dictionaries(
+    {},
+    optional={
+        **fields,
+        "messages": messages,
+        "prompt": st.text(max_size=40) | st.lists(st.integers(-1, 70000), max_size=5) | json_values,
+    },
+)
+anthropic_bodies = st.fixed_dictionaries(
+    {},
+    optional={
+        "model": fields["model"],
+        "max_tokens": fields["max_tokens"],
+        "messages": messages,
+        "system": st.text(max_size=30) | json_values,
+        "stop_sequences": st.lists(st.text(max_size=5), max_size=3) | json_values,
+        "temperature": fields["temperature"],
+        "top_k": fields["top_k"],
+        "stream": fields["stream"],
+        "metadata": json_values,
+    },
+)
+
+
+@st.composite
+def encoded(draw: st.DrawFn, endpoint: str) -> bytes:
+    """A body as bytes: a valid request with fuzzed fields, fuzzed fields alone, JSON with bytes
+    mutated (invalid UTF-8, truncation), deep nesting, another JSON type, or no JSON at all."""
+    bodies = anthropic_bodies if endpoint == "/v1/messages" else openai_bodies
+    kind = draw(
+        st.sampled_from(
+            ["valid+", "valid+", "json", "mutated", "truncated", "nested", "other-json", "bytes", "big"]
+        )
+    )
+    event(kind)
+    if kind == "valid+":
+        base = valid(endpoint)
+        return json.dumps(
+            {**base, **draw(bodies)} if draw(st.booleans()) else {**draw(bodies), **base}
+        ).encode()
+    if kind == "nested":
+        depth = draw(st.integers(0, 3000))
+        opener = draw(st.sampled_from([b"[", b'{"a":']))
+        closer = b"]" if opener == b"[" else b"}"
+        return b'{"model": "meridian-small", "x": ' + opener * depth + b"1" + closer * depth + b"}"
+    if kind == "other-json":
+        return json.dumps(draw(json_values)).encode()
+    if kind == "bytes":
+        return draw(st.binary(max_size=200))
+    raw = json.dumps(draw(bodies), ensure_ascii=draw(st.booleans())).encode()
+    if kind == "mutated":
+        position = draw(st.integers(0, len(raw)))
+        junk = draw(
+            st.sampled_from([b"\xff", b"\xc0\xaf", b"\xe2\x98", b"\xed\xa0\x80", b"\x00", b"\\ud800"])
+        )
+        return raw[:position] + junk + raw[position:]
+    if kind == "truncated":
+        return raw[: draw(st.integers(0, max(0, len(raw) - 1)))]
+    if kind == "big":
+        return (
+            raw[:-1] + b', "pad": "' + b"z" * draw(st.integers(0, 300_000)) + b'"}' if raw != b"{}" else raw
+        )
+    return raw
+
+
+# Header values as httpx sends them: printable ASCII without surrounding whitespace.
+header_text = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=40).map(str.strip)
+request_headers = st.fixed_dictionaries(
+    {},
+    optional={
+        "content-type": st.sampled_from(
+            ["application/json", "text/plain", "application/json; charset=latin-1", ""]
+        )
+        | header_text,
+        "x-meridian-client-region": header_text,
+        "accept": header_text,
+        "x-request-id": header_text,
+        "anthropic-version": header_text,
+    },
+)
+# Mostly the right key, so most requests get past authentication to the body's checks.
+keys = st.one_of(
+    st.just(f"Bearer {SMALL_KEY}"),
+    st.just(f"Bearer {SMALL_KEY}"),
+    st.just(f"Bearer {SMALL_KEY}"),
+    st.sampled_from(["Bearer nope", "", "Basic abc", "Bearer", f"bearer   {SMALL_KEY}"]) | header_text,
+)
+
+
+def check_response(endpoint: str, response: httpx.Response) -> None:
+    event(f"status {response.status_code}")
+    assert response.status_code < 500, (response.status_code, response.text[:500])
+    if response.status_code >= 400:
+        assert_error_body(endpoint, response)
+        return
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        text = response.text
+        if endpoint == "/v1/messages":
+            assert "event: message_stop" in text or "event: error" in text, text[-500:]
+            assert '"api_error"' not in text or "overloaded" in text, text[-500:]
+        else:
+            assert text.rstrip().endswith("data: [DONE]"), text[-500:]
+            assert '"server_error"' not in text, text[-500:]
+    else:
+        assert isinstance(response.json(), dict)
+
+
+FUZZ = settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.function_scoped_fixture,
+    ],
+)
+
+
+@FUZZ
+@given(
+    endpoint=st.sampled_from(ENDPOINTS),
+    data=st.data(),
+    headers=request_headers,
+    key=keys,
+)
+def test_fuzzed_requests_never_get_a_5xx_from_the_gateway(
+    gw: RunningGateway, endpoint: str, data: st.DataObject, headers: dict[str, str], key: str
+) -> None:
+    body = data.draw(encoded(endpoint))
+    sent = {**headers, "authorization": key} if key else headers
+    with httpx.Client(timeout=TIMEOUT) as client:
+        response = client.post(gw.url + endpoint, content=body, headers=sent)
+    check_response(endpoint, response)
+
+
+@FUZZ
+@given(endpoint=st.sampled_from(NODE_ENDPOINTS), data=st.data(), headers=request_headers)
+def test_fuzzed_requests_never_get_a_5xx_from_the_node(
+    node: NodeProcess, endpoint: str, data: st.DataObject, headers: dict[str, str]
+) -> None:
+    body = data.draw(encoded(endpoint))
+    with httpx.Client(timeout=TIMEOUT) as client:
+        response = client.post(node.url + endpoint, content=body, headers={**headers, **AUTH})
+    check_response(endpoint, response)
+
+
+def test_nothing_is_left_held_after_the_fuzzing(gw: RunningGateway, node: NodeProcess) -> None:
+    """Runs after the fuzz tests (same module, file order): no sequence, queue entry or KV block
+    is left on the node."""
+    deadline = time.monotonic() + 10
+    while True:
+        load = httpx.get(node.url + "/load", headers=AUTH, timeout=5).json()
+        idle = load["num_running"] == 0 and load["num_waiting"] == 0 and load["kv_blocks_used"] == 0
+        if idle or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert idle, load
