@@ -212,6 +212,8 @@ def create_app(
         exception_handlers={Exception: handle_exception},
         lifespan=[gateway.lifespan],
         state={"gateway": gateway},  # type: ignore[arg-type]
+        # The OpenAPI document is our own (GET /openapi.json, gateway/api/openapi.py): Litestar
+        # cannot see request bodies the front doors read themselves.
         openapi_config=None,
         # Logging is the process's business (the CLI configures it), not each app's.
         logging_config=None,

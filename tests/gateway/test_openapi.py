@@ -1,0 +1,230 @@
+"""The OpenAPI document at /openapi.json: served without a key, self-contained (every $ref
+resolves), covering every public route and nothing operator-only, and true to the live gateway:
+bodies its schemas accept are served, bodies they reject are 400s."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from litestar.routes import HTTPRoute
+
+from gateway.app import create_app
+from tests.gateway.conftest import GLOBAL_KEY, RunningGateway, gateway_over, running_fleet
+
+OPERATOR_PATHS = {"/health", "/metrics"}
+ERROR_STATUSES = ("400", "401", "403", "404", "408", "413", "429", "503")
+REQUESTS = {
+    "/v1/chat/completions": "ChatCompletionRequest",
+    "/v1/completions": "CompletionRequest",
+    "/v1/messages": "MessagesRequest",
+}
+# Each schema's required fields, for a model the node serves, plus max_tokens to keep answers short.
+MINIMAL = {
+    "/v1/chat/completions": {
+        "model": "meridian-small",
+        "max_tokens": 4,
+        "messages": [{"role": "user", "content": "Hi"}],
+    },
+    "/v1/completions": {"model": "meridian-small", "max_tokens": 4, "prompt": "Hi"},
+    "/v1/messages": {
+        "model": "meridian-small",
+        "max_tokens": 4,
+        "messages": [{"role": "user", "content": "Hi"}],
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def gw(llama_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
+    models = {"meridian-small": (llama_checkpoint, "small")}
+    with running_fleet([("us-east-1", "us-east", "us")], models, tmp_path_factory.mktemp("logs")) as nodes:
+        with gateway_over(nodes, tmp_path_factory.mktemp("gw")) as running:
+            yield running
+
+
+@pytest.fixture(scope="module")
+def document(gw: RunningGateway) -> dict[str, Any]:
+    response = httpx.get(gw.url + "/openapi.json", timeout=10)
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    return response.json()
+
+
+def resolve(document: dict[str, Any], ref: str) -> Any:
+    assert ref.startswith("#/"), f"{ref} points outside the document"
+    node: Any = document
+    for part in ref[2:].split("/"):
+        part = part.replace("~1", "/").replace("~0", "~")
+        assert isinstance(node, dict) and part in node, f"{ref} does not resolve"
+        node = node[part]
+    return node
+
+
+def refs(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        if isinstance(node.get("$ref"), str):
+            yield node["$ref"]
+        for value in node.values():
+            yield from refs(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from refs(value)
+
+
+_TYPES: dict[str, Any] = {
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+    "string": lambda v: isinstance(v, str),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+    "null": lambda v: v is None,
+}
+
+
+def accepts(document: dict[str, Any], schema: dict[str, Any], value: Any) -> bool:
+    """The JSON Schema keywords the document uses (no jsonschema package in the venv)."""
+    if "$ref" in schema:
+        return accepts(document, resolve(document, schema["$ref"]), value)
+    if "anyOf" in schema and not any(accepts(document, s, value) for s in schema["anyOf"]):
+        return False
+    if "const" in schema and value != schema["const"]:
+        return False
+    if "enum" in schema and value not in schema["enum"]:
+        return False
+    if "type" in schema:
+        types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+        if not any(_TYPES[t](value) for t in types):
+            return False
+    if isinstance(value, dict):
+        if any(name not in value for name in schema.get("required", ())):
+            return False
+        properties = schema.get("properties", {})
+        if not all(accepts(document, properties[k], v) for k, v in value.items() if k in properties):
+            return False
+    if isinstance(value, list) and "items" in schema:
+        return all(accepts(document, schema["items"], item) for item in value)
+    return True
+
+
+def request_schema(document: dict[str, Any], path: str) -> dict[str, Any]:
+    return document["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+
+
+def answer_schema(document: dict[str, Any], path: str, method: str, status: str) -> dict[str, Any]:
+    return document["paths"][path][method]["responses"][status]["content"]["application/json"]["schema"]
+
+
+def test_document_is_openapi_3_1_served_without_a_key(document: dict[str, Any]) -> None:
+    assert document["openapi"].startswith("3.1.")
+    assert document["info"] == {
+        **document["info"],
+        "title": "Meridian gateway",
+        "version": version("meridian"),
+    }
+
+
+def test_every_ref_resolves_within_the_document(document: dict[str, Any]) -> None:
+    found = set(refs(document))
+    assert "#/components/schemas/ChatCompletionRequest" in found
+    for ref in found:
+        resolve(document, ref)
+
+
+def test_every_public_route_is_documented_and_operator_routes_are_not(
+    gw: RunningGateway, document: dict[str, Any]
+) -> None:
+    app = create_app(gw.gateway.config, gateway=gw.gateway)
+    served = {
+        (route.path, method.lower())
+        for route in app.routes
+        if isinstance(route, HTTPRoute) and route.path not in OPERATOR_PATHS | {"/openapi.json"}
+        for method in route.methods - {"OPTIONS", "HEAD"}
+    }
+    documented = {(path, method) for path, item in document["paths"].items() for method in item}
+    assert documented == served
+    assert {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/models", "/v1/usage"} <= {
+        path for path, _ in served
+    }
+
+
+def test_each_generation_route_names_its_request_errors_and_security(document: dict[str, Any]) -> None:
+    for path, struct in REQUESTS.items():
+        operation = document["paths"][path]["post"]
+        assert request_schema(document, path) == {"$ref": f"#/components/schemas/{struct}"}
+        assert set(operation["responses"]["200"]["content"]) == {"application/json", "text/event-stream"}
+        error = "AnthropicError" if path == "/v1/messages" else "ErrorResponse"
+        for status in ERROR_STATUSES:
+            schema = operation["responses"][status]["content"]["application/json"]["schema"]
+            assert schema == {"$ref": f"#/components/schemas/{error}"}, (path, status)
+        headers = [resolve(document, p["$ref"])["name"] for p in operation["parameters"]]
+        assert "x-meridian-client-region" in headers
+    assert document["security"] == [{"bearerAuth": []}]
+    assert {"anthropicApiKey": []} in document["paths"]["/v1/messages"]["post"]["security"]
+    assert document["components"]["securitySchemes"]["anthropicApiKey"]["name"] == "x-api-key"
+    error = document["components"]["schemas"]["Error"]
+    assert set(error["required"]) == {"message", "type", "param", "code"}
+
+
+def test_chat_schema_requires_model_and_messages_and_max_tokens_is_an_integer(
+    document: dict[str, Any],
+) -> None:
+    chat = resolve(document, request_schema(document, "/v1/chat/completions")["$ref"])
+    assert set(chat["required"]) == {"model", "messages"}
+    max_tokens = chat["properties"]["max_tokens"]
+    assert accepts(document, max_tokens, 16) and not accepts(document, max_tokens, "ten")
+    assert not accepts(document, max_tokens, 1.5)
+    assert "Meridian extension" in chat["properties"]["return_token_ids"]["description"]
+
+
+@pytest.mark.parametrize("path", list(MINIMAL))
+def test_a_body_the_schema_accepts_is_served(gw: RunningGateway, document: dict[str, Any], path: str) -> None:
+    body = MINIMAL[path]
+    assert accepts(document, request_schema(document, path), body)
+    # /v1/messages takes the key as Anthropic's SDKs send it, the others as a bearer token.
+    key = {"x-api-key": GLOBAL_KEY} if path == "/v1/messages" else {"authorization": f"Bearer {GLOBAL_KEY}"}
+    headers = {**key, "x-meridian-client-region": "us-east"}
+    response = httpx.post(gw.url + path, json=body, headers=headers, timeout=60)
+    assert response.status_code == 200, response.text
+    assert accepts(document, answer_schema(document, path, "post", "200"), response.json())
+
+
+@pytest.mark.parametrize("path", list(MINIMAL))
+def test_a_body_the_schema_rejects_is_a_400(gw: RunningGateway, document: dict[str, Any], path: str) -> None:
+    body = {k: v for k, v in MINIMAL[path].items() if k != "model"}
+    assert not accepts(document, request_schema(document, path), body)
+    response = httpx.post(
+        gw.url + path, json=body, headers={"authorization": f"Bearer {GLOBAL_KEY}"}, timeout=30
+    )
+    assert response.status_code == 400, response.text
+    assert accepts(document, answer_schema(document, path, "post", "400"), response.json())
+
+
+def test_optional_fields_sent_as_null_are_accepted_as_documented(
+    gw: RunningGateway, document: dict[str, Any]
+) -> None:
+    # OpenAI clients send `null` for defaults; the gateway reads it as "not given".
+    body = {**MINIMAL["/v1/chat/completions"], "stream": None, "n": None, "return_token_ids": None}
+    assert accepts(document, request_schema(document, "/v1/chat/completions"), body)
+    response = httpx.post(
+        gw.url + "/v1/chat/completions",
+        json=body,
+        headers={"authorization": f"Bearer {GLOBAL_KEY}"},
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize("path", ["/v1/models", "/v1/usage"])
+def test_listings_answer_as_documented(gw: RunningGateway, document: dict[str, Any], path: str) -> None:
+    response = httpx.get(gw.url + path, headers={"authorization": f"Bearer {GLOBAL_KEY}"}, timeout=10)
+    assert response.status_code == 200, response.text
+    assert accepts(document, answer_schema(document, path, "get", "200"), response.json())
+    denied = httpx.get(gw.url + path, timeout=10)
+    assert denied.status_code == 401
+    assert accepts(document, answer_schema(document, path, "get", "401"), denied.json())
