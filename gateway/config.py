@@ -42,6 +42,12 @@ class ListenConfig(_Section):
     port: int = 8080
 
 
+class ServerConfig(_Section):
+    # How long the gateway keeps a client's idle connection open; every response says so
+    # (`Keep-Alive: timeout=N`), so clients that honour it never reuse one we are closing.
+    keep_alive_s: Annotated[int, msgspec.Meta(ge=1, le=3600)] = 5
+
+
 class CatalogEntry(_Section):
     name: str
     tier: Literal["small", "large"]
@@ -141,6 +147,7 @@ class GatewayConfig(_Section):
     policies: str  # folder of tenant policy YAML files
     directory: DirectoryConfig
     listen: ListenConfig = msgspec.field(default_factory=ListenConfig)
+    server: ServerConfig = msgspec.field(default_factory=ServerConfig)
     quota: QuotaConfig = msgspec.field(default_factory=QuotaConfig)  # defaults: the in-process store
     providers: ProvidersConfig = msgspec.field(default_factory=ProvidersConfig)  # defaults: none
     node_auth: NodeAuthConfig = msgspec.field(default_factory=NodeAuthConfig)

@@ -165,6 +165,10 @@ def serve(config: NodeConfig) -> int:
             log_level=config.log_level,
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
             access_log=config.log_level in ("debug", "trace"),
+            timeout_keep_alive=config.server.keep_alive_s,
+            # Said on every response (uvicorn writes its `headers` from bytes encoded once), so
+            # the gateway lets an idle connection go before this node closes it.
+            headers=[("keep-alive", f"timeout={config.server.keep_alive_s}")],
         )
     )
     try:

@@ -12,8 +12,18 @@ from typing import Any
 import uvicorn
 from litestar import Litestar
 
+from gateway.config import ServerConfig
+
+
+def server_config(app: Litestar) -> ServerConfig:
+    """The `server:` section of the config `app` was built from (create_app keeps its Gateway in
+    the app's state), so every way of serving it (one process, workers, `meridian up`) honours it."""
+    gateway = app.state.get("gateway")
+    return gateway.config.server if gateway is not None else ServerConfig()
+
 
 def uvicorn_config(app: Litestar, host: str, port: int, *, log_level: str = "warning") -> uvicorn.Config:
+    keep_alive_s = server_config(app).keep_alive_s
     return uvicorn.Config(
         app,
         host=host,
@@ -28,7 +38,10 @@ def uvicorn_config(app: Litestar, host: str, port: int, *, log_level: str = "war
         # rewriting (an extra ASGI layer on every request) buys nothing.
         proxy_headers=False,
         timeout_graceful_shutdown=5,
-        # Streams can be long; uvicorn's keep-alive default (5 s) is fine for idle connections.
+        timeout_keep_alive=keep_alive_s,
+        # Said on every response, so clients can let an idle connection go before we close it.
+        # uvicorn writes its `headers` from bytes encoded once: no work per request.
+        headers=[("keep-alive", f"timeout={keep_alive_s}")],
     )
 
 

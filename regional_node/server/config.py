@@ -60,6 +60,12 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     engine: EngineSettings = msgspec.field(default_factory=EngineSettings)
 
 
+class ServerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    # How long an idle connection (the gateway's) is kept open; every response says so
+    # (`Keep-Alive: timeout=N`), and the gateway lets its connections go safely before that.
+    keep_alive_s: Annotated[int, msgspec.Meta(ge=1, le=3600)] = 5
+
+
 class NodeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     node_id: Name = msgspec.field(default_factory=lambda: f"node-{socket.gethostname()}")
     region: Name = "local"
@@ -70,6 +76,7 @@ class NodeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Prefer the MERIDIAN_NODE_TOKEN environment variable: it wins over this field.
     auth_token: str | None = None
     log_level: LogLevel = "info"
+    server: ServerConfig = msgspec.field(default_factory=ServerConfig)
     # One tiny generation per model before /ready turns 200, so the first real request does
     # not pay for lazy initialisation.
     warmup: bool = True
