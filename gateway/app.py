@@ -13,7 +13,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 from litestar import Litestar
 from litestar.di import Provide
 from litestar.types import ControllerRouterHandler
@@ -50,7 +49,7 @@ class Gateway:
     quota: QuotaGate
     providers: ProviderSet
     clients: ConnectionPool  # requests to nodes: shared by all of them
-    probe_client: httpx.AsyncClient  # health probes, kept apart so probes never queue behind traffic
+    probe_client: ConnectionPool  # health probes, kept apart so probes never queue behind traffic
     prober: NodeProber
     board: BreakerBoard  # every upstream's circuit breaker (nodes and providers)
     fleet: Fleet
@@ -116,7 +115,7 @@ def build_gateway(
         logger.warning("%s is not set: requests to nodes carry no credential", config.node_auth.token_env)
     timeouts = config.timeouts
     clients = ConnectionPool(connect_timeout_s=timeouts.connect_s)
-    probe_client = httpx.AsyncClient(timeout=httpx.Timeout(timeouts.probe_s))
+    probe_client = ConnectionPool(connect_timeout_s=timeouts.probe_s, max_connections=8, max_idle=8)
     directory = directory or build_region_directory(config.directory, registry=metrics.registry)
 
     def on_probe(node: NodeInfo, result: ProbeResult) -> None:

@@ -23,3 +23,8 @@ class ServerLimits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, fro
     # A larger body is refused with 413: from its Content-Length before any of it is read, or as
     # soon as a chunked body passes the limit.
     max_body_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 10 * 1024 * 1024
+    # How long an idle kept-alive connection stays open. Every response says so
+    # (`Keep-Alive: timeout=N`), so clients that honour it (the gateway's own client towards
+    # nodes does) let an idle connection go before the server closes it. Whole seconds: what
+    # uvicorn takes and what the header can say.
+    keep_alive_s: Annotated[int, msgspec.Meta(ge=1, le=3600)] = 5

@@ -173,5 +173,8 @@ def server_config(app: Any, host: str, port: int, limits: ServerLimits, **option
         http=protocol,
         # uvloop roughly halves a server's own per-request cost where it is available.
         loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
+        timeout_keep_alive=limits.keep_alive_s,
+        # uvicorn writes its `headers` from bytes encoded once: no work per request.
+        headers=[("keep-alive", f"timeout={limits.keep_alive_s}")],
         **options,
     )

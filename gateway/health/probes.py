@@ -3,6 +3,10 @@
 Results feed NodeInfo.healthy and NodeInfo.load in the fleet snapshot. A node the prober has not
 heard from yet counts as not ready, so a node added to the directory gets traffic only after
 its first successful probe.
+
+Probes go over their own pool of the gateway's HTTP/1.1 client (gateway/upstreams/http1.py), so
+they never queue behind traffic and get the same keep-alive rules: a probe never fails because
+the node closed an idle connection just as it was reused, whatever the node's keep-alive.
 """
 
 from __future__ import annotations
@@ -13,11 +17,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import httpx
 import msgspec
 
 from gateway.discovery.interface import RegionDirectory
 from gateway.runtime.tasks import cancel_and_wait
+from gateway.upstreams.http1 import ConnectionPool, TransportError, split_url
 from protocol.load import LoadReport
 from router.types import NodeInfo, NodeLoad
 
@@ -38,7 +42,7 @@ class NodeProber:
     def __init__(
         self,
         directory: RegionDirectory,
-        client: httpx.AsyncClient,
+        pool: ConnectionPool,
         *,
         interval_s: float,
         timeout_s: float,
@@ -46,10 +50,10 @@ class NodeProber:
         on_result: Callable[[NodeInfo, ProbeResult], None] | None = None,
     ) -> None:
         self._directory = directory
-        self._client = client
+        self._pool = pool
         self._interval_s = interval_s
-        self._timeout = httpx.Timeout(timeout_s)
-        self._headers = headers
+        self._timeout_s = timeout_s
+        self._headers = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
         self._on_result = on_result
         self._results: dict[str, ProbeResult] = {}
         self._task: asyncio.Task[None] | None = None
@@ -87,24 +91,30 @@ class NodeProber:
         ready, load = await asyncio.gather(self._ready(node), self._load(node))
         return ProbeResult(ready=ready, load=load, checked_at=time.monotonic())
 
-    async def _ready(self, node: NodeInfo) -> bool:
+    async def _get(self, node: NodeInfo, path: str) -> tuple[int, bytes] | None:
+        """(status, body) of GET `path` on the node; None if it could not be asked or answer."""
         try:
-            response = await self._client.get(
-                node.url + "/ready", headers=self._headers, timeout=self._timeout
-            )
-        except (httpx.HTTPError, httpx.InvalidURL):  # a bad URL must not end the whole round
-            return False
-        return response.status_code == 200
+            origin, host, prefix = split_url(node.url)
+        except ValueError:  # a bad URL in the directory must not end the whole round
+            return None
+        raw = f"GET {prefix}{path} HTTP/1.1\r\nhost: {host}\r\n{self._headers}\r\n".encode()
+        try:
+            response = await self._pool.request(origin, raw, timeout_s=self._timeout_s)
+        except TransportError:
+            return None
+        return response.status, response.body
+
+    async def _ready(self, node: NodeInfo) -> bool:
+        answer = await self._get(node, "/ready")
+        return answer is not None and answer[0] == 200
 
     async def _load(self, node: NodeInfo) -> NodeLoad | None:
+        answer = await self._get(node, "/load")
+        if answer is None or answer[0] != 200:
+            return None
         try:
-            response = await self._client.get(
-                node.url + "/load", headers=self._headers, timeout=self._timeout
-            )
-            if response.status_code != 200:
-                return None
-            report = _load_decoder.decode(response.content)
-        except (httpx.HTTPError, httpx.InvalidURL, msgspec.DecodeError):
+            report = _load_decoder.decode(answer[1])
+        except msgspec.DecodeError:
             return None
         return NodeLoad(
             kv_cache_usage=report.kv_cache_usage,

@@ -1,25 +1,30 @@
-"""A lean pooled HTTP/1.1 client for node traffic: asyncio protocol + httptools' response parser.
+"""A lean pooled HTTP/1.1 client for node and provider traffic: asyncio protocol + httptools' parser.
 
-Why not httpx on this path: a request through httpx/httpcore costs the gateway about as much CPU
-as everything else it does per request (its profile is mostly httpcore's connection-pool
-bookkeeping, h11 and the anyio stream layers). Nodes speak one dialect — HTTP/1.1 from uvicorn,
-`Content-Length` JSON or chunked SSE — so this client does only that: one `asyncio.Protocol`
-per connection feeding llhttp (through httptools), which de-chunks the body and says whether the
-connection may be kept.
+Why not httpx: a request through httpx/httpcore costs the gateway about as much CPU as everything
+else it does per request (its profile is mostly httpcore's connection-pool bookkeeping, h11 and
+the anyio stream layers), and httpcore does not survive the keep-alive race (below). Nodes and
+providers speak one dialect — HTTP/1.1, `Content-Length` JSON or chunked SSE, over TCP or TLS —
+so this client does only that: one `asyncio.Protocol` per connection feeding llhttp (through
+httptools), which de-chunks the body and says whether the connection may be kept.
 
 Rules the callers rely on:
 - Connections are pooled per origin (scheme, host, port), newest idle first, at most
   `max_connections` open per origin (more requests wait, up to the connect timeout) and at most
-  `max_idle` kept idle; an idle one is dropped after `idle_expiry_s` or as soon as the server
-  closes it.
+  `max_idle` kept idle; an idle one is dropped as soon as the server closes it, and never reused
+  once it may be near the server's own idle timeout: after `idle_expiry_s`, or sooner when the
+  response said `Keep-Alive: timeout=N` (then safely before N, whatever N the server runs with).
+  Idle time counts from when the response ended, not from when the caller finished reading it.
 - A connection goes back to the pool only if its response was read to the end and both sides
   allow keep-alive. Releasing a stream's connection early closes it: that is how a node learns
   its client went away and frees the sequence's KV blocks.
 - A request sent on a reused connection that the server closed before answering a single byte is
   sent once more, on a new connection: the server closed it as idle just as we reused it (the
-  keep-alive race), so it never saw the request.
+  keep-alive race), so it never saw the request. The caller never sees that first attempt, so it
+  is never held against the server.
 - Every wait is bounded: connecting by the connect timeout, each wait for response bytes by the
   read timeout (for a stream, the idle time allowed between two chunks).
+- https verifies the server's certificate and host name (SNI set) against the system's CA store
+  and certifi's bundle (`default_ssl_context`).
 """
 
 from __future__ import annotations
@@ -27,11 +32,15 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
+import math
+import os
 import ssl
 from dataclasses import dataclass
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
+import certifi
 import httptools
 
 
@@ -85,6 +94,30 @@ class PoolTimeout(Timeout):
 Headers = list[tuple[bytes, bytes]]  # (lower-case name, value) in the order received
 
 
+@functools.lru_cache(maxsize=64)  # a server says the same thing in every response: parse it once
+def keep_alive_timeout(value: bytes) -> float | None:
+    """N of a `Keep-Alive: timeout=N, max=M` header's value, in seconds; None if it has none."""
+    for param in value.split(b","):
+        name, _, number = param.partition(b"=")
+        if name.strip().lower() == b"timeout":
+            try:
+                seconds = float(number.strip().strip(b'"'))
+            except ValueError:
+                return None
+            return seconds if math.isfinite(seconds) and seconds >= 0 else None
+    return None
+
+
+def idle_expiry(advertised_s: float, own_s: float) -> float:
+    """How long to keep a connection idle whose server said `Keep-Alive: timeout=advertised_s`.
+
+    The server's timer starts when it has written the response's end, ours when we have read it,
+    and a reused request takes a moment to reach it: a margin of a second (half of a shorter
+    timeout) keeps us clear of its close. Never longer than our own expiry.
+    """
+    return min(own_s, advertised_s - min(1.0, advertised_s / 2))
+
+
 def _header(headers: Headers, name: bytes) -> str | None:
     for key, value in headers:
         if key == name:
@@ -122,7 +155,8 @@ class Connection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self.closed = False
         self.reused = False  # it has served a response before this one
-        self.idle_since = 0.0
+        self.idle_since = 0.0  # when the last response ended (the server's idle timer started)
+        self.expires_at = 0.0  # idle in the pool until then
         self._busy = False
         self._timer: asyncio.TimerHandle | None = None
         self._deadline = 0.0
@@ -138,6 +172,7 @@ class Connection(asyncio.Protocol):
         self.headers_done = False
         self.complete = False
         self.keep_alive = False
+        self.keep_alive_s: float | None = None  # the response's `Keep-Alive: timeout=N`
         self.received = False  # any byte of this response arrived
         self._framed = False  # Content-Length or chunked: the body does not end at EOF
         self._error: TransportError | None = None
@@ -181,6 +216,8 @@ class Connection(asyncio.Protocol):
         name = name.lower()
         if name in (b"content-length", b"transfer-encoding"):
             self._framed = True
+        elif name == b"keep-alive":
+            self.keep_alive_s = keep_alive_timeout(value)
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
@@ -199,6 +236,9 @@ class Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         self.complete = True
         self.keep_alive = self._parser.should_keep_alive()
+        # Not when the caller hands the connection back: a slow reader may release it long
+        # after the server started counting.
+        self.idle_since = self._loop.time()
         self._wake()
 
     # used by the pool and the caller
@@ -308,8 +348,9 @@ class ConnectionPool:
         connect_timeout_s: float,
         max_connections: int = 1024,
         max_idle: int = 128,
-        # Below uvicorn's 5 s keep-alive default (what nodes run), so we usually drop an idle
-        # connection before the node does; the retry covers the rest of the race.
+        # For servers that do not say how long they keep an idle connection: below uvicorn's
+        # 5 s default. Servers that say `Keep-Alive: timeout=N` get N minus a margin (at most
+        # this); the retry covers what is left of the race.
         idle_expiry_s: float = 4.0,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
@@ -401,10 +442,10 @@ class ConnectionPool:
         idle = self._idle.get(origin)
         if not idle:
             return None
-        oldest_allowed = self.loop.time() - self._idle_expiry_s
+        now = self.loop.time()
         while idle:
             connection = idle.pop()  # newest first: the least likely to be closed by the server
-            if not connection.closed and connection.idle_since >= oldest_allowed:
+            if not connection.closed and connection.expires_at > now:
                 return connection
             connection.close()
         return None
@@ -437,7 +478,7 @@ class ConnectionPool:
 
     def _ssl_context(self) -> ssl.SSLContext:
         if self._ssl is None:
-            self._ssl = ssl.create_default_context()  # loads the CA store: once, not per connection
+            self._ssl = default_ssl_context()  # loads the CA stores: once, not per connection
         return self._ssl
 
     def release(self, connection: Connection) -> None:
@@ -447,11 +488,14 @@ class ConnectionPool:
         if not keep:
             connection.close()
             return
+        expiry = self._idle_expiry_s
+        if connection.keep_alive_s is not None:
+            expiry = idle_expiry(connection.keep_alive_s, expiry)
+        connection.expires_at = connection.idle_since + expiry
         idle = self._idle.setdefault(connection.origin, [])
         if len(idle) >= self._max_idle:
             connection.close()
             return
-        connection.idle_since = self.loop.time()
         idle.append(connection)
         self._wake_waiter(connection.origin)
 
@@ -483,6 +527,18 @@ class ConnectionPool:
         self._idle.clear()
         # Let the transports run their close callbacks before the loop goes away.
         await asyncio.sleep(0)
+
+
+def default_ssl_context() -> ssl.SSLContext:
+    """Certificate and host name checks against the system's CA store (which honours
+    SSL_CERT_FILE and SSL_CERT_DIR) and, unless those are set, certifi's bundle too: public APIs
+    verify as they did under httpx (certifi) even on a host without a CA store, and a node with a
+    certificate from a private CA verifies once that CA is in the system store."""
+    context = ssl.create_default_context()
+    if not (os.environ.get("SSL_CERT_FILE") or os.environ.get("SSL_CERT_DIR")):
+        context.load_verify_locations(certifi.where())
+    context.set_alpn_protocols(["http/1.1"])
+    return context
 
 
 def _release_waiter(waiter: asyncio.Future[None]) -> None:

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 import pytest
 import uvloop
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gateway.upstreams.http1 import (
     ConnectError,
@@ -19,6 +21,8 @@ from gateway.upstreams.http1 import (
     ReadError,
     ReadTimeout,
     RemoteProtocolError,
+    idle_expiry,
+    keep_alive_timeout,
     split_url,
 )
 
@@ -382,3 +386,110 @@ async def test_a_large_stream_read_slowly_arrives_whole(serve, pool) -> None:
     pool.release(connection)
     assert received == 32 * len(piece)
     assert not connection.closed  # read to its end: kept for the next request
+
+
+def test_keep_alive_timeout_is_read_from_the_header_value() -> None:
+    assert keep_alive_timeout(b"timeout=5") == 5.0
+    assert keep_alive_timeout(b"timeout=5, max=100") == 5.0
+    assert keep_alive_timeout(b"max=100,Timeout = 2") == 2.0
+    assert keep_alive_timeout(b"max=100") is None
+    for malformed in (b"timeout=", b"timeout=soon", b"timeout=-1", b"timeout=inf", b"timeout=nan"):
+        assert keep_alive_timeout(malformed) is None, malformed
+
+
+@given(advertised=st.floats(0, 1e6, allow_subnormal=False), own=st.floats(0.001, 1e6))
+def test_idle_expiry_is_safely_below_the_advertised_timeout_and_never_above_our_own(
+    advertised: float, own: float
+) -> None:
+    expiry = idle_expiry(advertised, own)
+    assert expiry <= own
+    assert expiry <= advertised / 2 or expiry <= advertised - 1.0
+
+
+def keep_alive_ok(timeout: int) -> bytes:
+    return (
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+        + f"keep-alive: timeout={timeout}\r\n".encode()
+        + b'content-length: 12\r\n\r\n{"ok": true}'
+    )
+
+
+class ClosesWhenIdle:
+    """A server whose keep-alive timeout is `timeout_s` and whose idle close always arrives with
+    the next request: a request on a connection idle that long is dropped unanswered."""
+
+    def __init__(self, timeout_s: int, *, advertise: bool) -> None:
+        self.timeout_s = timeout_s
+        self.answer = keep_alive_ok(timeout_s) if advertise else JSON_OK
+        self.answered_at: dict[int, float] = {}
+        self.dropped = 0
+
+    async def __call__(self, exchange: Exchange) -> None:
+        now = asyncio.get_running_loop().time()
+        last = self.answered_at.get(exchange.connection)
+        if last is not None and now - last >= self.timeout_s:
+            self.dropped += 1
+            exchange.writer.close()
+            return
+        await reply(exchange, self.answer)
+        self.answered_at[exchange.connection] = asyncio.get_running_loop().time()
+
+
+async def test_a_connection_idle_past_the_advertised_keep_alive_is_never_written_to(serve) -> None:
+    behaviour = ClosesWhenIdle(1, advertise=True)
+    server = await serve(behaviour)
+    pool = ConnectionPool(connect_timeout_s=2.0, idle_expiry_s=30.0)  # the server's word wins
+    try:
+        await pool.request(server.origin, request(), timeout_s=2)
+        await pool.request(server.origin, request(), timeout_s=2)
+        assert server.connections == 1  # kept while the server keeps it
+        await asyncio.sleep(1.2)
+        assert (await pool.request(server.origin, request(), timeout_s=2)).status == 200
+        assert behaviour.dropped == 0  # nothing was sent on a connection the server was closing
+        assert server.connections == 2
+    finally:
+        await pool.aclose()
+
+
+async def test_the_advertised_keep_alive_never_extends_our_own_expiry(serve) -> None:
+    server = await serve(lambda exchange: reply(exchange, keep_alive_ok(60)))
+    pool = ConnectionPool(connect_timeout_s=2.0, idle_expiry_s=0.1)
+    try:
+        await pool.request(server.origin, request(), timeout_s=2)
+        await asyncio.sleep(0.3)
+        await pool.request(server.origin, request(), timeout_s=2)
+        assert server.connections == 2
+    finally:
+        await pool.aclose()
+
+
+async def test_idle_time_counts_from_the_end_of_the_response_not_from_its_release(serve) -> None:
+    behaviour = ClosesWhenIdle(1, advertise=False)
+    server = await serve(behaviour)
+    pool = ConnectionPool(connect_timeout_s=2.0, idle_expiry_s=0.5)
+    try:
+        connection = await pool.open(server.origin, request(), timeout_s=2)
+        await asyncio.sleep(1.2)  # a slow reader: the whole response waited here
+        assert await connection.read_body(2) == b'{"ok": true}'
+        pool.release(connection)
+        assert (await pool.request(server.origin, request(), timeout_s=2)).status == 200
+        assert behaviour.dropped == 0
+        assert server.connections == 2
+    finally:
+        await pool.aclose()
+
+
+async def test_keep_alive_race_on_a_stream_is_retried_once_on_a_new_connection(serve, pool) -> None:
+    async def drop_second_on_each_connection(exchange: Exchange) -> None:
+        if exchange.index == 1:
+            exchange.writer.close()  # closed as idle just as the request came: never answered
+            return
+        await reply(exchange, CHUNKED_HEAD + chunk(b"data: 1\n\n") + b"0\r\n\r\n")
+
+    server = await serve(drop_second_on_each_connection)
+    for _ in range(2):
+        connection = await pool.open(server.origin, request(), timeout_s=2)
+        assert await connection.next_chunk(2) == b"data: 1\n\n"
+        assert await connection.next_chunk(2) is None
+        pool.release(connection)
+    assert [(e.connection, e.index) for e in server.exchanges] == [(0, 0), (0, 1), (1, 0)]

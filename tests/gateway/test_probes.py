@@ -1,10 +1,16 @@
-"""Active probes with a scripted HTTP transport: one bad node must not freeze everyone's health."""
+"""Active probes against a real HTTP server: one bad node must not freeze everyone's health, and
+a node's load report is read; probes carry the node credential."""
 
 from __future__ import annotations
 
-import httpx
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import pytest
 
 from gateway.health.probes import NodeProber
+from gateway.upstreams.http1 import ConnectionPool
 from router.types import NodeInfo
 
 
@@ -16,21 +22,83 @@ class _Directory:
         return tuple(self.nodes)
 
 
+class _Node:
+    """A node's /ready and /load over real HTTP/1.1 (keep-alive), with a status a test sets."""
+
+    def __init__(self) -> None:
+        self.status = 200
+        self.authorizations: list[str] = []
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while head := await reader.readuntil(b"\r\n\r\n"):
+                lines = head.decode("latin-1").split("\r\n")
+                path = lines[0].split()[1]
+                for line in lines[1:]:
+                    if line.lower().startswith("authorization:"):
+                        self.authorizations.append(line.split(":", 1)[1].strip())
+                body = json.dumps(
+                    {"kv_cache_usage": 0.25, "num_running": 3} if path == "/load" else {}
+                ).encode()
+                writer.write(
+                    b"HTTP/1.1 %d X\r\ncontent-length: %d\r\n\r\n%s" % (self.status, len(body), body)
+                )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+@pytest.fixture
+async def node() -> AsyncIterator[tuple[_Node, str]]:
+    fake = _Node()
+    server = await asyncio.start_server(fake.handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        yield fake, f"http://127.0.0.1:{port}"
+
+
 def _node(node_id: str, url: str) -> NodeInfo:
     return NodeInfo(node_id=node_id, url=url, region="eu-west", jurisdiction="eu", models=frozenset({"m"}))
 
 
-async def test_a_node_with_an_invalid_url_is_not_ready_and_the_others_are_still_probed() -> None:
-    directory = _Directory([_node("good", "http://good")])
-    transport = httpx.MockTransport(lambda request: httpx.Response(200, json={}))
-    async with httpx.AsyncClient(transport=transport) as client:
-        prober = NodeProber(directory, client, interval_s=1.0, timeout_s=1.0, headers={})
+async def test_a_node_with_an_invalid_url_is_not_ready_and_the_others_are_still_probed(node) -> None:
+    fake, url = node
+    directory = _Directory([_node("good", url)])
+    pool = ConnectionPool(connect_timeout_s=1.0)
+    prober = NodeProber(directory, pool, interval_s=1.0, timeout_s=1.0, headers={"authorization": "Bearer t"})
+    try:
         await prober.probe_all()
         result = prober.result("good")
         assert result is not None and result.ready
+        assert result.load is not None and result.load.kv_cache_usage == 0.25 and result.load.num_running == 3
+        assert fake.authorizations and set(fake.authorizations) == {"Bearer t"}
         directory.nodes.append(_node("bad", "http://bad:notaport"))
-        transport.handler = lambda request: httpx.Response(503)  # the good node goes down
+        fake.status = 503  # the good node goes down
         await prober.probe_all()
         good, bad = prober.result("good"), prober.result("bad")
-        assert good is not None and not good.ready, "health must not freeze at its last value"
+        assert good is not None and not good.ready and good.load is None, "health must not freeze"
         assert bad is not None and not bad.ready
+    finally:
+        await pool.aclose()
+
+
+async def test_a_node_that_does_not_answer_is_not_ready() -> None:
+    silent = await asyncio.start_server(lambda r, w: asyncio.sleep(5), "127.0.0.1", 0)
+    port = silent.sockets[0].getsockname()[1]
+    pool = ConnectionPool(connect_timeout_s=0.2)
+    prober = NodeProber(
+        _Directory([_node("mute", f"http://127.0.0.1:{port}")]),
+        pool,
+        interval_s=1.0,
+        timeout_s=0.2,
+        headers={},
+    )
+    try:
+        async with silent:
+            await prober.probe_all()
+        result = prober.result("mute")
+        assert result is not None and not result.ready and result.load is None
+    finally:
+        await pool.aclose()

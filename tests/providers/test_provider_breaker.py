@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -23,6 +22,7 @@ from gateway.upstreams.base import Upstream, UpstreamError
 from gateway.upstreams.errors import UpstreamRejected, UpstreamsExhausted
 from gateway.upstreams.failover import Forwarder, next_chunk
 from gateway.upstreams.fleet import Fleet
+from gateway.upstreams.http1 import ConnectionPool
 from gateway.upstreams.providers import build_providers
 from protocol import APIError, RateLimitError, ServiceUnavailableError
 from router.types import NodeInfo, Target
@@ -70,13 +70,16 @@ async def gw(fake_openai: FakeProvider, metrics: CollectorRegistry) -> AsyncIter
         providers_config({"endpoints": [entry]}), env=env_for(fake_openai, entry), metrics_registry=metrics
     )
     board = BreakerBoard(ejection(base_s=1, max_s=30), metrics=BreakerMetrics(metrics))
-    async with httpx.AsyncClient() as probe_client:
-        prober = NodeProber(_NoNodes(), probe_client, interval_s=1, timeout_s=1, headers={})  # type: ignore[arg-type]
+    probe_pool = ConnectionPool(connect_timeout_s=1.0)
+    try:
+        prober = NodeProber(_NoNodes(), probe_pool, interval_s=1, timeout_s=1, headers={})  # type: ignore[arg-type]
         fleet = Fleet(_NoNodes(), prober, board, registry, _no_node)  # type: ignore[arg-type]
         retry = RetryConfig(max_attempts=1, backoff_base_s=0, backoff_max_s=0)
         forwarder = Forwarder(fleet, GatewayMetrics(), retry=retry, stream_idle_s=5.0)
         yield Gateway(board, fleet, forwarder)
-    await registry.aclose()
+    finally:
+        await probe_pool.aclose()
+        await registry.aclose()
 
 
 def state_gauge(metrics: CollectorRegistry, target: str) -> float | None:

@@ -90,3 +90,10 @@ def test_duplicate_ids_are_refused() -> None:
 def test_unset_key_variable_is_a_start_up_error() -> None:
     with pytest.raises(ProviderConfigError, match=r"endpoints\[0\]\.api_key_env: .*ANTHROPIC_KEY_FOR_TEST"):
         build([ENTRY], env={})
+
+
+def test_a_key_with_a_line_break_inside_is_a_start_up_error_and_a_trailing_one_is_dropped() -> None:
+    # The key goes into a request header, where a line break would end it early.
+    with pytest.raises(ProviderConfigError, match=r"endpoints\[0\]\.api_key_env: .*line break"):
+        build([ENTRY], env={"ANTHROPIC_KEY_FOR_TEST": "sk-ant\r\nx-injected: 1"})
+    assert build([ENTRY], env={"ANTHROPIC_KEY_FOR_TEST": "sk-ant\n"})  # as read from a secrets file

@@ -13,9 +13,8 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
-
 from gateway.upstreams.base import Endpoint
+from gateway.upstreams.http1 import Connection, ConnectionPool
 from gateway.upstreams.providers.anthropic_errors import anthropic_status_error
 from gateway.upstreams.providers.anthropic_stream import MessagesToChatStream
 from gateway.upstreams.providers.anthropic_translate import (
@@ -26,20 +25,25 @@ from gateway.upstreams.providers.anthropic_translate import (
 from gateway.upstreams.providers.config import ProviderEntry
 from gateway.upstreams.providers.errors import unsupported
 from gateway.upstreams.providers.http_adapter import HTTPProviderAdapter
-from gateway.upstreams.providers.transport import build_post, decode_event, sse_events
+from gateway.upstreams.providers.transport import (
+    Post,
+    build_post,
+    decode_event,
+    destination,
+    drain,
+    sse_events,
+)
 
 
 class AnthropicAdapter(HTTPProviderAdapter):
-    def __init__(
-        self, entry: ProviderEntry, api_key: str, *, client: httpx.AsyncClient | None = None
-    ) -> None:
+    def __init__(self, entry: ProviderEntry, api_key: str, *, pool: ConnectionPool | None = None) -> None:
         auth = {"x-api-key": api_key, "anthropic-version": entry.anthropic_version}
-        super().__init__(entry, auth=auth, on_status=anthropic_status_error, client=client)
-        self._url = entry.base_url.rstrip("/") + "/v1/messages"
+        super().__init__(entry, auth=auth, on_status=anthropic_status_error, pool=pool)
+        self._to = destination(entry.base_url.rstrip("/") + "/v1/messages")
 
     def _request(
         self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str], *, stream: bool
-    ) -> tuple[httpx.Request, str]:
+    ) -> tuple[Post, str]:
         if endpoint != "chat":
             raise unsupported(self.entry.id, "the legacy completions endpoint")
         logical, provider_model = self._models(body)
@@ -51,7 +55,7 @@ class AnthropicAdapter(HTTPProviderAdapter):
             )
         except TranslationError as exc:
             raise unsupported(self.entry.id, f"this request ({exc.param}: {exc.message})") from None
-        request = build_post(self._client, self._url, messages, auth=self._auth, client_headers=headers)
+        request = build_post(self._to, messages, auth=self._auth, client_headers=headers)
         return request, logical
 
     async def complete(
@@ -78,10 +82,10 @@ class AnthropicAdapter(HTTPProviderAdapter):
             yield chunks
         finally:
             await chunks.aclose()
-            await response.aclose()
+            self._release(response)
 
     async def _chunks(
-        self, response: httpx.Response, translator: MessagesToChatStream
+        self, response: Connection, translator: MessagesToChatStream
     ) -> AsyncIterator[dict[str, Any]]:
         events = sse_events(response, provider=self.entry.id, timeouts=self.entry.timeouts)
         try:
@@ -89,6 +93,7 @@ class AnthropicAdapter(HTTPProviderAdapter):
                 for chunk in translator.feed(event.event, decode_event(self.entry.id, event)):
                     yield chunk
                 if translator.finished:
+                    await drain(response, idle_s=self.entry.timeouts.idle_s)
                     return
         finally:
             await events.aclose()

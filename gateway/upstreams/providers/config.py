@@ -134,12 +134,14 @@ class ProvidersConfig(_Section):
 
 
 def resolve_api_key(entry: ProviderEntry, index: int, env: Mapping[str, str], source: str) -> str:
-    key = env.get(entry.api_key_env, "")
+    # Stripped like the node token: secrets read from files often end in a newline.
+    key = env.get(entry.api_key_env, "").strip()
+    field = f"{source}: $.providers.endpoints[{index}].api_key_env"
     if not key:
-        raise ProviderConfigError(
-            f"{source}: $.providers.endpoints[{index}].api_key_env: "
-            f"environment variable {entry.api_key_env!r} is not set"
-        )
+        raise ProviderConfigError(f"{field}: environment variable {entry.api_key_env!r} is not set")
+    if "\r" in key or "\n" in key:
+        # It goes into a request header, where a line break would end the header.
+        raise ProviderConfigError(f"{field}: environment variable {entry.api_key_env!r} holds a line break")
     return key
 
 

@@ -1,16 +1,15 @@
-"""What every HTTP provider adapter shares: its client, the logical → provider model lookup,
-opening a request with the provider's timeouts and error mapping, and closing."""
+"""What every HTTP provider adapter shares: its connection pool, the logical → provider model
+lookup, opening a request with the provider's timeouts and error mapping, and closing."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-import httpx
-
+from gateway.upstreams.http1 import Connection, ConnectionPool
 from gateway.upstreams.providers.config import ProviderEntry
 from gateway.upstreams.providers.errors import ProviderError, unsupported
-from gateway.upstreams.providers.transport import build_client, open_response, read_json
+from gateway.upstreams.providers.transport import Post, build_pool, open_response, read_json
 
 # (provider id, status, parsed body, raw text, retry-after) -> the error to raise
 StatusErrorMapper = Callable[[str, int, Any, str, float | None], ProviderError]
@@ -25,13 +24,13 @@ class HTTPProviderAdapter:
         *,
         auth: dict[str, str],
         on_status: StatusErrorMapper,
-        client: httpx.AsyncClient | None = None,
+        pool: ConnectionPool | None = None,
     ) -> None:
         self.entry = entry
         self._auth = auth
         self._on_status = on_status
-        self._client = client or build_client(entry.timeouts)
-        self._owns_client = client is None
+        self._pool = pool or build_pool(entry.timeouts)
+        self._owns_pool = pool is None
 
     def _models(self, body: dict[str, Any]) -> tuple[str, str]:
         """(logical, provider) model names; refuses what no provider can serve faithfully."""
@@ -43,22 +42,28 @@ class HTTPProviderAdapter:
             raise unsupported(self.entry.id, "a token-exact stream continuation")
         return logical, provider_model
 
-    async def _open(self, request: httpx.Request) -> httpx.Response:
+    async def _open(self, post: Post) -> Connection:
+        """A 2xx response with its body left to read; hand it back with `_release`."""
         return await open_response(
-            self._client,
-            request,
+            self._pool,
+            post,
             provider=self.entry.id,
             timeouts=self.entry.timeouts,
             on_status=self._on_status,
         )
 
-    async def _fetch_json(self, request: httpx.Request) -> Any:
-        response = await self._open(request)
+    def _release(self, response: Connection) -> None:
+        # Released before the body's end, the connection is closed: that is how the provider
+        # learns the client went away.
+        self._pool.release(response)
+
+    async def _fetch_json(self, post: Post) -> Any:
+        response = await self._open(post)
         try:
-            return await read_json(response, provider=self.entry.id)
+            return await read_json(response, provider=self.entry.id, timeouts=self.entry.timeouts)
         finally:
-            await response.aclose()
+            self._release(response)
 
     async def aclose(self) -> None:
-        if self._owns_client:
-            await self._client.aclose()
+        if self._owns_pool:
+            await self._pool.aclose()

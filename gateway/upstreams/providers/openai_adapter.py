@@ -13,13 +13,19 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
-
 from gateway.upstreams.base import Endpoint
+from gateway.upstreams.http1 import Connection, ConnectionPool
 from gateway.upstreams.providers.config import ProviderEntry
 from gateway.upstreams.providers.errors import ProviderError, status_error
 from gateway.upstreams.providers.http_adapter import HTTPProviderAdapter
-from gateway.upstreams.providers.transport import build_post, decode_event, sse_events
+from gateway.upstreams.providers.transport import (
+    Post,
+    build_post,
+    decode_event,
+    destination,
+    drain,
+    sse_events,
+)
 
 _PATHS: dict[str, str] = {"chat": "/chat/completions", "completions": "/completions"}
 # Meridian/vLLM extensions our nodes understand and OpenAI would reject.
@@ -55,20 +61,18 @@ def _openai_status_error(
 
 
 class OpenAIAdapter(HTTPProviderAdapter):
-    def __init__(
-        self, entry: ProviderEntry, api_key: str, *, client: httpx.AsyncClient | None = None
-    ) -> None:
+    def __init__(self, entry: ProviderEntry, api_key: str, *, pool: ConnectionPool | None = None) -> None:
         auth = {"authorization": f"Bearer {api_key}"}
-        super().__init__(entry, auth=auth, on_status=_openai_status_error, client=client)
-        self._base_url = entry.base_url.rstrip("/")
+        super().__init__(entry, auth=auth, on_status=_openai_status_error, pool=pool)
+        base_url = entry.base_url.rstrip("/")
+        self._to = {endpoint: destination(base_url + path) for endpoint, path in _PATHS.items()}
 
     def _request(
         self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str], *, stream: bool
-    ) -> tuple[httpx.Request, str]:
+    ) -> tuple[Post, str]:
         logical, provider_model = self._models(body)
         request = build_post(
-            self._client,
-            self._base_url + _PATHS[endpoint],
+            self._to[endpoint],
             provider_body(body, provider_model=provider_model, stream=stream),
             auth=self._auth,
             client_headers=headers,
@@ -94,15 +98,15 @@ class OpenAIAdapter(HTTPProviderAdapter):
             yield chunks
         finally:
             await chunks.aclose()
-            # Closing the connection is how the provider learns the client went away.
-            await response.aclose()
+            self._release(response)
 
-    async def _chunks(self, response: httpx.Response, logical: str) -> AsyncIterator[dict[str, Any]]:
+    async def _chunks(self, response: Connection, logical: str) -> AsyncIterator[dict[str, Any]]:
         started = time.monotonic()
         events = sse_events(response, provider=self.entry.id, timeouts=self.entry.timeouts)
         try:
             async for event in events:
                 if event.data.strip() == "[DONE]":
+                    await drain(response, idle_s=self.entry.timeouts.idle_s)
                     return
                 chunk = decode_event(self.entry.id, event)
                 if isinstance(chunk.get("error"), dict):
