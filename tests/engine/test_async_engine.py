@@ -117,11 +117,11 @@ async def test_cancelling_the_consumer_aborts_the_request(engine: AsyncEngine) -
     assert stats["generation_tokens_total"] < 300
 
 
-async def test_prompt_suffix_counts_as_prompt(engine: AsyncEngine, llama_dir: Path) -> None:
-    prompt, suffix = [4, 5, 6], [7, 8]
-    deltas = await collect(engine.generate(prompt, GREEDY, prompt_suffix_token_ids=suffix))
+async def test_continuation_tokens_count_as_prompt(engine: AsyncEngine, llama_dir: Path) -> None:
+    prompt, carried = [4, 5, 6], [7, 8]
+    deltas = await collect(engine.generate(prompt, GREEDY, continuation_token_ids=carried))
     assert deltas[0].prompt_tokens == 5
-    assert [t for d in deltas for t in d.new_token_ids] == hf_greedy(llama_dir, prompt + suffix, 12)
+    assert [t for d in deltas for t in d.new_token_ids] == hf_greedy(llama_dir, prompt + carried, 12)
 
 
 async def test_failing_step_fails_its_requests_and_engine_recovers(engine: AsyncEngine) -> None:
