@@ -205,9 +205,7 @@ class RequestPipeline:
                     self._metrics.failovers.labels("continuation").inc()
                     relay.resume(opened, step)
                     continue
-            if step.ending == "length":
-                yield relay.finish_chunk("length")
-            elif step.ending == "error":
+            if step.ending == "error":
                 ctx.stream_error = step.why
                 yield error_event(step.why)
             return
