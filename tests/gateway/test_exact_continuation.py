@@ -273,3 +273,15 @@ def test_a_stream_cut_after_any_event_reaches_the_client_exactly_as_unbroken(set
             True,
         ), f"cut after {k} of {events} events"
     assert gw.metric("meridian_gateway_failovers_total", kind="continuation") > continued
+
+
+def test_a_stream_cut_on_both_nodes_says_no_other_node_could_continue_it(setup: Setup) -> None:
+    gw, cuts = setup.gw, setup.cuts
+    both_nodes_healthy(gw)
+    cuts.arm(4, 2)
+    got = chat(gw, request([]))
+    assert got.error is not None and got.done
+    message = got.error["message"]
+    assert "no other upstream could continue it" in message
+    assert "2 nodes already tried for this request" in message
+    assert "region" not in message.lower() and "residency" not in message

@@ -221,6 +221,19 @@ async def test_a_break_before_the_finish_chunk_asks_the_next_node_how_the_stream
     assert ctx.stream_error is None
 
 
+async def test_a_stream_broken_on_every_node_says_so_rather_than_blaming_residency() -> None:
+    first = opened(NODE_A, [chunk([], ""), chunk([1], "a"), UpstreamError("a failed: ReadError")])
+    second = opened(NODE_B, [chunk([], ""), chunk([2], "b"), UpstreamError("b failed: ReadError")])
+    out, failover, ctx = await stream([first, second])
+    assert failover.broken == ["a:broken", "b:broken"]
+    message = out[-1]["error"]["message"]
+    assert message == (
+        "The stream from b broke (b failed: ReadError) and no other upstream could continue it: "
+        "no healthy node serving 'm' anywhere; 2 nodes already tried for this request."
+    )
+    assert ctx.stream_error == message
+
+
 # -- the continuation rule alone (pure) ------------------------------------------------------
 
 
