@@ -67,7 +67,10 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     # Each streamed choice carries the token ids it adds (`token_ids`); the gateway uses them to
     # continue a broken stream token-exactly on another node.
     return_token_ids: bool = False
-    # Tokens already generated elsewhere: appended to the prompt, generation carries on after them.
+    # Continues a stream: tokens already generated, whose streamed chunks you received, in order.
+    # The node goes on exactly after them (text it held back, e.g. a possible stop string's start,
+    # comes with the next chunk) and ends at once if they already end the request. They count as
+    # prompt tokens in usage; max_tokens counts only new tokens (0 asks only how they end).
     continuation_token_ids: list[int] | None = None
 
     def stop_list(self) -> list[str]:

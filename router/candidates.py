@@ -32,7 +32,8 @@ class Screening(Generic[T]):
     """The admitted targets and, for the unavailable reason, how many were turned away and why.
 
     Counts only targets that serve the model; each is counted under the first rule it fails, in
-    the order residency, health, exclusion.
+    the order residency, exclusion, health: a target this request already failed on (and which
+    that failure made unhealthy) is reported as tried, which is what happened.
     """
 
     admitted: tuple[T, ...]
@@ -61,10 +62,10 @@ def screen(
         serving += 1
         if not residency.allows(target.region, target.jurisdiction):
             outside += 1
-        elif not target.healthy:
-            unhealthy += 1
         elif target_id(target) in exclude:
             excluded += 1
+        elif not target.healthy:
+            unhealthy += 1
         else:
             admitted.append(target)
     return Screening(tuple(admitted), serving, outside, unhealthy, excluded)

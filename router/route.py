@@ -135,32 +135,38 @@ def _unavailable_reason(
     small_nodes: Screening[NodeInfo] | None,
 ) -> str:
     where = policy.residency.describe()
-    where = "anywhere" if where == "anywhere" else f"in {where}"
+    limited = where != "anywhere"
+    where = f"in {where}" if limited else where
     if nodes.serving == 0:
         parts = [f"no node in the fleet serves '{model}'"]
     else:
         parts = [f"no healthy node serving '{model}' {where}"]
-        parts += _turned_away(nodes, "node")
+        parts += _turned_away(nodes, "node", limited=limited)
     if small is not None and small_nodes is not None:
         parts.append(f"degrading to '{small.name}' found no node for it {where} either")
     if providers.serving and not policy.allow_commercial:
         parts.append("commercial fallback is disabled for this tenant")
     elif providers.serving:
-        parts += _turned_away(providers, "provider")
+        parts += _turned_away(providers, "provider", limited=limited)
     return "; ".join(parts)
 
 
-def _turned_away(screening: Screening[NodeInfo] | Screening[ProviderInfo], noun: str) -> list[str]:
+def _turned_away(
+    screening: Screening[NodeInfo] | Screening[ProviderInfo], noun: str, *, limited: bool
+) -> list[str]:
+    """What ruled out the targets serving the model; "inside it" (the residency) only for a tenant
+    that has a residency limit."""
+    inside = " inside it" if limited else ""
     parts = []
     if screening.outside_residency:
         parts.append(
             f"{_count(screening.outside_residency, noun)} outside the tenant's residency "
             f"{_were(screening.outside_residency)} not considered"
         )
-    if screening.unhealthy:
-        parts.append(f"{_count(screening.unhealthy, noun)} inside it {_were(screening.unhealthy)} unhealthy")
     if screening.excluded:
         parts.append(f"{_count(screening.excluded, noun)} already tried for this request")
+    if screening.unhealthy:
+        parts.append(f"{_count(screening.unhealthy, noun)}{inside} {_were(screening.unhealthy)} unhealthy")
     return parts
 
 

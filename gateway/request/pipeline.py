@@ -194,20 +194,18 @@ class RequestPipeline:
                 max_continuations=self._config.retry.max_continuations,
             )
             if isinstance(step, Continue):
+                broke = f"The stream from {report.target.target_id} broke ({report.error.message})"
                 try:
                     opened = await self._continue(ctx, plan, step, exclude=frozenset(failed))
-                except (NoRouteError, UpstreamsExhausted, UpstreamRejected) as exc:
-                    step = Stop(
-                        "error",
-                        f"The stream from {report.target.target_id} broke ({report.error.message}) and could not be continued: {exc}",
-                    )
+                except NoRouteError as exc:
+                    step = Stop("error", f"{broke} and no other upstream could continue it: {exc.why}.")
+                except (UpstreamsExhausted, UpstreamRejected) as exc:
+                    step = Stop("error", f"{broke} and could not be continued: {exc}")
                 else:
                     self._metrics.failovers.labels("continuation").inc()
                     relay.resume(opened, step)
                     continue
-            if step.ending == "length":
-                yield relay.finish_chunk("length")
-            elif step.ending == "error":
+            if step.ending == "error":
                 ctx.stream_error = step.why
                 yield error_event(step.why)
             return
@@ -215,8 +213,9 @@ class RequestPipeline:
     async def _continue(
         self, ctx: CallContext, plan: RequestPlan, step: Continue, *, exclude: frozenset[str]
     ) -> OpenedStream:
-        """A continuation: routed afresh (fresh health, same residency), to upstreams of the same
-        model that can take a token-exact continuation."""
+        """A continuation: routed afresh (fresh health, same residency, the upstreams this stream
+        broke on excluded), to upstreams of the same model that can take a token-exact
+        continuation. NoRouteError says why there is none."""
         model = plan.model.name
         targets = [
             t
@@ -224,7 +223,9 @@ class RequestPipeline:
             if t.model == model and self._fleet.upstream_for(t).token_exact
         ]
         if not targets:
-            raise NoRouteError(model, "no other healthy upstream that can continue the stream exactly")
+            raise NoRouteError(
+                model, f"the upstreams left for '{model}' cannot continue a stream token-exactly"
+            )
         return await self._failover.open_stream(
             targets, plan.endpoint, lambda t: step.body(plan, t), self._node_headers(ctx)
         )

@@ -1,12 +1,15 @@
 """Whether and how a broken stream can go on elsewhere: pure decisions on the relay's report.
 
 Streams to our nodes carry each chunk's `token_ids`. When a stream breaks after chunks went out,
-the same request can go to another node of the same model with `continuation_token_ids` = the
-tokens already emitted and max_tokens reduced by as many; with greedy sampling the client then
-receives exactly the tokens (and text) one unbroken stream would have produced. Tokens whose text
-the client does not have yet (half of a UTF-8 character, or text held back as a possible stop
-string) are not carried over but generated again, so their text, and stop strings, come out as
-they would have.
+the same request goes to another node of the same model with `continuation_token_ids` = every
+token the client was sent (after the client's own continuation tokens, if it sent any) and
+max_tokens reduced by as many. The node replays those tokens through the same text logic that
+produced the client's chunks, so it holds back exactly what the first node held back (the start
+of a possible stop string, half a UTF-8 character) and emits it with the next token; the client
+receives exactly the rest of the text (with greedy sampling, of the tokens too) that one unbroken
+stream would have produced, and the same finish_reason. A break after the last token's chunk but
+before the finish chunk is continued too, with max_tokens 0: the node then only says how the
+request ended ("stop" if that token ended it, else "length").
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ class StreamBreak:
     target: Target  # the upstream that broke
     error: UpstreamError
     emitted: tuple[int, ...]  # token ids the client was sent, in order
-    flushed: int  # how many of `emitted` the client also has the text of
     finished: bool  # a finish_reason already reached the client
     ids_complete: bool  # every content chunk so far carried its token ids
 
@@ -35,7 +37,7 @@ class StreamBreak:
 class Continue:
     """Go on elsewhere: the next upstream is told these tokens were already generated."""
 
-    token_ids: tuple[int, ...]  # continuation_token_ids: the client's own, then the flushed tokens
+    token_ids: tuple[int, ...]  # continuation_token_ids: the client's own, then those it was sent
     max_tokens: int | None  # what is left of the request's budget
     carried: int  # generated tokens handed over (the client's usage counts them as completion)
 
@@ -49,10 +51,10 @@ class Continue:
 
 @dataclass(frozen=True)
 class Stop:
-    """End the stream here: `done` (the client has everything), `length` (only the finish chunk
-    was lost, and the budget is spent) or `error` (an error event saying `why`)."""
+    """End the stream here: `done` (the client has everything) or `error` (an error event saying
+    `why`)."""
 
-    ending: Literal["done", "length", "error"]
+    ending: Literal["done", "error"]
     why: str = ""
 
 
@@ -66,12 +68,10 @@ def decide(
     why_not = _why_not_continuable(plan, report, continuations, max_continuations)
     if why_not is not None:
         return Stop("error", f"{broke} and {why_not}.")
-    flushed = report.emitted[: report.flushed]
-    remaining = None if plan.max_tokens is None else plan.max_tokens - len(flushed)
-    if remaining is not None and remaining <= 0:
-        return Stop("length")  # the break hid only the finish chunk; nothing is left to generate
+    sent = report.emitted
+    remaining = None if plan.max_tokens is None else max(0, plan.max_tokens - len(sent))
     base = tuple(plan.base_body.get("continuation_token_ids") or ())
-    return Continue(token_ids=base + flushed, max_tokens=remaining, carried=len(flushed))
+    return Continue(token_ids=base + sent, max_tokens=remaining, carried=len(sent))
 
 
 def _why_not_continuable(

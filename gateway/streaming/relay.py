@@ -6,8 +6,9 @@ previous one, so a slow client slows the node rather than filling gateway memory
 The relay never decides what happens after a break. When its upstream fails mid-stream it closes
 that upstream, stops, and leaves a `StreamBreak` report in `broken`; the pipeline decides (see
 continuation.py) and may `resume` the relay on another upstream. Across upstreams the client sees
-one stream: the first upstream's id, time and model, token ids it already has are not sent twice,
-and usage counts carried-over tokens as completion.
+one stream: the first upstream's id, time and model, and usage that counts the carried-over tokens
+as completion. A continuation generates only tokens the client does not have, so every chunk is
+passed on as it comes.
 """
 
 from __future__ import annotations
@@ -34,9 +35,6 @@ class StreamRelay:
         self._ids_complete = True  # every content chunk so far carried its token ids
         self._content_chunks = 0
         self._finished = False
-        # Tokens whose text the client has: those up to the last chunk that carried text.
-        self._flushed = 0
-        self._replay: list[int] = []  # regenerated ids the client already has: not sent again
         self._carried = 0  # generated tokens handed to the current upstream as continuation
         self._identity: dict[str, Any] = {}
 
@@ -62,7 +60,6 @@ class StreamRelay:
                 target=self._current.target,
                 error=error,
                 emitted=tuple(self.emitted),
-                flushed=self._flushed,
                 finished=self._finished,
                 ids_complete=self._ids_complete,
             )
@@ -75,21 +72,9 @@ class StreamRelay:
         self._current = opened
         self._first = opened.first
         self._carried = continuation.carried
-        self._replay = self.emitted[continuation.carried :]
 
     async def aclose(self) -> None:
         await self._current.aclose()
-
-    def finish_chunk(self, reason: str) -> dict[str, Any]:
-        """A last chunk with `reason`, for a stream whose own finish chunk was lost."""
-        chat = self._plan.endpoint == "chat"
-        choice: dict[str, Any] = {"index": 0, "finish_reason": reason}
-        choice.update({"delta": {}} if chat else {"text": ""})
-        return {
-            **self._identity,
-            "object": "chat.completion.chunk" if chat else "text_completion",
-            "choices": [choice],
-        }
 
     def completion_tokens(self) -> int:
         """Tokens the client received: exact from usage or token ids, else one per content chunk."""
@@ -109,8 +94,7 @@ class StreamRelay:
         choices = chunk.get("choices") or []
         role_only = bool(choices)
         for choice in choices:
-            raw_ids = choice.pop("token_ids", None)
-            ids = self._new_ids(raw_ids)
+            ids = choice.pop("token_ids", None)
             if ids and self._plan.wants_token_ids:
                 choice["token_ids"] = ids
             text = _choice_text(choice)
@@ -118,8 +102,7 @@ class StreamRelay:
                 self.emitted.extend(ids)
             if text:
                 self._content_chunks += 1
-                self._flushed = len(self.emitted) - len(self._replay)
-                if not raw_ids:
+                if not ids:
                     self._ids_complete = False
             if choice.get("finish_reason"):
                 self._finished = True
@@ -135,16 +118,6 @@ class StreamRelay:
             return None  # the client already has the assistant role; or nothing left to send
         chunk.update(self._identity)
         return chunk
-
-    def _new_ids(self, ids: list[int] | None) -> list[int] | None:
-        """A chunk's token ids minus those a continuation regenerates that the client already has."""
-        if not ids or not self._replay:
-            return ids
-        n = min(len(ids), len(self._replay))
-        # With greedy sampling the regenerated ids equal the ones sent; with sampling they may not,
-        # and the client keeps the ones it got (the text comes from the continuation).
-        self._replay = self._replay[n:]
-        return ids[n:]
 
     def _client_usage(self, usage: dict[str, Any]) -> dict[str, Any]:
         """A continuation node counts the carried-over tokens as prompt; the client generated them."""

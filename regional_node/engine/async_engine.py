@@ -71,7 +71,7 @@ class AsyncEngine:
         tenant: str = "default",
         priority: str = "interactive",
         cache_salt: str | None = None,
-        prompt_suffix_token_ids: list[int] | None = None,
+        continuation_token_ids: list[int] | None = None,
     ) -> AsyncIterator[RequestDelta]:
         """Stream a request's deltas; the last has finished=True. Bad input raises before any delta."""
         if not self.running:
@@ -90,7 +90,7 @@ class AsyncEngine:
                 "tenant": tenant,
                 "priority": priority,
                 "cache_salt": cache_salt,
-                "prompt_suffix_token_ids": prompt_suffix_token_ids,
+                "continuation_token_ids": continuation_token_ids,
             },
         )
         done = False

@@ -62,7 +62,9 @@ class LLMEngine:
             device=runner.device,
         )
         self._requests: dict[str, RequestState] = {}
-        self._pending: list[RequestDelta] = []  # abort notices, handed out by the next step()
+        # Abort notices, and requests their continuation tokens already ended: handed out by the
+        # next step().
+        self._pending: list[RequestDelta] = []
         self._arrivals = itertools.count()
         self._generate_ids = itertools.count()
         self.prompt_tokens_total = 0
@@ -105,22 +107,31 @@ class LLMEngine:
         tenant: str = "default",
         priority: str = "interactive",
         cache_salt: str | None = None,
-        prompt_suffix_token_ids: list[int] | None = None,
+        continuation_token_ids: list[int] | None = None,
     ) -> None:
-        """Queue a request; raises an InvalidRequestError / RequestTooLargeError subclass at once if bad."""
+        """Queue a request; raises an InvalidRequestError / RequestTooLargeError subclass at once if bad.
+
+        `continuation_token_ids` continue a stream: tokens already generated (whose text the
+        client has), prefilled as prompt; generation goes on after them (see request_intake).
+        """
         if request_id in self._requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
-        state = self._intake.build(
+        state, finish = self._intake.build(
             request_id,
             prompt,
             params,
             tenant=tenant,
             priority=priority,
             cache_salt=cache_salt,
-            prompt_suffix_token_ids=prompt_suffix_token_ids,
+            continuation_token_ids=continuation_token_ids,
             arrival=next(self._arrivals),
         )
         state.arrival_time = time.monotonic()
+        if finish is not None:
+            # The carried tokens already end it: reported by the next step(), like an abort notice,
+            # and never scheduled (no blocks, nothing to generate).
+            self._pending.append(state.delta([], "", [], finish))
+            return
         self.scheduler.add(state.seq)  # raises RequestTooLargeError before anything is recorded
         self._requests[request_id] = state
         self.prompt_tokens_total += state.seq.num_prompt_tokens

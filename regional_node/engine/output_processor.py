@@ -53,26 +53,46 @@ def append_token(state: RequestState, token: int, logprob: float) -> RequestDelt
     """
     seq = state.seq
     seq.token_ids.append(token)
-    finish: FinishReason | None = None
-    text = ""
-    if token in state.stop_token_ids:
-        finish = "stop"
-        text = _flush(state)
-    else:
-        piece = state.detokenizer.push(token) if state.detokenizer is not None else ""
-        if state.stop_matcher is not None and piece:
-            piece, stopped = state.stop_matcher.feed(piece)
-            if stopped:
-                finish = "stop"
-        text = piece
-        if finish is None and seq.num_output_tokens >= state.params.max_tokens:
-            finish = "length"
-            text += _flush(state)
+    text, finish = _token_text(state, token)
+    if finish is None and seq.num_output_tokens >= state.params.max_tokens:
+        finish = "length"
+        text += _flush(state)
     delta = state.delta([token], text, [logprob], finish)
     if seq.num_output_tokens == 1 and state.first_scheduled_time is not None:
         delta.queue_time_s = state.first_scheduled_time - state.arrival_time
         delta.prefill_time_s = time.monotonic() - state.first_scheduled_time
     return delta
+
+
+def replay_tokens(state: RequestState, token_ids: list[int]) -> FinishReason | None:
+    """Take a continuation's tokens (generated earlier, their chunks already with the client)
+    through the same per-token text logic as `append_token`, dropping the text the client has.
+
+    The detokenizer and stop matcher then hold exactly what they held on the node that generated
+    these tokens (both run the same deterministic code), so text held back there (a possible stop
+    string's start, half a UTF-8 character) comes out with the next generated token, as it would
+    have there. Returns how the request ends if the carried tokens already end it: a stop token or
+    a stop string among them, or no budget left (max_tokens 0) — the original stream broke after
+    its last token's chunk but before its finish chunk.
+    """
+    for token in token_ids:
+        _, finish = _token_text(state, token)
+        if finish is not None:
+            return finish
+    return "length" if state.params.max_tokens == 0 else None
+
+
+def _token_text(state: RequestState, token: int) -> tuple[str, FinishReason | None]:
+    """The text one token releases, and "stop" if it ends the request (a stop token, or the end of
+    a stop string); the length limit is the caller's."""
+    if token in state.stop_token_ids:
+        return _flush(state), "stop"
+    piece = state.detokenizer.push(token) if state.detokenizer is not None else ""
+    if state.stop_matcher is not None and piece:
+        piece, stopped = state.stop_matcher.feed(piece)
+        if stopped:
+            return piece, "stop"
+    return piece, None
 
 
 def _flush(state: RequestState) -> str:

@@ -1,5 +1,10 @@
 """Request intake: validates a request at once (specific errors, nothing recorded on failure) and
-builds its scheduler Sequence and per-request output state."""
+builds its scheduler Sequence and per-request output state.
+
+A continuation's tokens (`continuation_token_ids`: generated earlier, by this node or another,
+their chunks already with the client) are prefilled as prompt tokens, but their text state is
+rebuilt by replaying them (output_processor.replay_tokens), so the stream goes on exactly where the
+broken one stopped."""
 
 from __future__ import annotations
 
@@ -10,7 +15,8 @@ import torch
 
 from regional_node.engine.detokenizer import IncrementalDetokenizer
 from regional_node.engine.errors import ContextLengthExceededError, InvalidRequestError
-from regional_node.engine.output_processor import RequestState
+from regional_node.engine.output_processor import RequestState, replay_tokens
+from regional_node.engine.outputs import FinishReason
 from regional_node.engine.sampling_params import SamplingParams
 from regional_node.engine.sequence import PRIORITY_RANK, Sequence
 from regional_node.engine.stop_strings import StopStringMatcher
@@ -42,21 +48,23 @@ class RequestIntake:
         tenant: str,
         priority: str,
         cache_salt: str | None,
-        prompt_suffix_token_ids: list[int] | None,
+        continuation_token_ids: list[int] | None,
         arrival: int,
-    ) -> RequestState:
+    ) -> tuple[RequestState, FinishReason | None]:
+        """The request's state, and how it ends if its continuation tokens already end it (then
+        it must not be scheduled: nothing is left to generate)."""
         if priority not in PRIORITY_RANK:
             raise InvalidRequestError(
                 f"priority must be one of {', '.join(PRIORITY_RANK)}, got {priority!r}", "priority"
             )
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError("params must be a SamplingParams", "params")
-        params.validate()
+        carried = self._token_ids(continuation_token_ids or [], "continuation_token_ids")
+        params.validate(continuation=bool(carried))
         if params.stop and self.tokenizer is None:
             raise InvalidRequestError("stop strings need a tokenizer; this checkpoint has none", "stop")
-        ids = self._prompt_ids(prompt) + self._token_ids(
-            prompt_suffix_token_ids or [], "prompt_suffix_token_ids"
-        )
+        prompt_ids = self._prompt_ids(prompt)
+        ids = prompt_ids + carried
         if not ids:
             raise InvalidRequestError("prompt must not be empty", "prompt")
         if len(ids) >= self.max_model_len or len(ids) + params.max_tokens > self.max_model_len:
@@ -83,14 +91,18 @@ class RequestIntake:
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids.update(self.eos_token_ids)
-        return RequestState(
+        state = RequestState(
             seq=seq,
             params=params,
             generator=generator,
             stop_token_ids=frozenset(stop_ids),
-            detokenizer=IncrementalDetokenizer(self.tokenizer, ids) if self.tokenizer is not None else None,
+            detokenizer=(
+                IncrementalDetokenizer(self.tokenizer, prompt_ids) if self.tokenizer is not None else None
+            ),
             stop_matcher=StopStringMatcher(params.stop) if params.stop else None,
         )
+        finish = replay_tokens(state, carried) if carried else None
+        return state, finish
 
     def _prompt_ids(self, prompt: list[int] | str) -> list[int]:
         if isinstance(prompt, str):

@@ -28,11 +28,16 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
-    def validate(self) -> None:
-        """Raise InvalidRequestError naming the first bad field; called by the engine on every request."""
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+    def validate(self, *, continuation: bool = False) -> None:
+        """Raise InvalidRequestError naming the first bad field; called by the engine on every request.
+
+        A continuation may have max_tokens 0: its budget was spent, and it only asks how the
+        carried tokens end the request (see output_processor.replay_tokens).
+        """
+        least, max_tokens = (0 if continuation else 1), self.max_tokens
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < least:
             raise InvalidRequestError(
-                f"max_tokens must be an integer >= 1, got {self.max_tokens!r}", "max_tokens"
+                f"max_tokens must be an integer >= {least}, got {max_tokens!r}", "max_tokens"
             )
         if not _is_real(self.temperature) or self.temperature < 0:
             raise InvalidRequestError(f"temperature must be >= 0, got {self.temperature!r}", "temperature")

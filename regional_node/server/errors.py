@@ -59,14 +59,8 @@ def aborted_error() -> APIError:
     )
 
 
-# Engine argument names that the wire protocol spells differently.
-_WIRE_NAMES = {"prompt_suffix_token_ids": "continuation_token_ids"}
-
-
 def _param(engine_param: str | None, prompt_param: str) -> str | None:
-    if engine_param == "prompt":
-        return prompt_param
-    return _WIRE_NAMES.get(engine_param, engine_param) if engine_param else None
+    return prompt_param if engine_param == "prompt" else engine_param
 
 
 def handle_exception(_: Request[Any, Any, Any], exc: Exception) -> Response[Any]:

@@ -187,7 +187,7 @@ async def start_generation(request: GenerationRequest, metrics: NodeMetrics) -> 
             tenant=tenancy.tenant,
             priority=tenancy.priority,
             cache_salt=tenancy.cache_salt,
-            prompt_suffix_token_ids=request.continuation_ids or None,
+            continuation_token_ids=request.continuation_ids or None,
         )
     except Exception as exc:
         metrics.count_request(request.model.name, request.endpoint, "error")

@@ -117,11 +117,28 @@ async def test_cancelling_the_consumer_aborts_the_request(engine: AsyncEngine) -
     assert stats["generation_tokens_total"] < 300
 
 
-async def test_prompt_suffix_counts_as_prompt(engine: AsyncEngine, llama_dir: Path) -> None:
-    prompt, suffix = [4, 5, 6], [7, 8]
-    deltas = await collect(engine.generate(prompt, GREEDY, prompt_suffix_token_ids=suffix))
+async def test_continuation_tokens_count_as_prompt(engine: AsyncEngine, llama_dir: Path) -> None:
+    prompt, carried = [4, 5, 6], [7, 8]
+    deltas = await collect(engine.generate(prompt, GREEDY, continuation_token_ids=carried))
     assert deltas[0].prompt_tokens == 5
-    assert [t for d in deltas for t in d.new_token_ids] == hf_greedy(llama_dir, prompt + suffix, 12)
+    assert [t for d in deltas for t in d.new_token_ids] == hf_greedy(llama_dir, prompt + carried, 12)
+
+
+async def test_carried_tokens_that_end_the_request_give_one_finished_delta_and_hold_nothing(
+    engine: AsyncEngine,
+) -> None:
+    prompt, carried = [4, 5, 6], [7, 8]
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, stop_token_ids=[8])
+    [delta] = await collect(engine.generate(prompt, params, continuation_token_ids=carried))
+    assert (delta.finished, delta.finish_reason, delta.new_token_ids, delta.new_text) == (
+        True,
+        "stop",
+        [],
+        "",
+    )
+    assert (delta.prompt_tokens, delta.num_output_tokens) == (5, 0)
+    stats = await wait_until_idle(engine)
+    assert stats["generation_tokens_total"] == 0 and stats["prompt_tokens_total"] == 0
 
 
 async def test_failing_step_fails_its_requests_and_engine_recovers(engine: AsyncEngine) -> None:

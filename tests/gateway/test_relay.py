@@ -155,21 +155,12 @@ async def stream(
     return out, failover, ctx
 
 
-async def test_continuation_resends_tokens_whose_text_was_held_back() -> None:
+async def test_a_continuation_carries_every_token_sent_and_the_next_node_emits_their_held_back_text() -> None:
     broken = UpstreamError("connection reset", status_code=502)
     # Tokens 2 and 3 form one character: the first node sent their ids but not yet their text.
     first = opened(NODE_A, [chunk([], "", id="c1"), chunk([1], "a"), chunk([2], ""), chunk([3], ""), broken])
-    second = opened(
-        NODE_B,
-        [
-            chunk([], "", id="c2"),
-            chunk([2], ""),
-            chunk([3], "€"),
-            chunk([4], "b"),
-            chunk([], "", "length"),
-            usage(6, 3),
-        ],
-    )
+    # The next node replays 1, 2, 3 as the first did, so the held-back text comes with token 4.
+    second = opened(NODE_B, [chunk([], "", id="c2"), chunk([4], "€b"), chunk([], "", "length"), usage(8, 1)])
     out, failover, ctx = await stream(
         [first, second], return_token_ids=True, stream_options={"include_usage": True}
     )
@@ -177,8 +168,8 @@ async def test_continuation_resends_tokens_whose_text_was_held_back() -> None:
     [asked] = failover.asked
     assert asked["targets"] == ["b"], "the broken node is excluded, and the same model is asked for"
     assert asked["body"]["model"] == "m"
-    assert asked["body"]["continuation_token_ids"] == [1]
-    assert asked["body"]["max_tokens"] == 9
+    assert asked["body"]["continuation_token_ids"] == [1, 2, 3]
+    assert asked["body"]["max_tokens"] == 7
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in out if c.get("choices"))
     assert text == "a€b"
     ids = [t for c in out for choice in c.get("choices", []) for t in choice.get("token_ids") or []]
@@ -203,16 +194,44 @@ async def test_a_break_that_cannot_be_continued_ends_with_an_error_event() -> No
     assert ctx.stream_error is not None
 
 
-@pytest.mark.parametrize("script_end", [[chunk([], "", "stop")], [chunk([2], "b")]])
-async def test_a_break_after_the_last_token_needs_no_continuation(script_end: list[dict[str, Any]]) -> None:
-    # Either the finish chunk arrived (only usage was lost), or max_tokens were all sent.
+async def test_a_break_after_the_finish_chunk_needs_no_continuation() -> None:
     first = opened(
-        NODE_A, [chunk([], ""), chunk([1], "a"), *script_end, UpstreamError("reset", status_code=502)]
+        NODE_A,
+        [chunk([], ""), chunk([1], "a"), chunk([], "", "stop"), UpstreamError("reset", status_code=502)],
     )
     out, failover, _ = await stream([first], max_tokens=2)
-    assert failover.asked == [], "no continuation needed"
+    assert failover.asked == [], "only the usage chunk was lost"
     assert "error" not in out[-1]
-    assert [c for c in out if c.get("choices") and c["choices"][0].get("finish_reason")]
+    assert [c["choices"][0]["finish_reason"] for c in out if c.get("choices")][-1] == "stop"
+
+
+async def test_a_break_before_the_finish_chunk_asks_the_next_node_how_the_stream_ended() -> None:
+    # Every token of the budget was sent, but the last one may also have ended the stream by a
+    # stop string or stop token: only a node that replays the tokens can tell.
+    first = opened(
+        NODE_A, [chunk([], ""), chunk([1], "a"), chunk([2], "b"), UpstreamError("reset", status_code=502)]
+    )
+    second = opened(NODE_B, [chunk([], ""), chunk([], "", "stop"), usage(7, 0)])
+    out, failover, ctx = await stream([first, second], max_tokens=2, stream_options={"include_usage": True})
+    [asked] = failover.asked
+    assert asked["body"]["continuation_token_ids"] == [1, 2]
+    assert asked["body"]["max_tokens"] == 0
+    assert [c["choices"][0]["finish_reason"] for c in out if c.get("choices")][-1] == "stop"
+    assert out[-1]["usage"] == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+    assert ctx.stream_error is None
+
+
+async def test_a_stream_broken_on_every_node_says_so_rather_than_blaming_residency() -> None:
+    first = opened(NODE_A, [chunk([], ""), chunk([1], "a"), UpstreamError("a failed: ReadError")])
+    second = opened(NODE_B, [chunk([], ""), chunk([2], "b"), UpstreamError("b failed: ReadError")])
+    out, failover, ctx = await stream([first, second])
+    assert failover.broken == ["a:broken", "b:broken"]
+    message = out[-1]["error"]["message"]
+    assert message == (
+        "The stream from b broke (b failed: ReadError) and no other upstream could continue it: "
+        "no healthy node serving 'm' anywhere; 2 nodes already tried for this request."
+    )
+    assert ctx.stream_error == message
 
 
 # -- the continuation rule alone (pure) ------------------------------------------------------
@@ -241,7 +260,6 @@ def _break(**overrides: Any) -> StreamBreak:
         "target": NODE_A,
         "error": UpstreamError("reset"),
         "emitted": (1, 2, 3),
-        "flushed": 2,
         "finished": False,
         "ids_complete": True,
     }
@@ -249,13 +267,19 @@ def _break(**overrides: Any) -> StreamBreak:
     return StreamBreak(**fields)
 
 
-def test_a_continuation_carries_only_the_tokens_whose_text_the_client_has() -> None:
+def test_a_continuation_carries_the_clients_own_tokens_then_every_token_it_was_sent() -> None:
     step = decide(
         _plan(base_body={"continuation_token_ids": [7]}), _break(), continuations=0, max_continuations=2
     )
-    assert step == Continue(token_ids=(7, 1, 2), max_tokens=8, carried=2)
+    assert step == Continue(token_ids=(7, 1, 2, 3), max_tokens=7, carried=3)
     body = step.body(_plan(), NODE_B)
-    assert body["continuation_token_ids"] == [7, 1, 2] and body["max_tokens"] == 8 and body["model"] == "m"
+    assert body["continuation_token_ids"] == [7, 1, 2, 3] and body["max_tokens"] == 7 and body["model"] == "m"
+
+
+def test_a_stream_without_a_token_limit_is_continued_without_one() -> None:
+    step = decide(_plan(max_tokens=None), _break(), continuations=0, max_continuations=2)
+    assert step == Continue(token_ids=(1, 2, 3), max_tokens=None, carried=3)
+    assert "max_tokens" not in step.body(_plan(max_tokens=None), NODE_B)
 
 
 @pytest.mark.parametrize(

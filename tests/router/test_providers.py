@@ -45,7 +45,7 @@ def test_unhealthy_providers_are_not_used() -> None:
     decision = route(REQUEST, tenant(allow_commercial=True), fleet_)
 
     assert decision.targets == ()
-    assert "1 provider inside it was unhealthy" in (decision.unavailable_reason or "")
+    assert "1 provider was unhealthy" in (decision.unavailable_reason or "")
 
 
 def test_providers_are_ordered_by_preference_class() -> None:

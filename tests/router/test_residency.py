@@ -192,6 +192,18 @@ def test_eu_tenant_after_trying_every_eu_node_gets_no_us_node() -> None:
     assert "2 nodes already tried for this request" in (decision.unavailable_reason or "")
 
 
+def test_a_tenant_without_residency_limit_is_told_its_nodes_were_tried_not_a_residency_reason() -> None:
+    # A stream that broke on both nodes: each is excluded, and its failure made it unhealthy.
+    fleet_ = fleet(node("us-1", "us-east", healthy=False), node("us-2", "us-east", healthy=False))
+
+    request = RouteRequest(LARGE, home_region="us-east", exclude=frozenset({"us-1", "us-2"}))
+    decision = route(request, tenant(), fleet_)
+
+    assert decision.unavailable_reason == (
+        "no healthy node serving 'meridian-large' anywhere; 2 nodes already tried for this request"
+    )
+
+
 def test_regions_and_jurisdictions_both_narrow() -> None:
     fleet_ = fleet(node("w", "eu-west"), node("c", "eu-central"), node("u", "us-east"))
     policy = tenant(jurisdictions=("eu",), regions=("eu-central", "us-east"))
