@@ -45,7 +45,10 @@ _EXTENSIONS = {
     "ignore_eos": "Meridian extension (as vLLM): keep generating past the end-of-sequence token.",
     "stop_token_ids": "Meridian extension (as vLLM): token ids that end generation.",
     "return_token_ids": "Meridian extension: every choice and streamed chunk carries its token ids.",
-    "continuation_token_ids": "Meridian extension: tokens already generated; generation carries on after them.",
+    "continuation_token_ids": (
+        "Meridian extension: continues a stream. Tokens already generated, whose streamed chunks you "
+        "received; generation goes on exactly after them (held-back text comes with the next chunk)."
+    ),
     "add_generation_prompt": "Meridian extension (as vLLM): end the chat template with an assistant turn.",
     "continue_final_message": "Meridian extension (as vLLM): continue the last message, not a new one.",
     "token_ids": "Meridian extension: the generated token ids, when the request set return_token_ids.",
