@@ -26,6 +26,12 @@ class ModelLoad(msgspec.Struct, kw_only=True):
     num_waiting: int = 0
     num_preemptions: int = 0
     prefix_cache_hit_rate: float = 0.0
+    # Overload (issue 14): the queue per traffic tier ("interactive", "batch"), its bound, and how
+    # fast the engine works through queued tokens, so a reader can estimate a new request's wait.
+    waiting_tokens_by_tier: dict[str, int] = msgspec.field(default_factory=dict)
+    queue_bound_tokens: dict[str, int] = msgspec.field(default_factory=dict)  # per tier; absent: unbounded
+    drain_tokens_per_s: float = 0.0  # prompt + generated tokens processed per second, recent window
+    queue_wait_s: float = 0.0  # estimated wait before a new request's first step: waiting / drain rate
 
 
 class LoadReport(msgspec.Struct, kw_only=True):
@@ -43,4 +49,6 @@ class LoadReport(msgspec.Struct, kw_only=True):
     num_running: int = 0
     num_waiting: int = 0
     prefix_cache_hit_rate: float = 0.0
+    # The largest estimated queue wait over the node's models (per model in `per_model`).
+    queue_wait_s: float = 0.0
     per_model: dict[str, ModelLoad] = msgspec.field(default_factory=dict)
