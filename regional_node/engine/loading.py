@@ -61,10 +61,15 @@ def load_checkpoint(path: Path, config: EngineConfig) -> LoadedCheckpoint:
         dtype=torch_dtype,
         device=device,
     )
+    runner = ModelRunner(model, backend, kv_caches, config.block_size)
+    if config.cuda_graphs and device.type == "cuda" and backend.supports_cuda_graphs:
+        runner.use_decode_graphs(
+            max_num_seqs=config.max_num_seqs, max_blocks_per_seq=-(-max_model_len // config.block_size)
+        )
     return LoadedCheckpoint(
         model_config=model_config,
         engine_config=config,
-        runner=ModelRunner(model, backend, kv_caches, config.block_size),
+        runner=runner,
         num_kv_blocks=num_blocks,
         max_model_len=max_model_len,
         tokenizer=tokenizer,
