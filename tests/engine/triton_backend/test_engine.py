@@ -112,3 +112,17 @@ def test_triton_not_installed_is_a_config_error(llama_dir: Path, monkeypatch: py
         monkeypatch.delattr(attention, name)
     with pytest.raises(EngineConfigError, match="needs the triton package"):
         triton_engine(llama_dir)
+
+
+def test_bfloat16_end_to_end_gives_the_torch_backends_bfloat16_tokens(llama_dir: Path) -> None:
+    """Weights, KV cache and attention in bfloat16 (float32 is what matches transformers exactly)."""
+    prompts = random_prompts([5, 17, 40], seed=44)
+    tokens = {}
+    for backend in ("torch", "triton"):
+        engine = LLMEngine.from_pretrained(
+            llama_dir, attention_backend=backend, dtype="bfloat16", block_size=8, max_num_batched_tokens=24
+        )
+        assert engine.runner.model.layers[0].qkv.dtype == torch.bfloat16
+        assert engine.runner.kv_caches[0][0].dtype == torch.bfloat16
+        tokens[backend] = [r.output_token_ids for r in engine.generate(prompts, GREEDY)]
+    assert tokens["triton"] == tokens["torch"]
