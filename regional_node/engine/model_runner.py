@@ -31,6 +31,7 @@ class ModelRunner:
         self.device = model.device
         self.decode_graphs: DecodeGraphs | None = None
 
+    @torch.inference_mode()  # warm-up and capture in the mode execute() replays in
     def use_decode_graphs(self, *, max_num_seqs: int, max_blocks_per_seq: int, capture: bool = True) -> None:
         """Serve decode-only steps of up to max_num_seqs sequences from fixed buffers, replaying CUDA
         graphs captured now (capture=False runs the same padded steps eagerly: the CPU tests' path)."""
