@@ -15,6 +15,7 @@ from regional_node.engine.errors import CheckpointError, EngineConfigError, Unsu
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 DTYPES = ("float32", "bfloat16", "float16", "auto")
+ATTENTION_BACKENDS = ("torch", "triton")
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,8 @@ class EngineConfig:
     kv_cache_memory_fraction: float | None = None
     max_model_len: int | None = None
     attention_backend: str = "torch"
+    # Replay decode steps from CUDA graphs: only on CUDA, with a backend that supports it (triton).
+    cuda_graphs: bool = True
     # VTC fairness weights (Sheng et al. 2024): a served output token costs more than a prompt token.
     fairness_prompt_weight: float = 1.0
     fairness_output_weight: float = 2.0
@@ -177,6 +180,13 @@ class EngineConfig:
             raise EngineConfigError(f"kv_cache_memory_fraction must be in (0, 1], got {frac!r}")
         if self.dtype not in DTYPES:
             raise EngineConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise EngineConfigError(
+                f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
+                f"got {self.attention_backend!r}"
+            )
+        if not isinstance(self.cuda_graphs, bool):
+            raise EngineConfigError(f"cuda_graphs must be true or false, got {self.cuda_graphs!r}")
 
     @classmethod
     def from_options(cls, **options: Any) -> EngineConfig:

@@ -48,7 +48,7 @@ def load_checkpoint(path: Path, config: EngineConfig) -> LoadedCheckpoint:
     tokenizer = Tokenizer.from_pretrained(path)
     eos = tokenizer.eos_token_ids if tokenizer is not None else checkpoint_eos_token_ids(path)
     model = load_model(path, model_config, dtype=torch_dtype, device=device, max_positions=max_model_len)
-    backend = create_backend(config.attention_backend)
+    backend = create_backend(config.attention_backend, device)
     num_blocks = plan_num_kv_blocks(
         config, model_config, max_model_len=max_model_len, dtype=torch_dtype, device=device
     )
@@ -61,10 +61,15 @@ def load_checkpoint(path: Path, config: EngineConfig) -> LoadedCheckpoint:
         dtype=torch_dtype,
         device=device,
     )
+    runner = ModelRunner(model, backend, kv_caches, config.block_size)
+    if config.cuda_graphs and device.type == "cuda" and backend.supports_cuda_graphs:
+        runner.use_decode_graphs(
+            max_num_seqs=config.max_num_seqs, max_blocks_per_seq=-(-max_model_len // config.block_size)
+        )
     return LoadedCheckpoint(
         model_config=model_config,
         engine_config=config,
-        runner=ModelRunner(model, backend, kv_caches, config.block_size),
+        runner=runner,
         num_kv_blocks=num_blocks,
         max_model_len=max_model_len,
         tokenizer=tokenizer,

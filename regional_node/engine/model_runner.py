@@ -1,11 +1,16 @@
 """Runs one scheduled step on the device: flattens the step's tokens, positions, slot mapping and
-block tables into tensors (once per step, not per layer), runs the model once, samples."""
+block tables into tensors (once per step, not per layer), runs the model once, samples.
+
+Decode-only steps replay a CUDA graph when `capture_decode_graphs` has run (cuda_graphs.py)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from regional_node.engine.attention.base import AttentionBackend, LayerKVCache, PrefillSpan, StepLayout
+from regional_node.engine.cuda_graphs import DecodeGraphs
 from regional_node.engine.models.llama import LlamaModel
 from regional_node.engine.sampler import sample
 from regional_node.engine.sampling_params import SamplingParams
@@ -24,62 +29,93 @@ class ModelRunner:
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.device = model.device
+        self.decode_graphs: DecodeGraphs | None = None
+
+    @torch.inference_mode()  # warm-up and capture in the mode execute() replays in
+    def use_decode_graphs(self, *, max_num_seqs: int, max_blocks_per_seq: int, capture: bool = True) -> None:
+        """Serve decode-only steps of up to max_num_seqs sequences from fixed buffers, replaying CUDA
+        graphs captured now (capture=False runs the same padded steps eagerly: the CPU tests' path)."""
+        self.decode_graphs = DecodeGraphs(
+            self.model,
+            self.backend,
+            self.kv_caches,
+            block_size=self.block_size,
+            max_num_seqs=max_num_seqs,
+            max_blocks_per_seq=max_blocks_per_seq,
+        )
+        if capture:
+            self.decode_graphs.capture()
 
     @torch.inference_mode()
     def execute(
         self, chunks: list[ScheduledChunk], sampling: list[SamplingRequest | None]
     ) -> list[tuple[int, float] | None]:
         """Computes every chunk; returns (token, logprob) for chunks with a SamplingRequest, else None."""
-        bs = self.block_size
-        decodes = sorted(
-            (i for i, c in enumerate(chunks) if c.num_tokens == 1), key=lambda i: -chunks[i].start
-        )
-        prefills = [i for i, c in enumerate(chunks) if c.num_tokens > 1]
-        input_ids: list[int] = []
-        positions: list[int] = []
-        layout = StepLayout(num_tokens=0, slot_mapping=[])
-        slots = layout.slot_mapping
-        logits_rows: list[int] = []
-        sampled: list[int] = []
-        for i in decodes:
-            seq = chunks[i].seq
-            pos = chunks[i].start
-            if sampling[i] is not None:
-                logits_rows.append(len(input_ids))
-                sampled.append(i)
-            input_ids.append(seq.token_ids[pos])
-            positions.append(pos)
-            slots.append(seq.block_table[pos // bs] * bs + pos % bs)
-            layout.decode_block_tables.append(seq.block_table)
-            layout.decode_context_lens.append(pos + 1)
-        for i in prefills:
-            chunk = chunks[i]
-            seq, start, n = chunk.seq, chunk.start, chunk.num_tokens
-            table = seq.block_table
-            layout.prefills.append(PrefillSpan(len(input_ids), n, start + n, table))
-            input_ids.extend(seq.token_ids[start : start + n])
-            span = range(start, start + n)
-            positions.extend(span)
-            slots.extend([table[p // bs] * bs + p % bs for p in span])
-            if sampling[i] is not None:
-                logits_rows.append(len(input_ids) - 1)
-                sampled.append(i)
-        layout.num_tokens = len(input_ids)
-
-        device = self.device
-        metadata = self.backend.prepare(layout, bs, device)
-        logits = self.model.forward(
-            torch.tensor(input_ids, dtype=torch.long, device=device),
-            torch.tensor(positions, dtype=torch.long, device=device),
-            self.kv_caches,
-            self.backend,
-            metadata,
-            torch.tensor(logits_rows, dtype=torch.long, device=device),
-        )
+        step = flatten_step(chunks, sampling, self.block_size)
+        logits = None
+        if self.decode_graphs is not None and not step.layout.prefills:
+            logits = self.decode_graphs.run(step.input_ids, step.positions, step.layout)
+            if logits is not None:
+                logits = logits[step.logits_rows]
+        if logits is None:
+            device = self.device
+            logits = self.model.forward(
+                torch.tensor(step.input_ids, dtype=torch.long, device=device),
+                torch.tensor(step.positions, dtype=torch.long, device=device),
+                self.kv_caches,
+                self.backend,
+                self.backend.prepare(step.layout, self.block_size, device),
+                torch.tensor(step.logits_rows, dtype=torch.long, device=device),
+            )
         results: list[tuple[int, float] | None] = [None] * len(chunks)
-        if sampled:
-            requests = [sampling[i] for i in sampled]
+        if step.sampled:
+            requests = [sampling[i] for i in step.sampled]
             tokens, logprobs = sample(logits, [r[0] for r in requests if r], [r[1] for r in requests if r])
-            for i, token, logprob in zip(sampled, tokens, logprobs, strict=True):
+            for i, token, logprob in zip(step.sampled, tokens, logprobs, strict=True):
                 results[i] = (token, logprob)
         return results
+
+
+@dataclass
+class FlatStep:
+    """One step's tokens in the order the attention backends expect (decodes longest first, then
+    prefill chunks), and where the logits to sample are."""
+
+    input_ids: list[int]
+    positions: list[int]
+    layout: StepLayout
+    logits_rows: list[int]  # rows of the step's tokens whose logits are sampled ...
+    sampled: list[int]  # ... for these chunks (indices into the step's chunks), in the same order
+
+
+def flatten_step(chunks: list[ScheduledChunk], sampling: list[SamplingRequest | None], bs: int) -> FlatStep:
+    decodes = sorted((i for i, c in enumerate(chunks) if c.num_tokens == 1), key=lambda i: -chunks[i].start)
+    prefills = [i for i, c in enumerate(chunks) if c.num_tokens > 1]
+    step = FlatStep([], [], StepLayout(num_tokens=0, slot_mapping=[]), [], [])
+    input_ids, positions, layout = step.input_ids, step.positions, step.layout
+    slots = layout.slot_mapping
+    for i in decodes:
+        seq = chunks[i].seq
+        pos = chunks[i].start
+        if sampling[i] is not None:
+            step.logits_rows.append(len(input_ids))
+            step.sampled.append(i)
+        input_ids.append(seq.token_ids[pos])
+        positions.append(pos)
+        slots.append(seq.block_table[pos // bs] * bs + pos % bs)
+        layout.decode_block_tables.append(seq.block_table)
+        layout.decode_context_lens.append(pos + 1)
+    for i in prefills:
+        chunk = chunks[i]
+        seq, start, n = chunk.seq, chunk.start, chunk.num_tokens
+        table = seq.block_table
+        layout.prefills.append(PrefillSpan(len(input_ids), n, start + n, table))
+        input_ids.extend(seq.token_ids[start : start + n])
+        span = range(start, start + n)
+        positions.extend(span)
+        slots.extend([table[p // bs] * bs + p % bs for p in span])
+        if sampling[i] is not None:
+            step.logits_rows.append(len(input_ids) - 1)
+            step.sampled.append(i)
+    layout.num_tokens = len(input_ids)
+    return step

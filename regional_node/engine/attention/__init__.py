@@ -1,4 +1,4 @@
-"""Paged attention backends behind one interface (pure PyTorch now; GPU kernels later)."""
+"""Paged attention backends behind one interface: `torch` (plain PyTorch) and `triton` (our kernels)."""
 
 from regional_node.engine.attention.base import AttentionBackend, PrefillSpan, StepLayout, create_backend
 

@@ -40,6 +40,9 @@ class AttentionBackend(Protocol):
     """Paged causal attention. One instance per engine; `prepare` runs once per step, `forward` per layer."""
 
     name: str
+    # Whether the decode step can be captured in a CUDA graph (then the backend also has
+    # `static_metadata` and `prepare_decode`, see triton_backend.py).
+    supports_cuda_graphs: bool
 
     def allocate_kv_cache(
         self,
@@ -80,11 +83,24 @@ def kv_cache_bytes_per_block(
     return 2 * num_layers * block_size * num_kv_heads * head_dim * element
 
 
-def create_backend(name: str) -> AttentionBackend:
+def create_backend(name: str, device: torch.device) -> AttentionBackend:
+    from regional_node.engine.config import ATTENTION_BACKENDS
+    from regional_node.engine.errors import EngineConfigError
+
     if name == "torch":
         from regional_node.engine.attention.torch_backend import TorchAttentionBackend
 
         return TorchAttentionBackend()
-    from regional_node.engine.errors import EngineConfigError
-
-    raise EngineConfigError(f"unknown attention_backend {name!r}; available: torch")
+    if name == "triton":
+        # Imported only here: a node on the torch backend never loads triton.
+        try:
+            from regional_node.engine.attention.triton_backend import TritonAttentionBackend
+        except ModuleNotFoundError as exc:
+            if exc.name != "triton":
+                raise
+            raise EngineConfigError(
+                "attention_backend 'triton' needs the triton package, which is not installed "
+                "(pip install 'meridian[gpu]')"
+            ) from exc
+        return TritonAttentionBackend(device)
+    raise EngineConfigError(f"unknown attention_backend {name!r}; available: {', '.join(ATTENTION_BACKENDS)}")

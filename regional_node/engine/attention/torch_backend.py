@@ -60,6 +60,8 @@ class TorchAttentionMetadata:
 
 class TorchAttentionBackend:
     name = "torch"
+    # Its decode buckets and gather sizes follow each step's context lengths: no fixed shapes to capture.
+    supports_cuda_graphs = False
 
     def __init__(self) -> None:
         self._workspace: tuple[torch.Tensor, torch.Tensor] | None = None
