@@ -107,6 +107,13 @@ class ServiceUnavailableError(APIError):
     default_code = "service_unavailable"
 
 
+class OverloadedError(ServiceUnavailableError):
+    """Refused at once because the server's queue is full: nothing was done, and `Retry-After`
+    (pass it in `headers`) says when the queue should have room again."""
+
+    default_code = "overloaded"
+
+
 def error_for_status(status_code: int, message: str) -> APIError:
     """An APIError for a bare HTTP status (a framework's 404 or 405, say), typed by its class."""
     if status_code == 404:

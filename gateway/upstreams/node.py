@@ -54,7 +54,7 @@ def status_error(status: int, retry_after: str | None, content: bytes, target: s
         status_code=status,
         retryable=retryable,
         body=body if not retryable else None,
-        retry_after=_retry_after(retry_after) if status == 429 else None,
+        retry_after=_retry_after(retry_after) if status in (429, 503) else None,
     )
 
 

@@ -3,6 +3,7 @@
 See README.md in this folder for the design and the options.
 """
 
+from regional_node.engine.admission import QueueLimits
 from regional_node.engine.async_engine import AsyncEngine
 from regional_node.engine.config import EngineConfig, ModelConfig
 from regional_node.engine.errors import (
@@ -11,6 +12,7 @@ from regional_node.engine.errors import (
     EngineConfigError,
     EngineError,
     InvalidRequestError,
+    QueueFullError,
     RequestTooLargeError,
     StepFailedError,
     UnsupportedArchitectureError,
@@ -31,6 +33,8 @@ __all__ = [
     "InvalidRequestError",
     "LLMEngine",
     "ModelConfig",
+    "QueueFullError",
+    "QueueLimits",
     "RequestDelta",
     "RequestOutput",
     "RequestTooLargeError",

@@ -5,6 +5,13 @@ Requests and aborts go to the thread as commands; each step's deltas come back i
 sleeps on a condition variable when there is nothing to do. A consumer that stops iterating (the
 async generator is closed or its task cancelled) aborts its request, so the engine frees its KV
 blocks before the next step.
+
+Admission (admission.py) happens here, on the event loop, before a request becomes a command: a
+request its tier's queue cannot take is refused with QueueFullError at its first `anext`, having
+taken nothing (no command, no engine request, no blocks). The check counts the engine's waiting
+tokens as of the step thread's last snapshot *plus* every add not yet in that snapshot, under the
+lock the snapshot is published with, so requests arriving together cannot all pass a check made
+against the same stale queue.
 """
 
 from __future__ import annotations
@@ -14,26 +21,45 @@ import threading
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
+from regional_node.engine import admission
+from regional_node.engine.admission import QueueLimits
 from regional_node.engine.errors import EngineError, InvalidRequestError, StepFailedError
 from regional_node.engine.llm_engine import LLMEngine
 from regional_node.engine.outputs import RequestDelta
 from regional_node.engine.sampling_params import SamplingParams
+from regional_node.engine.sequence import PRIORITY_RANK
 
 _Item = RequestDelta | BaseException
 
 
+@dataclass
+class _Command:
+    kind: Literal["add", "abort"]
+    request_id: str
+    args: dict[str, Any] = field(default_factory=dict)
+    # An add's prompt tokens, counted as waiting (in `_unpublished`) until the step thread
+    # publishes a snapshot that holds them.
+    tier: str | None = None
+    tokens: int = 0
+
+
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMEngine, limits: QueueLimits | None = None) -> None:
         self.engine = engine
+        self.limits = limits or QueueLimits()
         self._cond = threading.Condition()
-        self._commands: deque[tuple[str, str, dict[str, Any]]] = deque()
+        self._commands: deque[_Command] = deque()
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queues: dict[str, asyncio.Queue[_Item]] = {}  # touched on the event loop only
         self._stats: dict[str, Any] = engine.stats()
+        # Adds submitted but not yet in `_stats`, per tier (guarded by `_cond`).
+        self._unpublished: dict[str, int] = dict.fromkeys(PRIORITY_RANK, 0)
+        self._unpublished_requests = 0
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -53,7 +79,10 @@ class AsyncEngine:
             self._cond.notify()
         await asyncio.to_thread(thread.join)
         self._thread = None
-        self._commands.clear()  # adds never processed: their consumers are failed just below
+        with self._cond:
+            self._commands.clear()  # adds never processed: their consumers are failed just below
+            self._unpublished = dict.fromkeys(PRIORITY_RANK, 0)
+            self._unpublished_requests = 0
         for queue in self._queues.values():
             queue.put_nowait(EngineError("the engine is shutting down"))
 
@@ -73,15 +102,14 @@ class AsyncEngine:
         cache_salt: str | None = None,
         continuation_token_ids: list[int] | None = None,
     ) -> AsyncIterator[RequestDelta]:
-        """Stream a request's deltas; the last has finished=True. Bad input raises before any delta."""
+        """Stream a request's deltas; the last has finished=True. Bad input raises before any delta,
+        and so does QueueFullError for a request its tier's queue cannot take (nothing was taken)."""
         if not self.running:
             raise EngineError("AsyncEngine is not running: await start() first")
         request_id = request_id or uuid.uuid4().hex
         if request_id in self._queues:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
-        queue: asyncio.Queue[_Item] = asyncio.Queue()
-        self._queues[request_id] = queue
-        self._submit(
+        add = _Command(
             "add",
             request_id,
             {
@@ -93,6 +121,22 @@ class AsyncEngine:
                 "continuation_token_ids": continuation_token_ids,
             },
         )
+        # An unknown tier is not counted: the engine's intake refuses it.
+        if priority in PRIORITY_RANK:
+            add.tier, add.tokens = (
+                priority,
+                self._num_tokens(prompt) + self._num_tokens(continuation_token_ids),
+            )
+        drain = self.engine.drain.rate()
+        queue: asyncio.Queue[_Item] = asyncio.Queue()
+        with self._cond:
+            if add.tier is not None:
+                admission.check(self.limits, self._waiting_by_tier(), add.tier, add.tokens, drain)
+                self._unpublished[add.tier] += add.tokens
+                self._unpublished_requests += 1
+            self._queues[request_id] = queue
+            self._commands.append(add)
+            self._cond.notify()
         done = False
         try:
             while True:
@@ -108,19 +152,53 @@ class AsyncEngine:
         finally:
             self._queues.pop(request_id, None)
             if not done:
-                self._submit("abort", request_id, {})
+                self._submit("abort", request_id)
 
     async def abort(self, request_id: str) -> None:
-        self._submit("abort", request_id, {})
+        self._submit("abort", request_id)
 
     def stats(self) -> dict[str, Any]:
-        """Snapshot taken by the step thread after its latest step (safe to read from any thread)."""
-        return dict(self._stats)
+        """The step thread's snapshot after its latest step, with the adds it has not taken yet
+        counted as waiting, the drain rate as of now, and the queue's limits and estimated wait
+        for a new request of the lowest tier (which waits behind every tier). Safe from any thread.
+        """
+        drain = self.engine.drain.rate()
+        with self._cond:
+            stats = dict(self._stats)
+            waiting = self._waiting_by_tier()
+            stats["waiting_tokens"] = stats.get("waiting_tokens", 0) + sum(self._unpublished.values())
+            stats["num_waiting"] = stats.get("num_waiting", 0) + self._unpublished_requests
+        stats["waiting_tokens_by_tier"] = waiting
+        stats["drain_tokens_per_s"] = drain
+        stats["queue_bound_tokens"] = dict(self.limits.max_waiting_tokens)
+        stats["queue_wait_s"] = admission.estimated_wait_s(
+            sum(waiting.values()), drain, self.limits.max_retry_after_s
+        )
+        return stats
+
+    def _waiting_by_tier(self) -> dict[str, int]:
+        """Waiting tokens per tier, the unpublished adds included; call with `_cond` held."""
+        published = self._stats.get("waiting_tokens_by_tier", {})
+        return {tier: published.get(tier, 0) + tokens for tier, tokens in self._unpublished.items()}
+
+    def _num_tokens(self, tokens: list[int] | str | None) -> int:
+        """How many tokens a prompt counts for in the queue. Anything malformed counts 0: the
+        engine's intake refuses it with the precise error."""
+        if isinstance(tokens, list | tuple):
+            return len(tokens)
+        tokenizer = self.engine.tokenizer
+        if not isinstance(tokens, str) or not tokens or tokenizer is None:
+            return 0
+        # The node sends token ids; a text prompt (from a library caller) is tokenized to count it.
+        try:
+            return len(tokenizer.encode(tokens))
+        except Exception:
+            return 0
 
     # -- the step thread --------------------------------------------------------------------------
-    def _submit(self, kind: str, request_id: str, args: dict[str, Any]) -> None:
+    def _submit(self, kind: Literal["add", "abort"], request_id: str) -> None:
         with self._cond:
-            self._commands.append((kind, request_id, args))
+            self._commands.append(_Command(kind, request_id))
             self._cond.notify()
 
     def _run(self) -> None:
@@ -134,17 +212,25 @@ class AsyncEngine:
                 commands = list(self._commands)
                 self._commands.clear()
             out: list[tuple[str, _Item]] = []
-            for kind, request_id, args in commands:
-                if kind == "abort":
-                    engine.abort_request(request_id)
+            for command in commands:
+                if command.kind == "abort":
+                    engine.abort_request(command.request_id)
                     continue
                 try:
-                    engine.add_request(request_id, **args)
+                    engine.add_request(command.request_id, **command.args)
                 except Exception as exc:  # every failure reaches its caller instead of killing the loop
-                    out.append((request_id, exc if isinstance(exc, EngineError) else EngineError(repr(exc))))
+                    error = exc if isinstance(exc, EngineError) else EngineError(repr(exc))
+                    out.append((command.request_id, error))
             if engine.has_unfinished_requests():
                 out.extend(self._step())
-            self._stats = engine.stats()
+            stats = engine.stats()
+            with self._cond:
+                # The adds taken above are in this snapshot now (waiting, running or refused).
+                self._stats = stats
+                for command in commands:
+                    if command.tier is not None:
+                        self._unpublished[command.tier] -= command.tokens
+                        self._unpublished_requests -= 1
             if out:
                 self._deliver(out)
         # Waiting consumers are failed by shutdown(), which also covers adds never processed.

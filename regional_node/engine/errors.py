@@ -30,6 +30,21 @@ class RequestTooLargeError(EngineError):
     """The request would need more KV-cache blocks than the whole pool holds, so it can never run."""
 
 
+class QueueFullError(EngineError):
+    """Refused before entering the engine: its tier's queue is at its bound (`reason`
+    "queue_tokens") or its estimated wait is past the tier's limit ("queue_wait").
+
+    `retry_after_s` (whole seconds, at least 1) is how long the engine needs, at its measured
+    drain rate, to work the queue down far enough to admit the request.
+    """
+
+    def __init__(self, message: str, *, tier: str, reason: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.tier = tier
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+
+
 class CheckpointError(EngineError):
     """A checkpoint folder that cannot be loaded: missing config or weights, corrupt or mismatched tensors."""
 

@@ -64,6 +64,7 @@ class WaitingQueue:
         self._tiers: list[dict[str, deque[Sequence]]] = [{} for _ in PRIORITY_RANK]
         self._len = 0
         self.num_tokens = 0
+        self._tier_tokens = [0] * len(PRIORITY_RANK)
 
     def __len__(self) -> int:
         return self._len
@@ -81,6 +82,7 @@ class WaitingQueue:
             queue.append(seq)
         self._len += 1
         self.num_tokens += seq.num_tokens
+        self._tier_tokens[seq.rank] += seq.num_tokens
 
     def peek(self) -> Sequence | None:
         for tier in self._tiers:
@@ -100,3 +102,8 @@ class WaitingQueue:
             del tier[seq.tenant]
         self._len -= 1
         self.num_tokens -= seq.num_tokens
+        self._tier_tokens[seq.rank] -= seq.num_tokens
+
+    def tokens_by_tier(self) -> dict[str, int]:
+        """Waiting tokens per priority tier (every tier present, 0 when empty)."""
+        return {tier: self._tier_tokens[rank] for tier, rank in PRIORITY_RANK.items()}

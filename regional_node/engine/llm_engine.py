@@ -13,6 +13,7 @@ from typing import Any
 
 from regional_node.engine.block_manager import BlockManager
 from regional_node.engine.config import EngineConfig, ModelConfig
+from regional_node.engine.drain import DrainMeter
 from regional_node.engine.errors import EngineError, InvalidRequestError, StepFailedError
 from regional_node.engine.fairness import VirtualTokenCounter
 from regional_node.engine.loading import load_checkpoint
@@ -69,6 +70,8 @@ class LLMEngine:
         self._generate_ids = itertools.count()
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        # Tokens computed per second, recently: how fast the waiting queue drains.
+        self.drain = DrainMeter()
 
     @classmethod
     def from_pretrained(
@@ -158,6 +161,7 @@ class LLMEngine:
 
     # -- one iteration --------------------------------------------------------------------------
     def step(self) -> list[RequestDelta]:
+        started = time.monotonic()
         out = self.scheduler.schedule()
         if not out.chunks:
             deltas, self._pending = self._pending, []
@@ -177,6 +181,7 @@ class LLMEngine:
                 self.scheduler.finish(state.seq)
             raise StepFailedError(f"model step failed: {exc!r}", failed) from exc
         self.scheduler.step_done(out)
+        self.drain.record(started, time.monotonic(), out.num_batched_tokens)
         deltas: list[RequestDelta] = []
         for chunk, result in zip(out.chunks, results, strict=True):
             if result is None:
@@ -263,6 +268,8 @@ class LLMEngine:
             "num_running": len(sched.running),
             "num_waiting": len(sched.waiting),
             "waiting_tokens": sched.waiting.num_tokens,
+            "waiting_tokens_by_tier": sched.waiting.tokens_by_tier(),
+            "drain_tokens_per_s": self.drain.rate(),
             "num_preemptions": sched.stats.num_preemptions,
             "prefix_cache_query_tokens": query,
             "prefix_cache_hit_tokens": hit,

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 import yaml
+from msgspec import UNSET, UnsetType
 
 from http_server import ServerLimits
 from regional_node.discovery.consul_registration import ConsulRegistrationConfig
@@ -24,6 +25,7 @@ LogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
 TOKEN_ENV = "MERIDIAN_NODE_TOKEN"
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
 Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
 Name = Annotated[str, msgspec.Meta(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")]
 
@@ -52,13 +54,58 @@ class EngineSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return {**kwargs.pop("options"), **kwargs}
 
 
+# Default queue bounds, in engine steps' worth of prompt tokens (multiples of
+# max_num_batched_tokens): an interactive request queues behind at most a few full prefill steps
+# (well under a second on a GPU node), batch work behind many more.
+INTERACTIVE_QUEUE_STEPS = 4
+BATCH_QUEUE_STEPS = 64
+
+
+class QueueSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Per-tier bounds on a model's waiting queue, checked when a request arrives: a request
+    that would pass its tier's bound is refused at once with 503 `overloaded` and Retry-After.
+
+    `*_max_waiting_tokens` bound the tier's waiting prompt tokens. Left out, they default to
+    INTERACTIVE_QUEUE_STEPS / BATCH_QUEUE_STEPS times the engine's max_num_batched_tokens; null
+    leaves the tier unbounded. `*_max_wait_s` (off by default) also refuse a request whose
+    estimated wait before its first step (tokens ahead of it / the measured drain rate) is past
+    the limit. `max_retry_after_s` caps the Retry-After, which is also the answer when the drain
+    rate is not known yet.
+    """
+
+    interactive_max_waiting_tokens: PositiveInt | UnsetType | None = UNSET
+    batch_max_waiting_tokens: PositiveInt | UnsetType | None = UNSET
+    interactive_max_wait_s: PositiveFloat | None = None
+    batch_max_wait_s: PositiveFloat | None = None
+    max_retry_after_s: PositiveInt = 60
+
+    def max_waiting_tokens(self, step_tokens: int) -> dict[str, int]:
+        """Each bounded tier's bound; `step_tokens` is the engine's max_num_batched_tokens."""
+        bounds = {
+            "interactive": _bound(self.interactive_max_waiting_tokens, INTERACTIVE_QUEUE_STEPS * step_tokens),
+            "batch": _bound(self.batch_max_waiting_tokens, BATCH_QUEUE_STEPS * step_tokens),
+        }
+        return {tier: bound for tier, bound in bounds.items() if bound is not None}
+
+    def max_wait_s(self) -> dict[str, float]:
+        waits = {"interactive": self.interactive_max_wait_s, "batch": self.batch_max_wait_s}
+        return {tier: wait for tier, wait in waits.items() if wait is not None}
+
+
 class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """One served model: the name clients put in `model`, its checkpoint folder and its tier."""
+    """One served model: the name clients put in `model`, its checkpoint folder and its tier,
+    how its engine is built (`engine`: LLMEngine options) and how much its queue may hold
+    (`queue`: enforced by the node in front of the engine, not an engine option)."""
 
     name: Name
     path: str
     tier: Tier = "small"
     engine: EngineSettings = msgspec.field(default_factory=EngineSettings)
+    queue: QueueSettings = msgspec.field(default_factory=QueueSettings)
+
+    def queue_bounds(self) -> dict[str, int]:
+        """Each bounded tier's bound on waiting prompt tokens, defaults resolved."""
+        return self.queue.max_waiting_tokens(self.engine.max_num_batched_tokens)
 
 
 class NodeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -133,6 +180,10 @@ def effective_token(config: NodeConfig) -> str | None:
     # gateway strips the same way, so both sides agree.
     token = (os.environ.get(TOKEN_ENV) or config.auth_token or "").strip()
     return token or None
+
+
+def _bound(configured: int | UnsetType | None, default: int) -> int | None:
+    return default if isinstance(configured, UnsetType) else configured
 
 
 def _resolve(base: Path, raw: str) -> Path:

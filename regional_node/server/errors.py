@@ -20,10 +20,11 @@ from protocol import (
     InvalidRequestError,
     ServiceUnavailableError,
 )
-from protocol.errors import error_for_status
+from protocol.errors import OverloadedError, error_for_status
 from regional_node.engine.errors import (
     ContextLengthExceededError,
     EngineError,
+    QueueFullError,
     RequestTooLargeError,
 )
 from regional_node.engine.errors import InvalidRequestError as EngineInvalidRequestError
@@ -45,6 +46,8 @@ def api_error(exc: BaseException, *, prompt_param: str) -> APIError:
         return InvalidRequestError(exc.message, param=_param(exc.param, prompt_param))
     if isinstance(exc, RequestTooLargeError):
         return InvalidRequestError(str(exc), param=prompt_param, code="request_too_large")
+    if isinstance(exc, QueueFullError):
+        return OverloadedError(str(exc), headers={"retry-after": str(exc.retry_after_s)})
     if isinstance(exc, EngineError):
         logger.error("engine error while serving a request: %s", exc)
         return InternalServerError(f"The engine failed to serve the request: {exc}")

@@ -2,8 +2,9 @@
 
 `start_generation` returns only once the engine has produced the first delta, so validation
 errors (which the engine raises on the call or before the first delta) become a plain HTTP
-error instead of an error event inside a 200 stream. Closing a `Generation` aborts its engine
-request, which frees its KV blocks at the engine's next step.
+error instead of an error event inside a 200 stream; so does a refusal by the engine's full
+queue (503 `overloaded` with Retry-After), which takes nothing. Closing a `Generation` aborts its
+engine request, which frees its KV blocks at the engine's next step.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from regional_node.engine.errors import QueueFullError
 from regional_node.server.errors import aborted_error, api_error
 from regional_node.server.metrics import NodeMetrics, RequestTimings
 from regional_node.server.pool import ServedModel
@@ -195,6 +197,11 @@ async def start_generation(request: GenerationRequest, metrics: NodeMetrics) -> 
     generation = Generation(request, metrics, stream, clock)
     try:
         await generation._first()
+    except QueueFullError as exc:
+        # Refused before it entered the engine: there is nothing to abort or free.
+        metrics.count_refused(request.model.name, tenancy.priority, exc.reason)
+        metrics.count_request(request.model.name, request.endpoint, "overloaded")
+        raise api_error(exc, prompt_param=request.prompt_param) from None
     except BaseException as exc:
         await generation.close("error" if isinstance(exc, Exception) else "disconnected")
         if isinstance(exc, Exception):

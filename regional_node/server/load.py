@@ -3,6 +3,12 @@
 Aggregates are over all of the node's engines: KV usage and the prefix-cache hit rate are
 ratios of summed blocks/tokens (not averages of ratios), so a big pool weighs more than a small
 one. The per-model breakdown lets the router pick the emptiest tier.
+
+Overload (per model): the waiting prompt tokens per traffic tier, each tier's bound (from the
+model's `queue` config, whether or not it is loaded yet), the engine's drain rate and the
+estimated wait of a new lowest-tier request (every tier's waiting tokens / the drain rate; a
+higher tier waits only behind its own and higher tiers' tokens). The report's `queue_wait_s` is
+the largest over the models.
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from protocol.load import LoadReport, ModelEntry, ModelLoad
-from regional_node.server.config import NodeConfig
+from regional_node.server.config import ModelConfig, NodeConfig
 from regional_node.server.pool import ModelPool
 
 
@@ -22,7 +28,7 @@ def load_report(config: NodeConfig, pool: ModelPool) -> LoadReport:
     for model_config in pool.configs:
         model = served.get(model_config.name)
         per_model[model_config.name] = _model_load(
-            model_config.tier, stats.get(model_config.name, {}), model.max_model_len if model else None
+            model_config, stats.get(model_config.name, {}), model.max_model_len if model else None
         )
     loads = per_model.values()
     blocks_total = sum(load.kv_blocks_total for load in loads)
@@ -42,13 +48,14 @@ def load_report(config: NodeConfig, pool: ModelPool) -> LoadReport:
         num_running=sum(load.num_running for load in loads),
         num_waiting=sum(load.num_waiting for load in loads),
         prefix_cache_hit_rate=hits / queries if queries else 0.0,
+        queue_wait_s=max((load.queue_wait_s for load in loads), default=0.0),
         per_model=per_model,
     )
 
 
-def _model_load(tier: str, stats: Mapping[str, Any], max_model_len: int | None) -> ModelLoad:
+def _model_load(config: ModelConfig, stats: Mapping[str, Any], max_model_len: int | None) -> ModelLoad:
     return ModelLoad(
-        tier=tier,
+        tier=config.tier,
         loaded=bool(stats),
         max_model_len=max_model_len,
         kv_cache_usage=float(stats.get("kv_cache_usage", 0.0) or 0.0),
@@ -59,6 +66,12 @@ def _model_load(tier: str, stats: Mapping[str, Any], max_model_len: int | None) 
         num_waiting=_int(stats, "num_waiting"),
         num_preemptions=_int(stats, "num_preemptions"),
         prefix_cache_hit_rate=float(stats.get("prefix_cache_hit_rate", 0.0) or 0.0),
+        waiting_tokens_by_tier={
+            str(tier): int(tokens) for tier, tokens in (stats.get("waiting_tokens_by_tier") or {}).items()
+        },
+        queue_bound_tokens=config.queue_bounds(),
+        drain_tokens_per_s=float(stats.get("drain_tokens_per_s", 0.0) or 0.0),
+        queue_wait_s=float(stats.get("queue_wait_s", 0.0) or 0.0),
     )
 
 

@@ -36,6 +36,25 @@ _GAUGES = (
     ("kv_blocks_used", "kv_blocks_used", "KV-cache blocks held by requests."),
     ("kv_blocks_cached", "kv_blocks_cached", "Free KV-cache blocks still holding a reusable prefix."),
     ("prefix_cache_hit_rate", "prefix_cache_hit_rate", "Prefix-cache hit tokens / query tokens."),
+    (
+        "drain_tokens_per_second",
+        "drain_tokens_per_s",
+        "Prompt and generated tokens the engine computed per second, over the last few seconds.",
+    ),
+    (
+        "estimated_queue_wait_seconds",
+        "queue_wait_s",
+        "Estimated wait before a new lowest-tier request's first step: waiting tokens / drain rate.",
+    ),
+)
+# (metric suffix, stats() key of a {tier: value} mapping, help): gauges labelled model and tier.
+_TIER_GAUGES = (
+    ("queue_waiting_tokens", "waiting_tokens_by_tier", "Prompt tokens queued for admission, per tier."),
+    (
+        "queue_bound_tokens",
+        "queue_bound_tokens",
+        "The bound on a tier's queued prompt tokens (absent: none).",
+    ),
 )
 _COUNTERS = (
     (
@@ -73,6 +92,12 @@ class EngineStatsCollector(Collector):
             gauge = GaugeMetricFamily(f"{self._prefix}{suffix}", help_text, labels=["model"])
             for model, stats in per_model.items():
                 gauge.add_metric([model], float(stats.get(key, 0) or 0))
+            yield gauge
+        for suffix, key, help_text in _TIER_GAUGES:
+            gauge = GaugeMetricFamily(f"{self._prefix}{suffix}", help_text, labels=["model", "tier"])
+            for model, stats in per_model.items():
+                for tier, value in (stats.get(key) or {}).items():
+                    gauge.add_metric([model, tier], float(value))
             yield gauge
         for suffix, key, help_text in _COUNTERS:
             counter = CounterMetricFamily(f"{self._prefix}{suffix}", help_text, labels=["model"])
@@ -112,8 +137,15 @@ class NodeMetrics:
         )
         self.requests = Counter(
             f"{p}requests",
-            "Requests by outcome: the finish reason, or error / disconnected.",
+            "Requests by outcome: the finish reason, or error / disconnected / overloaded.",
             ["model", "endpoint", "outcome"],
+            registry=r,
+        )
+        self.refused = Counter(
+            f"{p}requests_refused",
+            "Requests refused before entering the engine, by tier and reason (queue_tokens: the "
+            "tier's queue bound; queue_wait: its wait limit).",
+            ["model", "tier", "reason"],
             registry=r,
         )
         r.register(EngineStatsCollector(p, engine_stats))
@@ -144,6 +176,9 @@ class NodeMetrics:
 
     def count_request(self, model: str, endpoint: str, outcome: str) -> None:
         self.requests.labels(model, endpoint, outcome).inc()
+
+    def count_refused(self, model: str, tier: str, reason: str) -> None:
+        self.refused.labels(model, tier, reason).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -23,9 +23,9 @@ logger = logging.getLogger(__name__)
 
 PoolState = Literal["loading", "ready", "failed", "stopped"]
 # Builds a model's LLMEngine (in a worker thread) and wraps it in an AsyncEngine (on the event
-# loop). Tests inject fakes of both.
+# loop) with the model's queue limits. Tests inject fakes of both.
 EngineLoader = Callable[[ModelConfig], "LLMEngine"]
-RunnerFactory = Callable[["LLMEngine"], "AsyncEngine"]
+RunnerFactory = Callable[["LLMEngine", ModelConfig], "AsyncEngine"]
 
 
 def load_engine(model: ModelConfig) -> LLMEngine:
@@ -124,7 +124,7 @@ class ModelPool:
             for config in self._configs:
                 started = time.monotonic()
                 engine = await asyncio.to_thread(self._loader, config)
-                runner = self._runner_factory(engine)
+                runner = self._runner_factory(engine, config)
                 await runner.start()
                 model = ServedModel(config=config, engine=engine, runner=runner)
                 self._models[config.name] = model
@@ -154,10 +154,15 @@ class ModelPool:
         logger.info("engines stopped")
 
 
-def _async_engine(engine: LLMEngine) -> AsyncEngine:
-    from regional_node.engine import AsyncEngine
+def _async_engine(engine: LLMEngine, config: ModelConfig) -> AsyncEngine:
+    from regional_node.engine import AsyncEngine, QueueLimits
 
-    return AsyncEngine(engine)
+    limits = QueueLimits(
+        max_waiting_tokens=config.queue_bounds(),
+        max_wait_s=config.queue.max_wait_s(),
+        max_retry_after_s=config.queue.max_retry_after_s,
+    )
+    return AsyncEngine(engine, limits)
 
 
 async def _warm_up(model: ServedModel) -> None:

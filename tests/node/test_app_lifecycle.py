@@ -22,7 +22,7 @@ def _config() -> NodeConfig:
 def _app(script: str = "ok", loader: Callable[[ModelConfig], FakeLLMEngine] | None = None):  # type: ignore[no-untyped-def]
     runners: list[FakeRunner] = []
 
-    def runner_factory(engine: FakeLLMEngine) -> FakeRunner:
+    def runner_factory(engine: FakeLLMEngine, _: ModelConfig) -> FakeRunner:
         runners.append(FakeRunner(engine, script))
         return runners[-1]
 

@@ -31,6 +31,22 @@ def test_yaml_config_loads_with_defaults_and_relative_paths(tmp_path: Path) -> N
     assert "options" not in kwargs
 
 
+def test_queue_bounds_default_to_engine_steps_and_null_means_unbounded(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        "models:\n"
+        "  - {name: a, path: a, engine: {max_num_batched_tokens: 512}}\n"
+        "  - {name: b, path: b, queue: {interactive_max_waiting_tokens: 1000, batch_max_waiting_tokens: null,"
+        " batch_max_wait_s: 30}}\n",
+    )
+    defaults, custom = load_config(path).models
+    # Defaults: a few engine steps' worth of prompt tokens for interactive, many for batch.
+    assert defaults.queue_bounds() == {"interactive": 4 * 512, "batch": 64 * 512}
+    assert defaults.queue.max_wait_s() == {} and defaults.queue.max_retry_after_s == 60
+    assert custom.queue_bounds() == {"interactive": 1000}
+    assert custom.queue.max_wait_s() == {"batch": 30.0}
+
+
 @pytest.mark.parametrize(
     ("text", "field"),
     [
@@ -41,10 +57,32 @@ def test_yaml_config_loads_with_defaults_and_relative_paths(tmp_path: Path) -> N
         ),
         ("models:\n  - name: m\n    path: p\n    engine: {block_size: 0}\n", "models[0].engine.block_size"),
         ("models:\n  - path: p\n", "models[0]"),
+        (
+            "models:\n  - name: m\n    path: p\n    queue: {batch_max_waiting_tokens: 0}\n",
+            "models[0].queue.batch_max_waiting_tokens",
+        ),
+        (
+            "models:\n  - name: m\n    path: p\n    queue: {interactive_max_wait_s: -1}\n",
+            "models[0].queue.interactive_max_wait_s",
+        ),
+        (
+            "models:\n  - name: m\n    path: p\n    queue: {max_tokens: 5}\n",
+            "models[0].queue: Object contains unknown field `max_tokens`",
+        ),
         ("port: 99999\n", "port"),
         ("listen_port: 1\n", "listen_port"),
     ],
-    ids=["bad_tier", "wrong_type", "out_of_range", "missing_name", "bad_port", "unknown_field"],
+    ids=[
+        "bad_tier",
+        "wrong_type",
+        "out_of_range",
+        "missing_name",
+        "zero_queue_bound",
+        "negative_wait",
+        "unknown_queue_field",
+        "bad_port",
+        "unknown_field",
+    ],
 )
 def test_invalid_yaml_names_file_and_field(tmp_path: Path, text: str, field: str) -> None:
     path = _write(tmp_path, text)

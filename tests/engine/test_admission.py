@@ -1,0 +1,143 @@
+"""Bounded tier queues, without a model: the admission rule, the drain meter, the per-tier counts."""
+
+from __future__ import annotations
+
+import pytest
+
+from regional_node.engine.admission import QueueLimits, check, estimated_wait_s, retry_after_s, tokens_ahead
+from regional_node.engine.block_manager import BlockManager
+from regional_node.engine.drain import DrainMeter
+from regional_node.engine.errors import QueueFullError
+from regional_node.engine.scheduler import Scheduler
+from regional_node.engine.sequence import Sequence
+
+LIMITS = QueueLimits(max_waiting_tokens={"interactive": 400, "batch": 1000}, max_retry_after_s=30)
+
+
+def refusal(waiting: dict[str, int], tier: str, tokens: int, drain: float, limits: QueueLimits = LIMITS):
+    with pytest.raises(QueueFullError) as caught:
+        check(limits, waiting, tier, tokens, drain)
+    return caught.value
+
+
+def test_a_request_that_would_pass_its_tiers_bound_is_refused_and_others_are_not() -> None:
+    waiting = {"interactive": 0, "batch": 900}
+    check(LIMITS, waiting, "batch", 100, 50.0)  # exactly at the bound: admitted
+    error = refusal(waiting, "batch", 101, 50.0)
+    assert (error.tier, error.reason) == ("batch", "queue_tokens")
+    # Only batch's bound is hit: interactive has its own.
+    check(LIMITS, waiting, "interactive", 300, 50.0)
+
+
+def test_retry_after_is_the_time_to_drain_what_blocks_the_request() -> None:
+    # 900 batch tokens wait; 200 more fit once the queue is down to 800: 100 tokens at 50/s.
+    assert refusal({"interactive": 0, "batch": 900}, "batch", 200, 50.0).retry_after_s == 2
+    # Interactive tokens are served before any batch token, so they come first.
+    assert refusal({"interactive": 300, "batch": 900}, "batch", 200, 50.0).retry_after_s == 8
+    # But batch tokens never delay an interactive request.
+    assert refusal({"interactive": 390, "batch": 900}, "interactive", 20, 5.0).retry_after_s == 2
+
+
+def test_retry_after_is_at_least_one_second_and_capped() -> None:
+    assert refusal({"interactive": 0, "batch": 1000}, "batch", 1, 1e6).retry_after_s == 1
+    assert refusal({"interactive": 0, "batch": 1000}, "batch", 500, 1.0).retry_after_s == 30
+    # No measured rate yet: the wait is unknown, so the cap.
+    assert refusal({"interactive": 0, "batch": 1000}, "batch", 1, 0.0).retry_after_s == 30
+    assert retry_after_s(0, 10.0, 30) == 1 and retry_after_s(301, 10.0, 30) == 30
+
+
+def test_an_empty_queue_takes_a_request_longer_than_the_bound() -> None:
+    check(LIMITS, {"interactive": 0, "batch": 0}, "batch", 5000, 50.0)
+    # On a non-empty queue it waits for the whole queue to go.
+    assert refusal({"interactive": 0, "batch": 10}, "batch", 5000, 5.0).retry_after_s == 2
+
+
+def test_a_tier_without_a_bound_takes_anything() -> None:
+    limits = QueueLimits(max_waiting_tokens={"interactive": 10})
+    check(limits, {"interactive": 0, "batch": 10**9}, "batch", 10**6, 1.0)
+
+
+def test_a_wait_limit_refuses_on_the_estimated_wait_of_the_tokens_ahead() -> None:
+    limits = QueueLimits(max_wait_s={"interactive": 2.0}, max_retry_after_s=60)
+    # 300 interactive tokens ahead at 100 tokens/s: 3 s > 2 s; 1 s until it is 2 s.
+    error = refusal({"interactive": 300, "batch": 0}, "interactive", 1, 100.0, limits)
+    assert (error.reason, error.retry_after_s) == ("queue_wait", 1)
+    # Batch tokens are not ahead of an interactive request.
+    check(limits, {"interactive": 100, "batch": 10**6}, "interactive", 1, 100.0)
+    # Without a measured rate the wait is unknown, not long: admitted.
+    check(limits, {"interactive": 10**6, "batch": 0}, "interactive", 1, 0.0)
+
+
+def test_tokens_ahead_and_the_estimated_wait_follow_tier_priority() -> None:
+    waiting = {"interactive": 100, "batch": 300}
+    assert (tokens_ahead(waiting, "interactive"), tokens_ahead(waiting, "batch")) == (100, 400)
+    assert estimated_wait_s(400, 100.0, 60) == 4.0
+    assert estimated_wait_s(0, 0.0, 60) == 0.0  # nothing waits: no wait, rate or not
+    assert estimated_wait_s(400, 0.0, 60) == 60.0  # a queue and no measured rate: the cap
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_drain_rate_is_tokens_over_the_recent_window_and_falls_to_zero_when_idle() -> None:
+    clock = Clock()
+    meter = DrainMeter(window_s=5.0, clock=clock)
+    assert meter.rate() == 0.0  # never stepped
+    for _ in range(4):  # four 0.5 s steps of 100 tokens, back to back
+        meter.record(clock.now, clock.now + 0.5, 100)
+        clock.now += 0.5
+    assert meter.rate() == pytest.approx(200.0)
+    clock.now += 1.0  # idle time inside the window counts: throughput, not step speed
+    assert meter.rate() == pytest.approx(400 / 3.0)
+    clock.now += 5.0  # every step has left the window: idle reads 0, not the last busy rate
+    assert meter.rate() == 0.0
+
+
+def test_after_an_idle_spell_the_rate_starts_from_the_first_new_step() -> None:
+    clock = Clock()
+    meter = DrainMeter(window_s=5.0, clock=clock)
+    meter.record(clock.now, clock.now + 0.1, 10)
+    clock.now += 60.0
+    meter.record(clock.now, clock.now + 0.25, 500)
+    clock.now += 0.25
+    assert meter.rate() == pytest.approx(2000.0)
+
+
+def _seq(request_id: str, prompt_len: int, priority: str) -> Sequence:
+    return Sequence(
+        request_id=request_id,
+        token_ids=list(range(prompt_len)),
+        num_prompt_tokens=prompt_len,
+        max_tokens=8,
+        priority=priority,  # type: ignore[arg-type]
+    )
+
+
+def test_the_waiting_queue_counts_tokens_per_tier_through_admission_and_preemption() -> None:
+    scheduler = Scheduler(BlockManager(5, 4), max_num_seqs=4, max_num_batched_tokens=64)
+    batch, interactive = _seq("b", 8, "batch"), _seq("i", 4, "interactive")
+    scheduler.add(batch)
+    scheduler.add(interactive)
+    assert scheduler.waiting.tokens_by_tier() == {"interactive": 4, "batch": 8}
+    preempted: list[Sequence] = []
+    for _ in range(20):  # both decode until the pool runs out and the batch sequence yields
+        out = scheduler.schedule()
+        scheduler.step_done(out)
+        for chunk in out.chunks:
+            if chunk.completes:
+                chunk.seq.token_ids.append(7)
+        if out.preempted:
+            preempted = out.preempted
+            break
+        assert scheduler.waiting.tokens_by_tier() == {"interactive": 0, "batch": 0}
+    assert preempted == [batch]
+    # It waits again with its generated tokens, which are recomputed with its prompt.
+    assert scheduler.waiting.tokens_by_tier() == {"interactive": 0, "batch": batch.num_tokens}
+    assert batch.num_tokens > 8 and scheduler.waiting.num_tokens == batch.num_tokens
+    scheduler.finish(batch)
+    assert scheduler.waiting.tokens_by_tier() == {"interactive": 0, "batch": 0}
