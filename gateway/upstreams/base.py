@@ -33,6 +33,12 @@ class UpstreamError(Exception):
         self.body = body
         self.retry_after = retry_after
 
+    @property
+    def at_capacity(self) -> bool:
+        """The target is up but refused the request for load: a 429, or a 503 with Retry-After
+        (a node's queue bound, `overloaded`; a model still loading)."""
+        return self.status_code == 429 or (self.status_code == 503 and self.retry_after is not None)
+
 
 class Upstream(Protocol):
     # Reports each chunk's token ids and accepts `continuation_token_ids`, so a broken stream can

@@ -40,7 +40,7 @@ class UpstreamsExhausted(Exception):
         self.message = message
 
     def all_at_capacity(self) -> bool:
-        return bool(self.failures) and all(error.status_code == 429 for _, error in self.failures)
+        return bool(self.failures) and all(error.at_capacity for _, error in self.failures)
 
     def retry_after_s(self) -> float | None:
         """The soonest Retry-After any busy target gave, if all were busy and any gave one."""

@@ -56,6 +56,10 @@ def verdict(error: BaseException) -> tuple[Outcome, float | None]:
         return Outcome.NEUTRAL, None  # the request, not the target, was the problem
     if error.status_code == 429:
         return Outcome.RATE_LIMITED, error.retry_after
+    if error.at_capacity:
+        # A node refusing by its queue bound is busy, not broken: no verdict, or one tier's full
+        # queue would eject the node for every tier. Its /load report steers routing meanwhile.
+        return Outcome.NEUTRAL, None
     if error.status_code >= 500 or error.status_code == 408:
         return Outcome.FAILURE, None  # 5xx, connect error (502), timeout (504, 408)
     return Outcome.SUCCESS, None  # any other 4xx: the target answered, it is alive
