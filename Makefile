@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: up test lint bench loadtest venv clean
+.PHONY: up test lint bench loadtest drill venv clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,12 @@ bench: $(STAMP)
 	$(PY) benchmarks/gateway_overhead.py
 
 # Locust against a running `make up` (another terminal); MERIDIAN_API_KEY selects the tenant.
+# The overload drill (issue 14) against a running `make up`: steady mix, 20x spike, back; writes
+# .meridian/drill/drill.json and drill.png and fails unless every criterion holds.
+drill: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[loadtest]'
+	$(PY) loadtests/spike_drill.py
+
 loadtest: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[loadtest]'
 	$(VENV)/bin/locust -f loadtests/locustfile.py --host http://127.0.0.1:8080 --headless -u 16 -r 4 -t 60s

@@ -103,6 +103,43 @@ class TokenEstimateConfig(_Section):
             raise ValueError("bytes_per_token: must be positive")
 
 
+class TierAdmissionConfig(_Section):
+    """One traffic tier's admission: its target and its gateway queue (gateway/admission)."""
+
+    # Admit while the pool's estimated queueing delay (router/overload.py) is at most this.
+    target_ttft_s: Positive
+    # Longest wait in the gateway queue before a 429 `overloaded`; 0: refuse at once, never queue.
+    queue_deadline_s: NonNegative
+    # Requests waiting in this tier's gateway queue (all tenants); one more is refused at once.
+    max_queue: Annotated[int, msgspec.Meta(ge=0)]
+
+
+class AdmissionConfig(_Section):
+    """Tier-aware admission against a time-to-first-token target (gateway/README.md, "Overload")."""
+
+    enabled: bool = True
+    interactive: TierAdmissionConfig = msgspec.field(
+        default_factory=lambda: TierAdmissionConfig(target_ttft_s=1.0, queue_deadline_s=2.0, max_queue=256)
+    )
+    batch: TierAdmissionConfig = msgspec.field(
+        default_factory=lambda: TierAdmissionConfig(target_ttft_s=60.0, queue_deadline_s=30.0, max_queue=1024)
+    )
+    # The drain rate assumed for a node that reports none yet (tokens/s of prompt + generation).
+    fallback_drain_tokens_per_s: Positive = 1000.0
+    # How often a request in the gateway queue looks at the estimate again (nodes report once per
+    # probe interval; a finished request also wakes the queue at once).
+    recheck_interval_s: Positive = 0.05
+    # Cap on the Retry-After a refusal carries (the estimated time until the pool is under target).
+    max_retry_after_s: Annotated[int, msgspec.Meta(ge=1)] = 30
+
+    def __post_init__(self) -> None:
+        if self.batch.target_ttft_s < self.interactive.target_ttft_s:
+            raise ValueError("batch.target_ttft_s: must be at least interactive.target_ttft_s")
+
+    def tier(self, tier: str) -> TierAdmissionConfig:
+        return self.interactive if tier == "interactive" else self.batch
+
+
 class StaticDirectoryConfig(_Section, frozen=True, tag_field="type", tag="static"):
     """`directory: {type: static, file: regions.yaml}`: the fleet is the regions file's nodes."""
 
@@ -149,6 +186,7 @@ class GatewayConfig(_Section):
     retry: RetryConfig = msgspec.field(default_factory=RetryConfig)
     ejection: EjectionConfig = msgspec.field(default_factory=EjectionConfig)
     token_estimate: TokenEstimateConfig = msgspec.field(default_factory=TokenEstimateConfig)
+    admission: AdmissionConfig = msgspec.field(default_factory=AdmissionConfig)
     # What the gateway's HTTP server allows its clients (http_server/limits.py documents each).
     server: ServerLimits = msgspec.field(default_factory=ServerLimits)
     # Where this config came from, for error messages and resolving relative paths; not in YAML.

@@ -54,6 +54,44 @@ class GatewayMetrics:
             ["tenant", "kind"],
             registry=r,
         )
+        # Overload (gateway/admission). Shed and degraded are two counters, not one with an outcome
+        # label: a shed request was refused and a degraded one was served, so alerts and
+        # dashboards read them apart; and only a shed has a reason.
+        self.shed = Counter(
+            "meridian_gateway_shed",
+            "Requests refused by admission (429 overloaded) before any upstream call, by reason: "
+            "queue_full (the tier's gateway queue was full), deadline (waited queue_deadline_s), "
+            "over_target (the tier does not queue).",
+            ["tenant", "tier", "reason"],
+            registry=r,
+        )
+        self.degraded = Counter(
+            "meridian_gateway_degraded",
+            "Requests served by the small tier because their model's pool was over the tier's target.",
+            ["tenant", "tier"],
+            registry=r,
+        )
+        self.queue_length = Gauge(
+            "meridian_gateway_queue_length",
+            "Requests waiting in the gateway's admission queue, per traffic tier.",
+            ["tier"],
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "meridian_gateway_queue_wait_seconds",
+            "Time requests spent in the gateway's admission queue, per traffic tier and outcome "
+            "(admitted, shed).",
+            ["tier", "outcome"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.pool_wait = Gauge(
+            "meridian_gateway_pool_queue_wait_seconds",
+            "Estimated queueing delay before a new request's first step, per model pool and traffic "
+            "tier, over the whole fleet (router/overload.py); computed when scraped.",
+            ["model", "tier"],
+            registry=r,
+        )
         self.node_ready = Gauge(
             "meridian_gateway_node_ready",
             "1 when the node's last /ready probe answered 200.",

@@ -2,6 +2,7 @@
 
 from router.affinity import rendezvous_rank
 from router.errors import ModelNotAllowedError, RoutingError, UnknownModelError
+from router.overload import PoolWait, node_wait_s, pool_wait
 from router.params import DEFAULT_PARAMS, RoutingParams
 from router.retry import MAX_ATTEMPTS_BOUND, RetryPolicy, backoff_delays, next_targets
 from router.route import route
@@ -10,6 +11,7 @@ from router.types import (
     AUTO_MODEL,
     CatalogModel,
     FleetSnapshot,
+    ModelQueue,
     NodeInfo,
     NodeLoad,
     ProviderInfo,
@@ -30,8 +32,10 @@ __all__ = [
     "CatalogModel",
     "FleetSnapshot",
     "ModelNotAllowedError",
+    "ModelQueue",
     "NodeInfo",
     "NodeLoad",
+    "PoolWait",
     "ProviderInfo",
     "Residency",
     "RetryPolicy",
@@ -47,6 +51,8 @@ __all__ = [
     "backoff_delays",
     "degrade_model",
     "next_targets",
+    "node_wait_s",
+    "pool_wait",
     "rendezvous_rank",
     "resolve_model",
     "route",

@@ -3,7 +3,9 @@
 Pure: the same inputs always give the same decision, so a trace can show and replay it.
 Order of the result: the model's nodes (see router.ordering), then — when the model has no
 unsaturated node and the policy allows it — small-tier nodes marked "degraded", then commercial
-providers when the policy allows them. Every target on every list is inside the tenant's residency
+providers when the policy allows them. A request admission already degraded (`degraded_from`: its
+pool was over its tier's target, gateway/admission) is routed to the small model it names, every
+target marked "degraded". Every target on every list is inside the tenant's residency
 (router.candidates screens before anything else looks).
 """
 
@@ -52,7 +54,12 @@ def route(
 
     nodes = screen_nodes(fleet.nodes, model=request.model, **screen)
     primary = order_nodes(
-        nodes.admitted, model=request.model, affinity_key=affinity_key, params=params, **where
+        nodes.admitted,
+        model=request.model,
+        affinity_key=affinity_key,
+        params=params,
+        reason_prefix="degraded;" if request.degraded_from else "",
+        **where,
     )
 
     degraded: tuple[Target, ...] = ()
@@ -89,9 +96,7 @@ def route(
         )
     return RouteDecision(
         targets=targets,
-        reason=_decision_reason(
-            request.model, policy, preferred_region, primary, degraded, commercial, small
-        ),
+        reason=_decision_reason(request, policy, preferred_region, primary, degraded, commercial, small),
     )
 
 
@@ -104,7 +109,7 @@ def _affinity_key(request: RouteRequest, policy: TenantPolicy) -> str:
 
 
 def _decision_reason(
-    model: str,
+    request: RouteRequest,
     policy: TenantPolicy,
     preferred_region: str,
     primary: tuple[Target, ...],
@@ -112,8 +117,14 @@ def _decision_reason(
     commercial: tuple[Target, ...],
     small: CatalogModel | None,
 ) -> str:
+    model = request.model
     parts = [
         f"model={model}",
+        *(
+            [f"degraded from {request.degraded_from} (its pool is over the target)"]
+            if request.degraded_from
+            else []
+        ),
         f"residency={policy.residency.describe()}",
         f"preferred={preferred_region}",
         _count(len(primary), "node"),

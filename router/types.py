@@ -6,6 +6,7 @@ region directory and load reports) and by the pure routing functions.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -83,6 +84,16 @@ class CatalogModel:
 
 
 @dataclass(frozen=True)
+class ModelQueue:
+    """One model's queue on a node (the per-model entry of `/load`), as admission reads it."""
+
+    waiting_tokens: int = 0  # every tier's
+    waiting_tokens_by_tier: Mapping[str, int] = field(default_factory=dict)  # empty: not reported
+    queue_bound_tokens: Mapping[str, int] = field(default_factory=dict)  # per tier; absent: unbounded
+    drain_tokens_per_s: float = 0.0  # 0: not measured yet
+
+
+@dataclass(frozen=True)
 class NodeLoad:
     """A node's `/load` report, as routing uses it."""
 
@@ -90,6 +101,7 @@ class NodeLoad:
     waiting_tokens: int = 0
     num_running: int = 0
     num_waiting: int = 0
+    models: Mapping[str, ModelQueue] = field(default_factory=dict)  # by logical model name
 
 
 @dataclass(frozen=True)
@@ -132,6 +144,9 @@ class RouteRequest:
     client_region: str | None = None  # x-meridian-client-region
     affinity_key: str = ""  # start of the prompt, for prefix-cache affinity
     exclude: frozenset[str] = frozenset()  # target ids already tried (retries)
+    # Set when admission sent the request to `model` (the small tier) because the pool of this
+    # model, the one it asked for, was over its traffic tier's target: reasons say "degraded".
+    degraded_from: str | None = None
 
 
 @dataclass(frozen=True)

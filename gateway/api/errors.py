@@ -1,6 +1,6 @@
 """The one place where anything raised on the gateway's request path becomes an HTTP answer.
 
-Domain errors (quota denied, quota store unavailable, no route, every upstream failed) are plain
+Domain errors (overloaded, quota denied, quota store unavailable, no route, every upstream failed) are plain
 exceptions of their packages; here they become OpenAI-format error bodies with the right status
 and headers. Nothing else in the gateway builds an error response, and no handler ever leaks a
 stack trace.
@@ -15,6 +15,7 @@ from typing import Any
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 
+from gateway.admission.errors import Overloaded
 from gateway.quota.errors import QuotaExceeded, QuotaUnavailable, RequestTooLarge
 from gateway.quota.headers import retry_after_headers
 from gateway.request.context import CallContext
@@ -38,6 +39,8 @@ def to_api_error(exc: BaseException, *, request_id: str = "-") -> APIError:
     """The client-facing error for `exc`; an unexpected one is logged (with its request id)."""
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, Overloaded):
+        return RateLimitError(exc.message, code="overloaded", headers={"retry-after": str(exc.retry_after_s)})
     if isinstance(exc, NoRouteError):
         return ServiceUnavailableError(exc.message, code="no_region_available")
     if isinstance(exc, UpstreamsExhausted):

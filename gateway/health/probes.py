@@ -23,7 +23,7 @@ from gateway.discovery.interface import RegionDirectory
 from gateway.runtime.tasks import cancel_and_wait
 from gateway.upstreams.http1 import ConnectionPool, TransportError, split_url
 from protocol.load import LoadReport
-from router.types import NodeInfo, NodeLoad
+from router.types import ModelQueue, NodeInfo, NodeLoad
 
 logger = logging.getLogger(__name__)
 
@@ -121,4 +121,14 @@ class NodeProber:
             waiting_tokens=report.waiting_tokens,
             num_running=report.num_running,
             num_waiting=report.num_waiting,
+            # Each model's queue, for admission's queueing-delay estimate (router/overload.py).
+            models={
+                name: ModelQueue(
+                    waiting_tokens=m.waiting_tokens,
+                    waiting_tokens_by_tier=m.waiting_tokens_by_tier,
+                    queue_bound_tokens=m.queue_bound_tokens,
+                    drain_tokens_per_s=m.drain_tokens_per_s,
+                )
+                for name, m in report.per_model.items()
+            },
         )

@@ -1,11 +1,13 @@
 """The request path every front door shares, top to bottom:
 
-    authenticate → plan → admit → route → failover → relay → settle
+    authenticate → plan → admission → quota → route → failover → relay → settle
 
 Front doors (gateway/api) parse their wire format into the protocol's request structs and call
 `complete` or `stream`; they get OpenAI response dicts or a `ServedStream` of chunk dicts back,
 and the response headers in `CallContext.headers`. Calls only go down: the relay reports a broken
-stream and this module decides whether and where it continues. Errors are raised as they are
+stream and this module decides whether and where it continues. Admission (gateway/admission) comes
+before the quota and any upstream call, so a request it sheds costs almost nothing and holds no
+reservation; it may also degrade the request to the small tier. Errors are raised as they are
 (protocol APIErrors for invalid requests, domain errors for quota and routing); the API edge maps
 them to HTTP once. Quota is settled exactly once per admitted request, with real usage, however
 the request ends.
@@ -13,6 +15,7 @@ the request ends.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -20,6 +23,7 @@ from collections.abc import AsyncGenerator, Mapping
 from contextlib import AsyncExitStack
 from typing import Any
 
+from gateway.admission import AdmissionController, Ticket
 from gateway.config import GatewayConfig
 from gateway.metrics import GatewayMetrics
 from gateway.policy import PolicyStore
@@ -63,19 +67,20 @@ class RequestPipeline:
         self._fleet = fleet
         self._failover = forwarder
         self._metrics = metrics
+        self.admission = AdmissionController(config.admission, fleet.snapshot, self._catalog, metrics)
 
     # -- the two request shapes ---------------------------------------------------------------
 
     async def complete(
         self, ctx: CallContext, endpoint: Endpoint, request: ParsedRequest, body: dict[str, Any]
     ) -> dict[str, Any]:
-        plan = self._plan(ctx, endpoint, request, body)
-        admission = await self._admit(ctx, plan)
+        plan, ticket = await self._admit_load(ctx, self._plan(ctx, endpoint, request, body))
+        admission = await self._admit_quota(ctx, plan, ticket)
         # Charged only for what was served: a request that failed on every target gets its
         # tokens back (the request itself still counts against requests/min).
         served_tokens = 0
         try:
-            targets = self._route(ctx, plan.model.name, plan.affinity_key)
+            targets = self._route(ctx, plan)
             async with LeaseKeeper(self._quota, admission):
                 target, result, attempts = await self._failover.complete(
                     targets, endpoint, lambda t: plan.body_for(t, stream=False), self._node_headers(ctx)
@@ -90,6 +95,7 @@ class RequestPipeline:
                     choice.pop("token_ids", None)
             return result
         finally:
+            ticket.release()
             await self._settle(admission, served_tokens)
 
     async def stream(
@@ -98,8 +104,8 @@ class RequestPipeline:
         """Opens the stream (failing over until a first chunk arrives), so that errors before the
         first byte are ordinary HTTP errors. What the stream holds is registered on one exit
         stack as it is taken; the returned ServedStream owns it from then on."""
-        plan = self._plan(ctx, endpoint, request, body)
-        admission = await self._admit(ctx, plan)
+        plan, ticket = await self._admit_load(ctx, self._plan(ctx, endpoint, request, body))
+        admission = await self._admit_quota(ctx, plan, ticket)
         owned = AsyncExitStack()
         relay: StreamRelay | None = None
 
@@ -108,11 +114,13 @@ class RequestPipeline:
 
         try:
             owned.push_async_callback(settle)
+            owned.callback(ticket.release)
             await owned.enter_async_context(LeaseKeeper(self._quota, admission))
-            targets = self._route(ctx, plan.model.name, plan.affinity_key)
+            targets = self._route(ctx, plan)
             opened = await self._failover.open_stream(
                 targets, endpoint, lambda t: plan.body_for(t, stream=True), self._node_headers(ctx)
             )
+            ticket.release()  # the first chunk is here: the prompt has left the node's queue
             relay = StreamRelay(opened, plan)
             owned.push_async_callback(relay.aclose)
         except BaseException:
@@ -148,24 +156,41 @@ class RequestPipeline:
         ctx.headers["x-meridian-model"] = plan.model.name
         return plan
 
-    async def _admit(self, ctx: CallContext, plan: RequestPlan) -> Admission:
+    async def _admit_load(self, ctx: CallContext, plan: RequestPlan) -> tuple[RequestPlan, Ticket]:
+        """Admission against the tier's target (may wait in the gateway queue; raises Overloaded).
+        A degraded request is planned for the small tier from here on, continuations included."""
         assert ctx.tenant is not None
-        admission = await self._quota.admit(
-            ctx.tenant, request_id=ctx.request_id, estimated_tokens=plan.estimated_tokens
-        )
+        admitted = await self.admission.admit(ctx.tenant, plan.model, plan.prompt_tokens_estimate)
+        if admitted.degraded_from is not None:
+            plan = dataclasses.replace(plan, model=admitted.model, degraded_from=admitted.degraded_from)
+            ctx.model = plan.model.name
+            ctx.headers["x-meridian-model"] = plan.model.name
+        return plan, admitted.ticket
+
+    async def _admit_quota(self, ctx: CallContext, plan: RequestPlan, ticket: Ticket) -> Admission:
+        assert ctx.tenant is not None
+        try:
+            admission = await self._quota.admit(
+                ctx.tenant, request_id=ctx.request_id, estimated_tokens=plan.estimated_tokens
+            )
+        except BaseException:
+            ticket.release()
+            raise
         ctx.headers.update(admission.headers)
         return admission
 
     def _route(
-        self, ctx: CallContext, model: str, affinity: str, exclude: frozenset[str] = frozenset()
+        self, ctx: CallContext, plan: RequestPlan, exclude: frozenset[str] = frozenset()
     ) -> tuple[Target, ...]:
         assert ctx.tenant is not None
+        model = plan.model.name
         request = RouteRequest(
             model=model,
             home_region=self._config.home_region,
             client_region=ctx.client_region,
-            affinity_key=affinity,
+            affinity_key=plan.affinity_key,
             exclude=exclude,
+            degraded_from=plan.degraded_from,
         )
         decision = route(request, ctx.tenant, self._fleet.snapshot(), catalog=self._catalog)
         if not decision.targets:
@@ -219,7 +244,7 @@ class RequestPipeline:
         model = plan.model.name
         targets = [
             t
-            for t in self._route(ctx, model, plan.affinity_key, exclude)
+            for t in self._route(ctx, plan, exclude)
             if t.model == model and self._fleet.upstream_for(t).token_exact
         ]
         if not targets:

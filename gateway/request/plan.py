@@ -51,6 +51,9 @@ class RequestPlan:
     wants_token_ids: bool  # the client asked for token ids itself
     affinity_key: str
     n: int
+    # The model the client asked for when admission degraded the request to `model`, the small
+    # tier (gateway/admission): routing marks its targets "degraded".
+    degraded_from: str | None = None
 
     def body_for(self, target: Target, *, stream: bool) -> dict[str, Any]:
         """The body `target` gets. Streams always ask for usage and token ids: usage settles the

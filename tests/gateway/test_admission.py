@@ -1,0 +1,278 @@
+"""The admission controller (gateway/admission), on injected load snapshots and an injected clock.
+
+Load is stated as waiting tokens on nodes that report no drain rate, so the fallback rate of
+1000 tokens/s applies: 3000 waiting tokens are a 3 s estimate against the 1 s interactive target.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import pytest
+
+from gateway.admission import AdmissionController, Admitted, Overloaded
+from gateway.config import AdmissionConfig
+from gateway.metrics import GatewayMetrics
+from router.types import (
+    CatalogModel,
+    FleetSnapshot,
+    ModelQueue,
+    NodeInfo,
+    NodeLoad,
+    Residency,
+    TenantPolicy,
+)
+
+SMALL = CatalogModel("meridian-small", "small")
+LARGE = CatalogModel("meridian-large", "large")
+CATALOG = (SMALL, LARGE)
+
+
+def tenant(
+    tenant_id: str, *, tier: str = "interactive", degrade: bool = False, eu: bool = False
+) -> TenantPolicy:
+    return TenantPolicy(
+        tenant_id=tenant_id,
+        api_key_hashes=frozenset(),
+        traffic_tier=tier,  # type: ignore[arg-type]
+        allow_degrade=degrade,
+        residency=Residency(jurisdictions=frozenset({"eu"})) if eu else Residency(),
+    )
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Fleet:
+    """The fleet snapshot admission reads: one node per (model, region), waiting tokens settable."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[tuple[str, str], int] = {(LARGE.name, "eu-west"): 0, (SMALL.name, "eu-west"): 0}
+
+    def __call__(self) -> FleetSnapshot:
+        nodes = []
+        for (model, region), waiting in self.waiting.items():
+            load = NodeLoad(waiting_tokens=waiting, models={model: ModelQueue(waiting_tokens=waiting)})
+            jurisdiction = "eu" if region.startswith("eu") else "us"
+            nodes.append(
+                NodeInfo(f"{model}@{region}", "http://x", region, jurisdiction, frozenset({model}), load=load)
+            )
+        return FleetSnapshot(nodes=tuple(nodes))
+
+
+@dataclass
+class Setup:
+    controller: AdmissionController
+    clock: Clock
+    fleet: Fleet
+    metrics: GatewayMetrics
+
+    def metric(self, name: str, **labels: str) -> float:
+        return self.metrics.registry.get_sample_value(name, labels) or 0.0
+
+    def waiting(self, tier: str = "interactive") -> float:
+        return self.metric("meridian_gateway_queue_length", tier=tier)
+
+
+def setup(**config: Any) -> Setup:
+    settings = {
+        "interactive": {"target_ttft_s": 1.0, "queue_deadline_s": 2.0, "max_queue": 8},
+        "batch": {"target_ttft_s": 60.0, "queue_deadline_s": 30.0, "max_queue": 8},
+        "recheck_interval_s": 0.01,
+        **config,
+    }
+    clock, fleet, metrics = Clock(), Fleet(), GatewayMetrics()
+    controller = AdmissionController(
+        msgspec.convert(settings, AdmissionConfig), fleet, CATALOG, metrics, clock=clock
+    )
+    return Setup(controller, clock, fleet, metrics)
+
+
+async def queued(
+    s: Setup, policy: TenantPolicy, model: CatalogModel = LARGE, tokens: int = 10
+) -> asyncio.Task[Admitted]:
+    """Start an admission that must wait; returns its task once it is in the queue."""
+    task = asyncio.create_task(s.controller.admit(policy, model, tokens))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not task.done(), "expected the request to wait in the queue"
+    return task
+
+
+async def test_admitted_while_the_estimate_is_within_the_target() -> None:
+    s = setup()
+    s.fleet.waiting[(LARGE.name, "eu-west")] = 1000  # 1 s: at the target
+
+    admitted = await s.controller.admit(tenant("a"), LARGE, 10)
+
+    assert admitted.model == LARGE and admitted.degraded_from is None
+
+
+async def test_over_target_an_allow_degrade_tenant_is_served_by_the_small_tier() -> None:
+    s = setup()
+    s.fleet.waiting[(LARGE.name, "eu-west")] = 3000
+
+    admitted = await s.controller.admit(tenant("a", degrade=True), LARGE, 10)
+
+    assert (admitted.model, admitted.degraded_from) == (SMALL, LARGE.name)
+    assert s.metric("meridian_gateway_degraded_total", tenant="a", tier="interactive") == 1
+
+
+async def test_degrade_only_to_a_small_pool_inside_the_residency_and_under_the_target() -> None:
+    s = setup()
+    s.fleet.waiting = {(LARGE.name, "eu-west"): 3000, (SMALL.name, "us-east"): 0}
+
+    task = await queued(s, tenant("eu", degrade=True, eu=True))
+    s.fleet.waiting[(LARGE.name, "eu-west")] = 0
+    s.controller.pump()
+
+    assert (await task).degraded_from is None
+
+
+async def test_over_target_others_wait_and_are_admitted_when_the_estimate_drops() -> None:
+    s = setup()
+    s.fleet.waiting[(LARGE.name, "eu-west")] = 3000
+
+    task = await queued(s, tenant("a"))
+    assert s.waiting() == 1
+    s.clock.now += 1.5
+    s.fleet.waiting[(LARGE.name, "eu-west")] = 500
+    s.controller.pump()
+
+    assert (await task).model == LARGE
+    assert s.waiting() == 0
+    assert s.metric("meridian_gateway_queue_wait_seconds_sum", tier="interactive", outcome="admitted") == 1.5
+
+
+async def test_past_the_deadline_a_waiter_is_refused_with_retry_after() -> None:
+    s = setup()
+    s.fleet.waiting[(LARGE.name, "eu-west")] = 3500
+
+    task = await queued(s, tenant("a"))
+    s.clock.now += 2.0
+    s.controller.pump()
+
+    with pytest.raises(Overloaded) as refused:
+        await task
+    assert refused.value.reason == "deadline"
+    assert refused.value.retry_after_s == 3  # ceil(3.5 s - 1 s target)
+    assert s.metric("meridian_gateway_shed_total", tenant="a", tier="interactive", reason="deadline") == 1
+    assert s.waiting() == 0
+
+
+async def test_a_full_queue_refuses_at_once() -> None:
+    s = setup(interactive={"target_ttft_s": 1.0, "queue_deadline_s": 2.0, "max_queue": 1})
+    s.fleet.waiting[(LARGE.name, "eu-west")] = 3000
+    first = await queued(s, tenant("a"))
+
+    with pytest.raises(Overloaded) as refused:
+        await s.controller.admit(tenant("b"), LARGE, 10)
+
+    assert refused.value.reason == "queue_full" and refused.value.retry_after_s == 2
+    assert not first.done()
+    first.cancel()
+
+
+async def test_a_tier_that_does_not_queue_refuses_at_once() -> None:
+    s = setup(interactive={"target_ttft_s": 1.0, "queue_deadline_s": 0, "max_queue": 8})
+    s.fleet.waiting[(LARGE.name, "eu-west")] = 3000
+
+    with pytest.raises(Overloaded) as refused:
+        await s.controller.admit(tenant("a"), LARGE, 10)
+
+    assert refused.value.reason == "over_target"
+
+
+async def test_tenants_take_turns_in_the_queue() -> None:
+    s = setup()
+    s.fleet.waiting[(LARGE.name, "eu-west")] = 3000
+    greedy = [await queued(s, tenant("greedy"), tokens=600) for _ in range(3)]
+    modest = await queued(s, tenant("modest"), tokens=600)
+
+    # Idle again: room for two 600-token prompts under the 1 s target (pending tokens count).
+    s.fleet.waiting[(LARGE.name, "eu-west")] = 0
+    s.controller.pump()
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+    assert [t.done() for t in greedy] == [True, False, False]
+    assert modest.done()
+    for task in greedy[1:]:
+        task.cancel()
+
+
+async def test_admitted_tokens_count_until_the_first_token_then_free_the_queue() -> None:
+    s = setup()
+    first = await s.controller.admit(tenant("a"), LARGE, 1500)
+
+    second = await queued(s, tenant("b"), tokens=10)  # 1500 pending tokens: 1.5 s
+    first.ticket.release()
+
+    assert (await second).model == LARGE
+
+
+async def test_batch_is_held_back_while_interactive_requests_wait() -> None:
+    s = setup()
+    s.fleet.waiting[(LARGE.name, "eu-west")] = 3000
+    interactive = await queued(s, tenant("i"))
+
+    # The small pool is idle, but an interactive request waits in the gateway: batch waits too.
+    batch = await queued(s, tenant("b", tier="batch"), SMALL)
+    s.fleet.waiting[(LARGE.name, "eu-west")] = 0
+    s.controller.pump()
+
+    assert (await interactive).model == LARGE
+    assert (await batch).model == SMALL
+
+
+async def test_batch_waits_while_the_pool_is_over_the_interactive_target() -> None:
+    s = setup()
+    s.fleet.waiting[(LARGE.name, "eu-west")] = 3000  # 3 s: far under batch's 60 s target
+
+    batch = await queued(s, tenant("b", tier="batch"))
+    assert s.waiting("batch") == 1
+    s.fleet.waiting[(LARGE.name, "eu-west")] = 0
+    s.controller.pump()
+
+    assert (await batch).model == LARGE
+
+
+async def test_a_client_that_leaves_leaves_the_queue() -> None:
+    s = setup()
+    s.fleet.waiting[(LARGE.name, "eu-west")] = 3000
+    task = await queued(s, tenant("a"))
+
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    assert s.waiting() == 0
+
+
+async def test_no_pool_at_all_is_left_to_routing() -> None:
+    s = setup()
+    s.fleet.waiting = {}
+
+    assert (await s.controller.admit(tenant("a"), LARGE, 10)).model == LARGE
+
+
+async def test_disabled_admission_admits_everything() -> None:
+    s = setup(enabled=False)
+    s.fleet.waiting[(LARGE.name, "eu-west")] = 10**9
+
+    assert (await s.controller.admit(tenant("a"), LARGE, 10)).model == LARGE
+
+
+async def test_the_pool_estimate_is_exported_per_model() -> None:
+    s = setup()
+    s.fleet.waiting[(LARGE.name, "eu-west")] = 2500
+
+    assert s.metric("meridian_gateway_pool_queue_wait_seconds", model=LARGE.name, tier="interactive") == 2.5

@@ -1,0 +1,165 @@
+"""Overload with real nodes: the large pool over its target, the small tier taking allow_degrade
+tenants, everyone else refused early with 429 `overloaded` + Retry-After, residency intact.
+
+Deterministic saturation: the nodes run one sequence at a time (`--max-num-seqs 1`) and every
+large engine is kept busy by several requests sent straight to it, so a request always waits in
+each large queue; the interactive target is a millisecond, so any waiting token passes it. The
+small engines get only this test's sequential requests, so nothing waits there.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.policy import key_digest
+from router.types import Residency, TenantPolicy
+from tests.gateway.conftest import (
+    AUTH,
+    NodeProcess,
+    RunningGateway,
+    gateway_config,
+    run_gateway,
+    start_nodes,
+    write_regions,
+)
+
+LARGE, SMALL = "meridian-large", "meridian-small"
+HOGS_PER_NODE = 4
+TARGET_S = 0.001
+
+
+def policy(tenant_id: str, *, degrade: bool, eu: bool) -> TenantPolicy:
+    return TenantPolicy(
+        tenant_id=tenant_id,
+        api_key_hashes=frozenset({key_digest(f"sk-{tenant_id}")}),
+        allow_degrade=degrade,
+        residency=Residency(jurisdictions=frozenset({"eu"})) if eu else Residency(),
+    )
+
+
+TENANTS = (
+    policy("degrade", degrade=True, eu=False),
+    policy("degrade-eu", degrade=True, eu=True),
+    policy("strict", degrade=False, eu=False),
+    policy("strict-eu", degrade=False, eu=True),
+)
+
+
+class OneSeqNode(NodeProcess):
+    def command(self) -> list[str]:
+        return [*super().command(), "--max-num-seqs", "1"]
+
+
+@pytest.fixture(scope="module")
+def nodes(
+    llama_checkpoint: Path, qwen2_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[NodeProcess]]:
+    models = {SMALL: (llama_checkpoint, "small"), LARGE: (qwen2_checkpoint, "large")}
+    logs = tmp_path_factory.mktemp("node-logs")
+    fleet = [
+        OneSeqNode("eu-west-1", "eu-west", "eu", models, logs),
+        OneSeqNode("us-east-1", "us-east", "us", models, logs),
+    ]
+    try:
+        start_nodes(fleet)
+        yield fleet
+    finally:
+        for node in fleet:
+            node.stop()
+
+
+@pytest.fixture(scope="module")
+def gw(nodes: list[NodeProcess], tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
+    regions = write_regions(tmp_path_factory.mktemp("gw") / "regions.yaml", nodes)
+    admission = {
+        "interactive": {"target_ttft_s": TARGET_S, "queue_deadline_s": 0.3, "max_queue": 4},
+        "batch": {"target_ttft_s": 60.0, "queue_deadline_s": 0.3, "max_queue": 4},
+    }
+    with run_gateway(gateway_config(regions, admission=admission), tenants=TENANTS) as running:
+        yield running
+
+
+@pytest.fixture
+def saturated(nodes: list[NodeProcess], gw: RunningGateway) -> Iterator[None]:
+    """Every large engine busy with a queue behind it, until the test ends (bounded: 120 s)."""
+    stop = threading.Event()
+    deadline = time.monotonic() + 120
+
+    def hog(node: NodeProcess) -> None:
+        body = {"model": LARGE, "prompt": "overload " * 32, "max_tokens": 64, "ignore_eos": True}
+        with httpx.Client(headers=AUTH, timeout=60) as client:
+            while not stop.is_set() and time.monotonic() < deadline:
+                client.post(node.url + "/v1/completions", json=body)
+
+    threads = [
+        threading.Thread(target=hog, args=(n,), daemon=True) for n in nodes for _ in range(HOGS_PER_NODE)
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for = time.monotonic() + 30
+        while (
+            gw.metric("meridian_gateway_pool_queue_wait_seconds", model=LARGE, tier="interactive") <= TARGET_S
+        ):
+            assert time.monotonic() < wait_for, "the large pool never reported a queue"
+            time.sleep(0.1)
+        yield
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=70)
+
+
+def chat(gw: RunningGateway, tenant_id: str) -> httpx.Response:
+    body = {"model": LARGE, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}
+    headers = {"authorization": f"Bearer sk-{tenant_id}"}
+    return httpx.post(gw.url + "/v1/chat/completions", json=body, headers=headers, timeout=30)
+
+
+def test_allow_degrade_tenants_are_served_by_the_small_tier_inside_their_residency(
+    gw: RunningGateway, saturated: None
+) -> None:
+    for tenant_id in ("degrade", "degrade-eu", "degrade-eu"):
+        response = chat(gw, tenant_id)
+
+        assert response.status_code == 200, response.text
+        assert response.json()["model"] == SMALL
+        assert response.headers["x-meridian-model"] == SMALL
+        assert response.headers["x-meridian-route"].startswith("degraded;")
+        if tenant_id == "degrade-eu":
+            assert response.headers["x-meridian-region"] == "eu-west"
+    assert gw.metric("meridian_gateway_degraded_total", tenant="degrade-eu", tier="interactive") == 2
+
+
+def test_other_tenants_are_refused_early_with_retry_after(gw: RunningGateway, saturated: None) -> None:
+    attempts_before = sum_attempts(gw)
+
+    for tenant_id in ("strict", "strict-eu"):
+        response = chat(gw, tenant_id)
+
+        assert response.status_code == 429, response.text
+        error = response.json()["error"]
+        assert (error["code"], error["type"]) == ("overloaded", "rate_limit_error")
+        assert int(response.headers["retry-after"]) >= 1
+        assert (
+            gw.metric("meridian_gateway_shed_total", tenant=tenant_id, tier="interactive", reason="deadline")
+            >= 1
+        )
+    # Shed before any upstream call, and holding no quota: the tenant's usage shows no request.
+    assert sum_attempts(gw) == attempts_before
+    usage = httpx.get(gw.url + "/v1/usage", headers={"authorization": "Bearer sk-strict"}, timeout=10).json()
+    assert (usage["requests"]["used"], usage["tokens"]["used"]) == (0, 0)
+
+
+def sum_attempts(gw: RunningGateway) -> float:
+    total = 0.0
+    for family in gw.gateway.metrics.registry.collect():
+        if family.name == "meridian_gateway_upstream_attempts":
+            total += sum(s.value for s in family.samples if s.name.endswith("_total"))
+    return total
