@@ -28,11 +28,18 @@ from router.types import ModelQueue, NodeInfo, NodeLoad
 logger = logging.getLogger(__name__)
 
 
+# A ready node whose /load answer is missed (a busy node can miss the short probe timeout) keeps
+# its last report for this many rounds: read as "no report" it would look idle, exactly when it
+# is busiest, and admission would pour work into it.
+_LOAD_KEPT_ROUNDS = 3
+
+
 @dataclass(frozen=True)
 class ProbeResult:
     ready: bool
     load: NodeLoad | None
     checked_at: float
+    load_at: float | None = None  # when `load` was read (earlier than checked_at if carried over)
 
 
 _load_decoder = msgspec.json.Decoder(LoadReport)
@@ -89,7 +96,19 @@ class NodeProber:
 
     async def _probe(self, node: NodeInfo) -> ProbeResult:
         ready, load = await asyncio.gather(self._ready(node), self._load(node))
-        return ProbeResult(ready=ready, load=load, checked_at=time.monotonic())
+        now = time.monotonic()
+        if load is not None:
+            return ProbeResult(ready=ready, load=load, checked_at=now, load_at=now)
+        last = self._results.get(node.node_id)
+        if (
+            ready
+            and last is not None
+            and last.load is not None
+            and last.load_at is not None
+            and now - last.load_at <= _LOAD_KEPT_ROUNDS * self._interval_s
+        ):
+            return ProbeResult(ready=ready, load=last.load, checked_at=now, load_at=last.load_at)
+        return ProbeResult(ready=ready, load=None, checked_at=now)
 
     async def _get(self, node: NodeInfo, path: str) -> tuple[int, bytes] | None:
         """(status, body) of GET `path` on the node; None if it could not be asked or answer."""

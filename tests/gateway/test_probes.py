@@ -102,3 +102,48 @@ async def test_a_node_that_does_not_answer_is_not_ready() -> None:
         assert result is not None and not result.ready and result.load is None
     finally:
         await pool.aclose()
+
+
+class _FlakyLoadNode(_Node):
+    """Answers /ready, and /load only while `load_ok` (else never, so the probe times out)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.load_ok = True
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while head := await reader.readuntil(b"\r\n\r\n"):
+                path = head.split(b" ", 2)[1]
+                if path == b"/load" and not self.load_ok:
+                    await asyncio.sleep(5)
+                    return
+                body = json.dumps({"waiting_tokens": 500} if path == b"/load" else {}).encode()
+                writer.write(b"HTTP/1.1 200 X\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+async def test_a_missed_load_report_keeps_the_last_one_for_a_few_rounds() -> None:
+    """A busy node that misses one /load answer must not look idle for that round."""
+    fake = _FlakyLoadNode()
+    server = await asyncio.start_server(fake.handle, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    pool = ConnectionPool(connect_timeout_s=0.2)
+    prober = NodeProber(_Directory([_node("busy", url)]), pool, interval_s=10.0, timeout_s=0.2, headers={})
+    try:
+        async with server:
+            await prober.probe_all()
+            first = prober.result("busy")
+            assert first is not None and first.load is not None and first.load.waiting_tokens == 500
+            fake.load_ok = False
+            await prober.probe_all()
+            second = prober.result("busy")
+            assert second is not None and second.ready
+            assert second.load is not None and second.load.waiting_tokens == 500  # carried over
+            assert second.load_at == first.load_at
+    finally:
+        await pool.aclose()
