@@ -115,7 +115,9 @@ def idle_expiry(advertised_s: float, own_s: float) -> float:
     and a reused request takes a moment to reach it: a margin of a second (half of a shorter
     timeout) keeps us clear of its close. Never longer than our own expiry.
     """
-    return min(own_s, advertised_s - min(1.0, advertised_s / 2))
+    # Branches rather than `advertised_s - min(1, advertised_s / 2)`: that rounds above half of a
+    # tiny timeout.
+    return min(own_s, advertised_s - 1.0 if advertised_s >= 2.0 else advertised_s / 2)
 
 
 def _header(headers: Headers, name: bytes) -> str | None:
