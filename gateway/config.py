@@ -24,6 +24,7 @@ import yaml
 from gateway.quota.config import QuotaConfig
 from gateway.upstreams.providers.config import ProvidersConfig
 from http_server import ServerLimits
+from http_server.limits import KeepAliveSeconds
 from protocol.consul.advertisement import SERVICE_NAME
 from protocol.consul.client import ConsulConfig, resolve_tls_paths
 from router import MAX_ATTEMPTS_BOUND
@@ -36,6 +37,16 @@ class ConfigError(Exception):
 
 class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Sections reject unknown keys so a typo fails at start-up instead of being ignored."""
+
+
+class GatewayServerLimits(ServerLimits, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    """A node's limits, but idle client connections are kept 65 s rather than 5: clients that
+    never expire idle connections themselves (python-requests, many SDKs) would otherwise race
+    the close after any gap near 5 s, and a load balancer in front (AWS ALB: 60 s idle) needs its
+    backend to keep connections longer than it does. The gateway's own client, towards nodes,
+    honours their shorter `Keep-Alive: timeout`."""
+
+    keep_alive_s: KeepAliveSeconds = 65
 
 
 class ListenConfig(_Section):
@@ -188,7 +199,7 @@ class GatewayConfig(_Section):
     token_estimate: TokenEstimateConfig = msgspec.field(default_factory=TokenEstimateConfig)
     admission: AdmissionConfig = msgspec.field(default_factory=AdmissionConfig)
     # What the gateway's HTTP server allows its clients (http_server/limits.py documents each).
-    server: ServerLimits = msgspec.field(default_factory=ServerLimits)
+    server: GatewayServerLimits = msgspec.field(default_factory=GatewayServerLimits)
     # Where this config came from, for error messages and resolving relative paths; not in YAML.
     source: str = "<memory>"
 

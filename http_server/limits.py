@@ -8,6 +8,8 @@ from typing import Annotated
 import msgspec
 
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
+# Whole seconds: what uvicorn takes and what `Keep-Alive: timeout=N` can say.
+KeepAliveSeconds = Annotated[int, msgspec.Meta(ge=1, le=3600)]
 
 
 class ServerLimits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
@@ -25,6 +27,5 @@ class ServerLimits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, fro
     max_body_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 10 * 1024 * 1024
     # How long an idle kept-alive connection stays open. Every response says so
     # (`Keep-Alive: timeout=N`), so clients that honour it (the gateway's own client towards
-    # nodes does) let an idle connection go before the server closes it. Whole seconds: what
-    # uvicorn takes and what the header can say.
-    keep_alive_s: Annotated[int, msgspec.Meta(ge=1, le=3600)] = 5
+    # nodes does) let an idle connection go before the server closes it.
+    keep_alive_s: KeepAliveSeconds = 5

@@ -121,7 +121,11 @@ def test_keep_alive_is_a_whole_positive_number_of_seconds_in_both_configs(value:
         gateway_settings(server={"keep_alive_s": value})
     with pytest.raises(NodeConfigError, match=r"node\.yaml: server\.keep_alive_s"):
         convert_config({"server": {"keep_alive_s": value}}, source="node.yaml")
-    assert gateway_settings().server.keep_alive_s == convert_config({}, source="-").server.keep_alive_s == 5
+    # Nodes keep idle connections 5 s (the gateway's client honours it); the gateway keeps its
+    # clients' 65 s, longer than clients that never expire idle connections wait between requests.
+    assert convert_config({}, source="-").server.keep_alive_s == 5
+    assert gateway_settings().server.keep_alive_s == 65
+    assert gateway_settings(server={"max_connections": 10}).server.keep_alive_s == 65
 
 
 def test_node_and_gateway_say_how_long_they_keep_an_idle_connection(
