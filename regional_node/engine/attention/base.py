@@ -104,3 +104,23 @@ def create_backend(name: str, device: torch.device) -> AttentionBackend:
             ) from exc
         return TritonAttentionBackend(device)
     raise EngineConfigError(f"unknown attention_backend {name!r}; available: {', '.join(ATTENTION_BACKENDS)}")
+
+
+def zeroed_kv_cache(
+    *,
+    num_layers: int,
+    num_blocks: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> list[LayerKVCache]:
+    """Per layer, K and V as [num_kv_heads, num_blocks, block_size, head_dim], the layout every
+    backend shares. Zeroed, not empty: padding gets zero weight, and 0 * NaN garbage would
+    still be NaN."""
+    shape = (num_kv_heads, num_blocks, block_size, head_dim)
+    return [
+        (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+        for _ in range(num_layers)
+    ]

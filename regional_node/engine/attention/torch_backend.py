@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from regional_node.engine.attention.base import LayerKVCache, StepLayout
+from regional_node.engine.attention.base import LayerKVCache, StepLayout, zeroed_kv_cache
 
 # A new decode bucket starts when a context is shorter than this share of the bucket's longest
 # (measured on CPU: more padding costs more than one extra gather + two matmuls) ...
@@ -79,12 +79,15 @@ class TorchAttentionBackend:
         device: torch.device,
     ) -> list[LayerKVCache]:
         self._dtype = dtype
-        # Zeroed, not empty: padding gets zero weight, and 0 * NaN garbage would still be NaN.
-        shape = (num_kv_heads, num_blocks, block_size, head_dim)
-        return [
-            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-            for _ in range(num_layers)
-        ]
+        return zeroed_kv_cache(
+            num_layers=num_layers,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            dtype=dtype,
+            device=device,
+        )
 
     def prepare(self, layout: StepLayout, block_size: int, device: torch.device) -> TorchAttentionMetadata:
         slot_mapping = torch.tensor(layout.slot_mapping, dtype=torch.long, device=device)

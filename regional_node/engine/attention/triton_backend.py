@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from regional_node.engine.attention import triton_kernels as kernels
-from regional_node.engine.attention.base import LayerKVCache, StepLayout
+from regional_node.engine.attention.base import LayerKVCache, StepLayout, zeroed_kv_cache
 from regional_node.engine.errors import EngineConfigError
 
 
@@ -85,13 +85,16 @@ class TritonAttentionBackend:
         device: torch.device,
     ) -> list[LayerKVCache]:
         self._num_kv_heads = num_kv_heads
-        # Zeroed like the torch backend's, so a cache means the same thing to both (the kernels
-        # themselves never read a slot the block tables do not cover).
-        shape = (num_kv_heads, num_blocks, block_size, head_dim)
-        return [
-            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-            for _ in range(num_layers)
-        ]
+        # The torch backend's layout and zeroing, so a cache means the same thing to both.
+        return zeroed_kv_cache(
+            num_layers=num_layers,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            dtype=dtype,
+            device=device,
+        )
 
     def _segments(self, num_seqs: int, max_query_len: int) -> int:
         if max_query_len != 1:
