@@ -139,11 +139,12 @@ def running_fleet(
     placements: Sequence[tuple[str, str, str]],
     models: dict[str, tuple[Path, str]],
     logs: Path,
+    node_type: type[NodeProcess] = NodeProcess,
 ) -> Iterator[list[NodeProcess]]:
-    """One node per (node_id, region, jurisdiction), each serving every model; all stopped on exit."""
+    """One node per (node_id, region, jurisdiction), each serving every model; all stopped on exit.
+    `node_type` may be a NodeProcess subclass that adds flags to the node's command."""
     fleet = [
-        NodeProcess(node_id, region, jurisdiction, models, logs)
-        for node_id, region, jurisdiction in placements
+        node_type(node_id, region, jurisdiction, models, logs) for node_id, region, jurisdiction in placements
     ]
     try:
         start_nodes(fleet)

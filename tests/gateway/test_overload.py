@@ -25,7 +25,7 @@ from tests.gateway.conftest import (
     RunningGateway,
     gateway_config,
     run_gateway,
-    start_nodes,
+    running_fleet,
     write_regions,
 )
 
@@ -61,17 +61,10 @@ def nodes(
     llama_checkpoint: Path, qwen2_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[list[NodeProcess]]:
     models = {SMALL: (llama_checkpoint, "small"), LARGE: (qwen2_checkpoint, "large")}
+    placements = [("eu-west-1", "eu-west", "eu"), ("us-east-1", "us-east", "us")]
     logs = tmp_path_factory.mktemp("node-logs")
-    fleet = [
-        OneSeqNode("eu-west-1", "eu-west", "eu", models, logs),
-        OneSeqNode("us-east-1", "us-east", "us", models, logs),
-    ]
-    try:
-        start_nodes(fleet)
+    with running_fleet(placements, models, logs, node_type=OneSeqNode) as fleet:
         yield fleet
-    finally:
-        for node in fleet:
-            node.stop()
 
 
 @pytest.fixture(scope="module")
