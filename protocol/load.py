@@ -31,7 +31,10 @@ class ModelLoad(msgspec.Struct, kw_only=True):
     waiting_tokens_by_tier: dict[str, int] = msgspec.field(default_factory=dict)
     queue_bound_tokens: dict[str, int] = msgspec.field(default_factory=dict)  # per tier; absent: unbounded
     drain_tokens_per_s: float = 0.0  # prompt + generated tokens processed per second, recent window
-    queue_wait_s: float = 0.0  # estimated wait before a new request's first step: waiting / drain rate
+    # Estimated seconds to a new request's first token, per tier (the node's own admission
+    # estimate: a free slot, then its prefill steps at the recent step time), and the largest.
+    first_token_s_by_tier: dict[str, float] = msgspec.field(default_factory=dict)
+    queue_wait_s: float = 0.0
 
 
 class LoadReport(msgspec.Struct, kw_only=True):

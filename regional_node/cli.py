@@ -57,6 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--max-num-seqs", type=int)
     engine.add_argument("--max-num-batched-tokens", type=int)
     engine.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    queue = parser.add_argument_group("queue bounds (applied to every model; see the `queue` config)")
+    for tier in ("interactive", "batch"):
+        queue.add_argument(
+            f"--{tier}-max-wait-s",
+            type=float,
+            help=f"refuse a {tier} request whose estimated time to first token is past this (503)",
+        )
     parser.add_argument("--no-warmup", action="store_true", help="mark ready without a warm-up generation")
     return parser
 
@@ -107,8 +114,14 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
     }
     if args.no_prefix_caching:
         engine_flags["enable_prefix_caching"] = False
+    queue_flags = {
+        key: getattr(args, key)
+        for key in ("interactive_max_wait_s", "batch_max_wait_s")
+        if getattr(args, key) is not None
+    }
     for model in raw.get("models", []):
         model["engine"] = {**model.get("engine", msgspec.to_builtins(EngineSettings())), **engine_flags}
+        model["queue"] = {**model.get("queue", {}), **queue_flags}
     source = f"{args.config} (with flags)" if args.config else "command line"
     return validate_config(convert_config(raw, source=source), source=source)
 

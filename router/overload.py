@@ -1,6 +1,10 @@
-"""Queueing delay: how long a new request would wait for its first step in a model's pool.
+"""Time to first token: how long a new request would wait for its first token in a model's pool.
 
-One node, one model, a new request of traffic tier T. The tokens ahead of it:
+One node, one model, a new request of traffic tier T. The node reports its own estimate for T
+(`first_token_s_by_tier`: a free slot, then the prefill steps ahead of the request at the node's
+recent step time, which grows with the batch — regional_node/engine/admission.py, the estimate the
+node itself admits by). A node that does not report one (older than the field) is estimated from
+its queue, with the tokens ahead of the request:
 
 - interactive: the node's waiting interactive tokens (the node schedules interactive work before
   batch work), or every waiting token of the model when the node does not report tiers;
@@ -9,8 +13,8 @@ One node, one model, a new request of traffic tier T. The tokens ahead of it:
     node wait = tokens ahead / drain rate
 
 where the drain rate is the node's measured `drain_tokens_per_s`, or `fallback_drain_tokens_per_s`
-while it has none (a node that has not served yet, or one older than the field). A node whose
-queue for T is at its `queue_bound_tokens` would refuse the request: its wait is infinite.
+while it has none (a node that has not served yet). A node whose queue for T is at its
+`queue_bound_tokens` would refuse the request: its wait is infinite.
 
 The pool is the nodes routing may use for the request: serving the model, healthy, inside the
 tenant's residency (`router.candidates`, the same screen `route` uses, so an estimate never looks
@@ -62,6 +66,9 @@ def node_wait_s(
     queued_for_tier = by_tier.get(tier, queue.waiting_tokens) if by_tier else queue.waiting_tokens
     if bound is not None and queued_for_tier >= bound:
         return math.inf, rate
+    reported = queue.first_token_s_by_tier.get(tier)
+    if reported is not None:
+        return reported, rate
     return max(ahead, 0) / rate, rate
 
 

@@ -91,6 +91,8 @@ class ModelQueue:
     waiting_tokens_by_tier: Mapping[str, int] = field(default_factory=dict)  # empty: not reported
     queue_bound_tokens: Mapping[str, int] = field(default_factory=dict)  # per tier; absent: unbounded
     drain_tokens_per_s: float = 0.0  # 0: not measured yet
+    # The node's own estimate of a new request's time to first token, per tier; empty: not reported.
+    first_token_s_by_tier: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

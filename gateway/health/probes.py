@@ -147,6 +147,7 @@ class NodeProber:
                     waiting_tokens_by_tier=m.waiting_tokens_by_tier,
                     queue_bound_tokens=m.queue_bound_tokens,
                     drain_tokens_per_s=m.drain_tokens_per_s,
+                    first_token_s_by_tier=m.first_token_s_by_tier,
                 )
                 for name, m in report.per_model.items()
             },

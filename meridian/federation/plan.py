@@ -35,6 +35,12 @@ MODELS = (
 REGIONS = (("us-east", "us"), ("eu-west", "eu"))
 
 
+# Overload (gateway/README.md, "Overload"): the interactive time-to-first-token target, and how
+# long an interactive request may wait in the gateway for it.
+INTERACTIVE_TTFT_S = 0.15
+INTERACTIVE_QUEUE_DEADLINE_S = 0.1
+
+
 @dataclass(frozen=True)
 class NodeSpec:
     node_id: str
@@ -82,10 +88,22 @@ class FederationPlan:
         return self.state_dir / "models" / model.name
 
     def node_command(self, node: NodeSpec) -> list[str]:
-        command = [sys.executable, "-m", "meridian.cli", "node", "--host", node.host, "--port", str(node.port)]
+        command = [
+            sys.executable,
+            "-m",
+            "meridian.cli",
+            "node",
+            "--host",
+            node.host,
+            "--port",
+            str(node.port),
+        ]
         command += ["--node-id", node.node_id, "--region", node.region, "--jurisdiction", node.jurisdiction]
         for model in self.models:
             command += ["--model", f"{model.name}={self.checkpoint_dir(model)}:{model.tier}"]
+        # The node's hard bound on interactive time to first token (regional_node/engine/admission.py):
+        # past it a request is refused (503 overloaded) instead of slowing every stream it joins.
+        command += ["--interactive-max-wait-s", str(INTERACTIVE_TTFT_S)]
         return command
 
     def regions(self) -> dict[str, Any]:
@@ -114,6 +132,17 @@ class FederationPlan:
             "node_auth": {"token_env": "MERIDIAN_NODE_TOKEN"},
             # CPU nodes can take a while for a first token when both tiers are busy.
             "timeouts": {"stream_idle_s": 60.0, "read_s": 300.0},
+            # Sized for these CPU models, whose unloaded first token takes tens of milliseconds: an
+            # interactive request the pool cannot start within INTERACTIVE_TTFT_S waits in the
+            # gateway a moment at most, then gets 429 + Retry-After (or the small tier, for
+            # allow_degrade tenants); the nodes refuse what slips past between two probes.
+            "admission": {
+                "interactive": {
+                    "target_ttft_s": INTERACTIVE_TTFT_S,
+                    "queue_deadline_s": INTERACTIVE_QUEUE_DEADLINE_S,
+                    "max_queue": 64,
+                },
+            },
         }
 
     def write_files(self) -> None:

@@ -1,15 +1,25 @@
 """Bounded queues per priority tier: may a new request join its model's queue?
 
 A request is refused at once (never queued to time out) when it would push its tier's waiting
-prompt tokens past the tier's bound, or, where a tier has a wait limit, when the estimated wait
-before its first step is already past it. Tiers are admitted in PRIORITY_RANK order, so the
-tokens *ahead* of a new request are those of its own tier and every higher one: an interactive
-request waits only behind interactive tokens, a batch request behind everything. The estimated
-wait is those tokens over the engine's measured drain rate (drain.py).
+prompt tokens past the tier's bound, or, where a tier has a wait limit, when its estimated time to
+first token is already past it. Tiers are admitted in PRIORITY_RANK order, so what is *ahead* of
+a new request is its own tier's queue and every higher one's: an interactive request waits only
+behind interactive work, a batch request behind everything.
 
-The refusal carries a Retry-After: the seconds the engine needs, at that rate, to work the queue
-down far enough to admit the request (at least 1 s; `max_retry_after_s` when the rate is unknown,
-and never more than that).
+The time to first token (`first_token_s`) has two parts:
+- a slot: the engine runs at most `max_num_seqs` sequences. With the requests ahead taking the
+  free slots first, a request that finds none waits for running ones to finish, at the rate they
+  have lately been finishing;
+- its steps: the step in progress, then the steps that prefill the prompt tokens ahead of it and
+  its own (`max_num_batched_tokens` per step), each as long as the engine's recent steps. A step
+  costs more as the batch grows (on a CPU above all), so this part grows with load even while
+  nothing waits: that is what a spike does first, before any queue forms.
+Without a measured step time (an engine that has not stepped lately) the steps part falls back to
+the tokens ahead over the measured drain rate (drain.py).
+
+The refusal carries a Retry-After: for the token bound, the seconds the engine needs, at its drain
+rate, to work the queue down far enough to admit the request; for the wait limit, the seconds the
+estimate is over it. At least 1 s; `max_retry_after_s` when the rate is unknown, and never more.
 
 Pure functions over numbers; AsyncEngine calls `check` under the lock that guards its queue counts.
 """
@@ -36,6 +46,20 @@ class QueueLimits:
     max_retry_after_s: int = DEFAULT_MAX_RETRY_AFTER_S
 
 
+@dataclass(frozen=True)
+class QueueState:
+    """One engine's queue and pace, as admission reads them: the step thread's latest snapshot
+    plus the adds it has not taken yet."""
+
+    waiting_tokens: Mapping[str, int]  # per tier
+    waiting_requests: Mapping[str, int] = field(default_factory=dict)  # per tier
+    drain_tokens_per_s: float = 0.0  # drain.py; 0: not measured
+    step_s: float = 0.0  # recent step duration (drain.py); 0: not measured
+    step_tokens: int = 0  # max_num_batched_tokens; 0: unknown
+    free_slots: int | None = None  # max_num_seqs minus running sequences; None: not limited
+    finish_rate: float = 0.0  # requests finished per second lately (drain.py)
+
+
 def tokens_ahead(waiting: Mapping[str, int], tier: str) -> int:
     """Waiting tokens a new `tier` request waits behind: its own tier's and every higher tier's."""
     rank = PRIORITY_RANK[tier]
@@ -51,6 +75,22 @@ def estimated_wait_s(tokens: int, drain_tokens_per_s: float, unknown_s: float) -
     return tokens / drain_tokens_per_s
 
 
+def first_token_s(state: QueueState, tier: str, num_tokens: int, unknown_s: float) -> float:
+    """Estimated seconds from now to a new `tier` request's first token (module docstring)."""
+    rank = PRIORITY_RANK[tier]
+    requests_ahead = sum(n for other, n in state.waiting_requests.items() if PRIORITY_RANK[other] <= rank)
+    ahead = tokens_ahead(state.waiting_tokens, tier)
+    slot_s = 0.0
+    if state.free_slots is not None:
+        short = requests_ahead + 1 - state.free_slots
+        if short > 0:
+            slot_s = short / state.finish_rate if state.finish_rate > 0 else float(unknown_s)
+    if state.step_s > 0 and state.step_tokens > 0:
+        steps = 1 + math.ceil((ahead + max(num_tokens, 1)) / state.step_tokens)
+        return slot_s + steps * state.step_s
+    return slot_s + estimated_wait_s(ahead, state.drain_tokens_per_s, unknown_s)
+
+
 def retry_after_s(tokens: float, drain_tokens_per_s: float, cap: int) -> int:
     """Whole seconds to work through `tokens` at the measured rate, within [1, cap]."""
     if drain_tokens_per_s <= 0:
@@ -58,15 +98,10 @@ def retry_after_s(tokens: float, drain_tokens_per_s: float, cap: int) -> int:
     return max(1, min(cap, math.ceil(tokens / drain_tokens_per_s)))
 
 
-def check(
-    limits: QueueLimits,
-    waiting: Mapping[str, int],
-    tier: str,
-    num_tokens: int,
-    drain_tokens_per_s: float,
-) -> None:
+def check(limits: QueueLimits, state: QueueState, tier: str, num_tokens: int) -> None:
     """Raise QueueFullError if a `tier` request of `num_tokens` prompt tokens may not join the
-    queue whose waiting tokens per tier are `waiting`."""
+    queue described by `state`."""
+    waiting, drain = state.waiting_tokens, state.drain_tokens_per_s
     queued = waiting.get(tier, 0)
     higher = tokens_ahead(waiting, tier) - queued
     bound = limits.max_waiting_tokens.get(tier)
@@ -75,7 +110,7 @@ def check(
         # Admitted once the tier's queue is down to bound - num_tokens (empty, for a request longer
         # than the bound); the higher tiers' waiting tokens are served before any of it.
         excess = queued - max(0, bound - num_tokens)
-        wait = retry_after_s(higher + excess, drain_tokens_per_s, limits.max_retry_after_s)
+        wait = retry_after_s(higher + excess, drain, limits.max_retry_after_s)
         raise QueueFullError(
             f"The {tier} queue is full: {queued} prompt tokens are waiting and this request's "
             f"{num_tokens} would pass the bound of {bound}; retry in {wait}s.",
@@ -84,17 +119,17 @@ def check(
             retry_after_s=wait,
         )
     max_wait = limits.max_wait_s.get(tier)
-    # With no measured rate the wait is unknown, not long: only the token bound applies then.
-    if max_wait is not None and drain_tokens_per_s > 0:
-        expected = (higher + queued) / drain_tokens_per_s
-        if expected > max_wait:
-            wait = retry_after_s(
-                higher + queued - max_wait * drain_tokens_per_s, drain_tokens_per_s, limits.max_retry_after_s
-            )
-            raise QueueFullError(
-                f"The {tier} queue is full: the estimated wait of {expected:.1f}s is past the limit "
-                f"of {max_wait:g}s; retry in {wait}s.",
-                tier=tier,
-                reason="queue_wait",
-                retry_after_s=wait,
-            )
+    if max_wait is None:
+        return
+    # An estimate resting on nothing measured (no step time, no drain or finish rate) is unknown,
+    # not long: only the token bound applies then.
+    expected = first_token_s(state, tier, num_tokens, unknown_s=0.0)
+    if expected > max_wait:
+        wait = max(1, min(limits.max_retry_after_s, math.ceil(expected - max_wait)))
+        raise QueueFullError(
+            f"The {tier} queue is full: the estimated time to first token of {expected:.2f}s is "
+            f"past the limit of {max_wait:g}s; retry in {wait}s.",
+            tier=tier,
+            reason="queue_wait",
+            retry_after_s=wait,
+        )

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from regional_node.engine import admission
-from regional_node.engine.admission import QueueLimits
+from regional_node.engine.admission import QueueLimits, QueueState
 from regional_node.engine.errors import EngineError, InvalidRequestError, StepFailedError
 from regional_node.engine.llm_engine import LLMEngine
 from regional_node.engine.outputs import RequestDelta
@@ -57,9 +57,9 @@ class AsyncEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queues: dict[str, asyncio.Queue[_Item]] = {}  # touched on the event loop only
         self._stats: dict[str, Any] = engine.stats()
-        # Adds submitted but not yet in `_stats`, per tier (guarded by `_cond`).
+        # Adds submitted but not yet in `_stats`: tokens and requests per tier (guarded by `_cond`).
         self._unpublished: dict[str, int] = dict.fromkeys(PRIORITY_RANK, 0)
-        self._unpublished_requests = 0
+        self._unpublished_requests: dict[str, int] = dict.fromkeys(PRIORITY_RANK, 0)
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -82,7 +82,7 @@ class AsyncEngine:
         with self._cond:
             self._commands.clear()  # adds never processed: their consumers are failed just below
             self._unpublished = dict.fromkeys(PRIORITY_RANK, 0)
-            self._unpublished_requests = 0
+            self._unpublished_requests = dict.fromkeys(PRIORITY_RANK, 0)
         for queue in self._queues.values():
             queue.put_nowait(EngineError("the engine is shutting down"))
 
@@ -127,13 +127,12 @@ class AsyncEngine:
                 priority,
                 self._num_tokens(prompt) + self._num_tokens(continuation_token_ids),
             )
-        drain = self.engine.drain.rate()
         queue: asyncio.Queue[_Item] = asyncio.Queue()
         with self._cond:
             if add.tier is not None:
-                admission.check(self.limits, self._waiting_by_tier(), add.tier, add.tokens, drain)
+                admission.check(self.limits, self._queue_state(), add.tier, add.tokens)
                 self._unpublished[add.tier] += add.tokens
-                self._unpublished_requests += 1
+                self._unpublished_requests[add.tier] += 1
             self._queues[request_id] = queue
             self._commands.append(add)
             self._cond.notify()
@@ -159,27 +158,43 @@ class AsyncEngine:
 
     def stats(self) -> dict[str, Any]:
         """The step thread's snapshot after its latest step, with the adds it has not taken yet
-        counted as waiting, the drain rate as of now, and the queue's limits and estimated wait
-        for a new request of the lowest tier (which waits behind every tier). Safe from any thread.
-        """
-        drain = self.engine.drain.rate()
+        counted as waiting, the drain rate as of now, the queue's limits, and the estimated time to
+        first token of a new request per tier (`queue_wait_s`: the lowest tier's, which waits
+        behind every tier). Safe from any thread."""
         with self._cond:
             stats = dict(self._stats)
-            waiting = self._waiting_by_tier()
+            state = self._queue_state()
             stats["waiting_tokens"] = stats.get("waiting_tokens", 0) + sum(self._unpublished.values())
-            stats["num_waiting"] = stats.get("num_waiting", 0) + self._unpublished_requests
-        stats["waiting_tokens_by_tier"] = waiting
-        stats["drain_tokens_per_s"] = drain
+            stats["num_waiting"] = stats.get("num_waiting", 0) + sum(self._unpublished_requests.values())
+        stats["waiting_tokens_by_tier"] = dict(state.waiting_tokens)
+        stats["drain_tokens_per_s"] = state.drain_tokens_per_s
         stats["queue_bound_tokens"] = dict(self.limits.max_waiting_tokens)
-        stats["queue_wait_s"] = admission.estimated_wait_s(
-            sum(waiting.values()), drain, self.limits.max_retry_after_s
-        )
+        unknown = self.limits.max_retry_after_s
+        first_token = {tier: admission.first_token_s(state, tier, 0, unknown) for tier in PRIORITY_RANK}
+        stats["first_token_s_by_tier"] = first_token
+        stats["queue_wait_s"] = max(first_token.values())
         return stats
 
-    def _waiting_by_tier(self) -> dict[str, int]:
-        """Waiting tokens per tier, the unpublished adds included; call with `_cond` held."""
-        published = self._stats.get("waiting_tokens_by_tier", {})
-        return {tier: published.get(tier, 0) + tokens for tier, tokens in self._unpublished.items()}
+    def _queue_state(self) -> QueueState:
+        """The queue as admission reads it, the unpublished adds included; call with `_cond` held."""
+        published = self._stats
+        tokens = published.get("waiting_tokens_by_tier", {})
+        requests = published.get("waiting_requests_by_tier", {})
+        max_seqs = published.get("max_num_seqs")
+        drain = self.engine.drain
+        return QueueState(
+            waiting_tokens={tier: tokens.get(tier, 0) + n for tier, n in self._unpublished.items()},
+            waiting_requests={
+                tier: requests.get(tier, 0) + n for tier, n in self._unpublished_requests.items()
+            },
+            drain_tokens_per_s=drain.rate(),
+            step_s=drain.step_time_s(),
+            step_tokens=int(published.get("max_num_batched_tokens", 0) or 0),
+            free_slots=None
+            if max_seqs is None
+            else max(int(max_seqs) - int(published.get("num_running", 0)), 0),
+            finish_rate=drain.finish_rate(),
+        )
 
     def _num_tokens(self, tokens: list[int] | str | None) -> int:
         """How many tokens a prompt counts for in the queue. Anything malformed counts 0: the
@@ -230,7 +245,7 @@ class AsyncEngine:
                 for command in commands:
                     if command.tier is not None:
                         self._unpublished[command.tier] -= command.tokens
-                        self._unpublished_requests -= 1
+                        self._unpublished_requests[command.tier] -= 1
             if out:
                 self._deliver(out)
         # Waiting consumers are failed by shutdown(), which also covers adds never processed.

@@ -11,6 +11,10 @@ honest however the engine is used:
 - idle gaps between steps inside the window do count: it is throughput, what a queue behind the
   engine actually sees, not the speed of one step.
 
+It also keeps the duration of the last few steps (`step_time_s`): how long the *next* step will
+take is best guessed from the latest ones, since a step's cost follows the batch, which a spike
+changes within a second (the 5 s window would lag it).
+
 Thread-safe: the step thread records, any thread reads.
 """
 
@@ -24,35 +28,63 @@ from collections.abc import Callable
 # Long enough to smooth the difference between prefill-heavy and decode-only steps, short enough
 # to follow a change of load within a few of the gateway's /load probes.
 DRAIN_WINDOW_S = 5.0
+# Steps averaged for the current step time: enough to smooth one prefill-heavy step, few enough to
+# follow a batch that grows by a request or two per step.
+RECENT_STEPS = 8
 
 
 class DrainMeter:
     def __init__(self, window_s: float = DRAIN_WINDOW_S, clock: Callable[[], float] = time.monotonic) -> None:
         self.window_s = window_s
         self._clock = clock
-        self._steps: deque[tuple[float, float, int]] = deque()  # (start, end, tokens), oldest first
+        # (start, end, tokens, requests finished), oldest first
+        self._steps: deque[tuple[float, float, int, int]] = deque()
         self._tokens = 0
+        self._finished = 0
+        self._recent: deque[tuple[float, float]] = deque(maxlen=RECENT_STEPS)  # (end, duration)
         self._lock = threading.Lock()
 
-    def record(self, start: float, end: float, tokens: int) -> None:
-        """One step that computed `tokens` tokens between `start` and `end` (the clock's time)."""
+    def record(self, start: float, end: float, tokens: int, finished: int = 0) -> None:
+        """One step that computed `tokens` tokens between `start` and `end` (the clock's time) and
+        finished `finished` requests."""
         with self._lock:
-            self._steps.append((start, end, tokens))
+            self._steps.append((start, end, tokens, finished))
             self._tokens += tokens
+            self._finished += finished
+            self._recent.append((end, max(end - start, 0.0)))
             self._prune(end)
 
     def rate(self) -> float:
         """Tokens per second over the window; 0.0 when no step ended within it."""
+        return self._per_second()[0]
+
+    def finish_rate(self) -> float:
+        """Requests finished per second over the window (how fast running ones free their slots)."""
+        return self._per_second()[1]
+
+    def _per_second(self) -> tuple[float, float]:
         now = self._clock()
         with self._lock:
             self._prune(now)
             if not self._steps:
-                return 0.0
+                return 0.0, 0.0
             span = now - self._steps[0][0]
-            return self._tokens / span if span > 0 else 0.0
+            if span <= 0:
+                return 0.0, 0.0
+            return self._tokens / span, self._finished / span
+
+    def step_time_s(self) -> float:
+        """Mean duration of the last RECENT_STEPS steps that ended within the window; 0.0 when none
+        did (an idle engine's next step is a small one, and its old steps say nothing about it)."""
+        horizon = self._clock() - self.window_s
+        with self._lock:
+            recent = [duration for end, duration in self._recent if end >= horizon]
+        return sum(recent) / len(recent) if recent else 0.0
 
     def _prune(self, now: float) -> None:
         horizon = now - self.window_s
         steps = self._steps
         while steps and steps[0][1] < horizon:
-            self._tokens -= steps.popleft()[2]
+            _, _, tokens, finished = steps.popleft()
+            self._tokens -= tokens
+            self._finished -= finished

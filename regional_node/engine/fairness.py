@@ -104,6 +104,10 @@ class WaitingQueue:
         self.num_tokens -= seq.num_tokens
         self._tier_tokens[seq.rank] -= seq.num_tokens
 
+    def requests_by_tier(self) -> dict[str, int]:
+        """Waiting requests per priority tier (every tier present, 0 when empty)."""
+        return {tier: sum(map(len, self._tiers[rank].values())) for tier, rank in PRIORITY_RANK.items()}
+
     def tokens_by_tier(self) -> dict[str, int]:
         """Waiting tokens per priority tier (every tier present, 0 when empty)."""
         return {tier: self._tier_tokens[rank] for tier, rank in PRIORITY_RANK.items()}

@@ -181,8 +181,9 @@ class LLMEngine:
                 self.scheduler.finish(state.seq)
             raise StepFailedError(f"model step failed: {exc!r}", failed) from exc
         self.scheduler.step_done(out)
-        self.drain.record(started, time.monotonic(), out.num_batched_tokens)
+        ended = time.monotonic()
         deltas: list[RequestDelta] = []
+        finished = 0
         for chunk, result in zip(out.chunks, results, strict=True):
             if result is None:
                 continue
@@ -192,7 +193,9 @@ class LLMEngine:
             if delta.finished:
                 self.scheduler.finish(state.seq)
                 del self._requests[chunk.seq.request_id]
+                finished += 1
             deltas.append(delta)
+        self.drain.record(started, ended, out.num_batched_tokens, finished)
         # Abort notices are taken only now, so a step that raises leaves them for the next one.
         pending, self._pending = self._pending, []
         return pending + deltas
@@ -269,7 +272,13 @@ class LLMEngine:
             "num_waiting": len(sched.waiting),
             "waiting_tokens": sched.waiting.num_tokens,
             "waiting_tokens_by_tier": sched.waiting.tokens_by_tier(),
+            "waiting_requests_by_tier": sched.waiting.requests_by_tier(),
             "drain_tokens_per_s": self.drain.rate(),
+            # What admission's time-to-first-token estimate needs (admission.py).
+            "finish_rate": self.drain.finish_rate(),
+            "step_time_s": self.drain.step_time_s(),
+            "max_num_seqs": self.engine_config.max_num_seqs,
+            "max_num_batched_tokens": self.engine_config.max_num_batched_tokens,
             "num_preemptions": sched.stats.num_preemptions,
             "prefix_cache_query_tokens": query,
             "prefix_cache_hit_tokens": hit,

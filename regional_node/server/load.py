@@ -5,10 +5,9 @@ ratios of summed blocks/tokens (not averages of ratios), so a big pool weighs mo
 one. The per-model breakdown lets the router pick the emptiest tier.
 
 Overload (per model): the waiting prompt tokens per traffic tier, each tier's bound (from the
-model's `queue` config, whether or not it is loaded yet), the engine's drain rate and the
-estimated wait of a new lowest-tier request (every tier's waiting tokens / the drain rate; a
-higher tier waits only behind its own and higher tiers' tokens). The report's `queue_wait_s` is
-the largest over the models.
+model's `queue` config, whether or not it is loaded yet), the engine's drain rate, and the
+estimated time to first token of a new request per tier (regional_node/engine/admission.py, the
+same estimate the node admits by). The report's `queue_wait_s` is the largest over the models.
 """
 
 from __future__ import annotations
@@ -71,6 +70,9 @@ def _model_load(config: ModelConfig, stats: Mapping[str, Any], max_model_len: in
         },
         queue_bound_tokens=config.queue_bounds(),
         drain_tokens_per_s=float(stats.get("drain_tokens_per_s", 0.0) or 0.0),
+        first_token_s_by_tier={
+            str(tier): float(wait) for tier, wait in (stats.get("first_token_s_by_tier") or {}).items()
+        },
         queue_wait_s=float(stats.get("queue_wait_s", 0.0) or 0.0),
     )
 

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from regional_node.engine.admission import QueueLimits, check, estimated_wait_s, retry_after_s, tokens_ahead
+from regional_node.engine.admission import (
+    QueueLimits,
+    QueueState,
+    estimated_wait_s,
+    first_token_s,
+    retry_after_s,
+    tokens_ahead,
+)
+from regional_node.engine.admission import check as check_state
 from regional_node.engine.block_manager import BlockManager
 from regional_node.engine.drain import DrainMeter
 from regional_node.engine.errors import QueueFullError
@@ -12,6 +20,11 @@ from regional_node.engine.scheduler import Scheduler
 from regional_node.engine.sequence import Sequence
 
 LIMITS = QueueLimits(max_waiting_tokens={"interactive": 400, "batch": 1000}, max_retry_after_s=30)
+
+
+def check(limits: QueueLimits, waiting: dict[str, int], tier: str, tokens: int, drain: float) -> None:
+    """The token-queue rules alone: a queue with a drain rate and nothing else measured."""
+    check_state(limits, QueueState(waiting, drain_tokens_per_s=drain), tier, tokens)
 
 
 def refusal(waiting: dict[str, int], tier: str, tokens: int, drain: float, limits: QueueLimits = LIMITS):
@@ -76,6 +89,51 @@ def test_tokens_ahead_and_the_estimated_wait_follow_tier_priority() -> None:
     assert estimated_wait_s(400, 0.0, 60) == 60.0  # a queue and no measured rate: the cap
 
 
+def test_the_time_to_first_token_is_the_step_in_progress_plus_the_prefill_steps_at_the_recent_step_time() -> (
+    None
+):
+    state = QueueState({"interactive": 0, "batch": 0}, step_s=0.05, step_tokens=256, free_slots=4)
+    # Nothing ahead: the step in progress, then one step with its prompt.
+    assert first_token_s(state, "interactive", 40, 60) == pytest.approx(0.1)
+    # 600 interactive tokens ahead plus its own 40: three prefill steps after the current one.
+    ahead = QueueState({"interactive": 600, "batch": 10**6}, step_s=0.05, step_tokens=256, free_slots=4)
+    assert first_token_s(ahead, "interactive", 40, 60) == pytest.approx(0.2)
+    # The same queue at twice the step time (a bigger batch): twice the wait, with nothing more waiting.
+    slower = QueueState({"interactive": 600, "batch": 0}, step_s=0.1, step_tokens=256, free_slots=4)
+    assert first_token_s(slower, "interactive", 40, 60) == pytest.approx(0.4)
+
+
+def test_without_a_free_slot_a_request_also_waits_for_running_ones_to_finish() -> None:
+    base = {"waiting_tokens": {"interactive": 10, "batch": 10}, "step_s": 0.05, "step_tokens": 256}
+    # One interactive request waits and no slot is free: two must finish, at 4 per second.
+    full = QueueState(**base, waiting_requests={"interactive": 1, "batch": 1}, free_slots=0, finish_rate=4.0)
+    assert first_token_s(full, "interactive", 10, 60) == pytest.approx(0.5 + 0.1)
+    # A batch request also waits for the waiting batch request's slot.
+    assert first_token_s(full, "batch", 10, 60) == pytest.approx(0.75 + 0.1)
+    # Two free slots take the waiting interactive request and this one: no slot wait.
+    roomy = QueueState(**base, waiting_requests={"interactive": 1, "batch": 5}, free_slots=2, finish_rate=4.0)
+    assert first_token_s(roomy, "interactive", 10, 60) == pytest.approx(0.1)
+    # Slots full and nothing finished lately: unknown.
+    stuck = QueueState(**base, waiting_requests={}, free_slots=0)
+    assert first_token_s(stuck, "interactive", 10, 60) == pytest.approx(60 + 0.1)
+
+
+def test_a_wait_limit_refuses_on_the_step_time_estimate_even_with_an_empty_queue() -> None:
+    limits = QueueLimits(max_wait_s={"interactive": 0.15}, max_retry_after_s=30)
+    quick = QueueState({"interactive": 0, "batch": 0}, step_s=0.05, step_tokens=256, free_slots=8)
+    check_state(limits, quick, "interactive", 40)  # 0.1 s
+    busy = QueueState({"interactive": 0, "batch": 0}, step_s=0.1, step_tokens=256, free_slots=8)
+    with pytest.raises(QueueFullError) as caught:
+        check_state(limits, busy, "interactive", 40)  # 0.2 s: the batch has grown
+    assert (caught.value.reason, caught.value.retry_after_s) == ("queue_wait", 1)
+    # Full slots with no finish measured are unknown, not long: admitted on the steps alone.
+    check_state(
+        limits, QueueState({"interactive": 0}, step_s=0.05, step_tokens=256, free_slots=0), "interactive", 4
+    )
+    # Batch has no wait limit here.
+    check_state(limits, busy, "batch", 40)
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 1000.0
@@ -96,6 +154,22 @@ def test_the_drain_rate_is_tokens_over_the_recent_window_and_falls_to_zero_when_
     assert meter.rate() == pytest.approx(400 / 3.0)
     clock.now += 5.0  # every step has left the window: idle reads 0, not the last busy rate
     assert meter.rate() == 0.0
+
+
+def test_the_step_time_follows_the_latest_steps_and_the_finish_rate_the_window() -> None:
+    clock = Clock()
+    meter = DrainMeter(window_s=5.0, clock=clock)
+    assert (meter.step_time_s(), meter.finish_rate()) == (0.0, 0.0)
+    for _ in range(20):  # 20 quick steps, then 8 slow ones: the step time is the slow ones'
+        meter.record(clock.now, clock.now + 0.01, 10, finished=1)
+        clock.now += 0.01
+    for _ in range(8):
+        meter.record(clock.now, clock.now + 0.1, 10)
+        clock.now += 0.1
+    assert meter.step_time_s() == pytest.approx(0.1)
+    assert meter.finish_rate() == pytest.approx(20 / 1.0)
+    clock.now += 6.0  # idle past the window: nothing recent to go by
+    assert (meter.step_time_s(), meter.finish_rate()) == (0.0, 0.0)
 
 
 def test_after_an_idle_spell_the_rate_starts_from_the_first_new_step() -> None:
@@ -124,6 +198,7 @@ def test_the_waiting_queue_counts_tokens_per_tier_through_admission_and_preempti
     scheduler.add(batch)
     scheduler.add(interactive)
     assert scheduler.waiting.tokens_by_tier() == {"interactive": 4, "batch": 8}
+    assert scheduler.waiting.requests_by_tier() == {"interactive": 1, "batch": 1}
     preempted: list[Sequence] = []
     for _ in range(20):  # both decode until the pool runs out and the batch sequence yields
         out = scheduler.schedule()

@@ -139,8 +139,11 @@ async def test_stats_report_the_queue_its_bounds_the_drain_rate_and_the_wait(eng
     stats = engine.stats()
     assert stats["drain_tokens_per_s"] > 0  # the holder decodes
     assert stats["waiting_tokens"] == 3 * PROMPT
-    # A new batch request waits behind every tier's tokens.
-    assert stats["queue_wait_s"] == pytest.approx(3 * PROMPT / stats["drain_tokens_per_s"])
+    # The engine's one slot is held and nothing has finished lately: a new request's wait for a
+    # slot is unknown (the Retry-After cap), then come its steps at the measured step time.
+    cap = engine.limits.max_retry_after_s
+    by_tier = stats["first_token_s_by_tier"]
+    assert stats["queue_wait_s"] == by_tier["batch"] and cap < by_tier["interactive"] <= by_tier["batch"]
     await batch.close()
     await holder.aclose()
     await wait_idle(engine)
@@ -154,3 +157,30 @@ async def wait_idle(engine: AsyncEngine) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"engine did not free its requests: {engine.stats()}")
+
+
+async def test_a_wait_limit_refuses_on_the_recent_step_time_with_nothing_waiting(
+    long_context_checkpoint: Path,
+) -> None:
+    """Idle, the engine has no recent step to go by and admits; right after serving, the estimate
+    is at least two of its recent steps, past a limit shorter than one step: refused, taking
+    nothing, while batch (no limit) is still admitted."""
+    llm = LLMEngine.from_pretrained(long_context_checkpoint, max_num_seqs=4, num_kv_blocks=200)
+    engine = AsyncEngine(llm, QueueLimits(max_wait_s={"interactive": 1e-6}))
+    await engine.start()
+    try:
+        assert engine.stats()["first_token_s_by_tier"] == {"interactive": 0.0, "batch": 0.0}
+        served = [d async for d in engine.generate(prompt(1), SHORT, priority="interactive")]
+        assert served[-1].finished
+
+        stats = engine.stats()
+        assert stats["first_token_s_by_tier"]["interactive"] >= 2 * llm.drain.step_time_s() > 0
+        with pytest.raises(QueueFullError) as caught:
+            await anext(engine.generate(prompt(2), SHORT, priority="interactive"))
+        assert (caught.value.tier, caught.value.reason) == ("interactive", "queue_wait")
+        assert caught.value.retry_after_s >= 1
+        assert engine.stats()["num_waiting"] == 0 and llm.prompt_tokens_total == PROMPT
+        batch = [d async for d in engine.generate(prompt(3), SHORT, priority="batch")]
+        assert batch[-1].finished
+    finally:
+        await engine.shutdown()

@@ -128,7 +128,9 @@ def test_model_flag_parses_name_path_tier(flag: str, expected: dict[str, str]) -
 
 def test_flags_override_the_file_and_apply_engine_settings(tmp_path: Path, llama_checkpoint: Path) -> None:
     path = _write(
-        tmp_path, f"region: us-east\nport: 9000\nmodels:\n  - {{name: a, path: {llama_checkpoint}}}\n"
+        tmp_path,
+        f"region: us-east\nport: 9000\nmodels:\n  - {{name: a, path: {llama_checkpoint}, "
+        "queue: {batch_max_waiting_tokens: 500}}\n",
     )
     args = build_parser().parse_args(
         [
@@ -141,12 +143,18 @@ def test_flags_override_the_file_and_apply_engine_settings(tmp_path: Path, llama
             "--num-kv-blocks",
             "40",
             "--no-prefix-caching",
+            "--interactive-max-wait-s",
+            "0.15",
         ]
     )
     config = config_from_args(args)
     assert (config.region, config.port, config.jurisdiction) == ("us-east", 9100, "us")
     assert config.models[0].engine.num_kv_blocks == 40
     assert config.models[0].engine.enable_prefix_caching is False
+    # The wait limit joins the file's queue bounds instead of replacing them.
+    queue = config.models[0].queue
+    assert (queue.interactive_max_wait_s, queue.batch_max_wait_s) == (0.15, None)
+    assert queue.batch_max_waiting_tokens == 500
 
 
 def test_cli_reports_config_errors_with_exit_code_2(capsys: pytest.CaptureFixture[str]) -> None:

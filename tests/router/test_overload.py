@@ -19,6 +19,7 @@ def queued(
     by_tier: dict[str, int] | None = None,
     bound: dict[str, int] | None = None,
     drain: float = 0.0,
+    first_token: dict[str, float] | None = None,
     healthy: bool = True,
 ) -> NodeInfo:
     queue = ModelQueue(
@@ -26,6 +27,7 @@ def queued(
         waiting_tokens_by_tier=by_tier or {},
         queue_bound_tokens=bound or {},
         drain_tokens_per_s=drain,
+        first_token_s_by_tier=first_token or {},
     )
     return NodeInfo(
         node_id=node_id,
@@ -54,6 +56,21 @@ def wait(
 
 def test_wait_is_queued_tokens_over_the_measured_drain_rate() -> None:
     assert wait(fleet(queued("a", waiting=3000, drain=1500.0))) == 2.0
+
+
+def test_a_nodes_own_time_to_first_token_estimate_wins_over_its_queue() -> None:
+    # Nothing waits, but the node's steps have slowed (a CPU node filling up): its estimate counts.
+    busy = queued("a", drain=1500.0, first_token={"interactive": 0.4, "batch": 0.9})
+    assert wait(fleet(busy), "interactive") == 0.4
+    assert wait(fleet(busy), "batch") == 0.9
+    # The best node of the pool, as ever; a tier the node does not estimate falls back to its queue.
+    assert wait(fleet(busy, queued("b", waiting=300, drain=1500.0))) == 0.2
+    assert wait(fleet(queued("c", waiting=3000, drain=1500.0, first_token={"batch": 5.0}))) == 2.0
+    # A queue at its bound still refuses whatever the node estimates.
+    full = queued(
+        "d", by_tier={"interactive": 800}, bound={"interactive": 800}, first_token={"interactive": 0.1}
+    )
+    assert wait(fleet(full)) == math.inf
 
 
 def test_an_unmeasured_drain_rate_uses_the_fallback() -> None:
