@@ -205,19 +205,32 @@ class CallSafety:
                     _filter(choice)
         return result
 
-    async def guard_stream(
-        self, endpoint: str, chunks: AsyncIterator[dict[str, Any]]
+    def guard_stream(
+        self, endpoint: str, chunks: AsyncGenerator[dict[str, Any], None]
     ) -> AsyncGenerator[dict[str, Any], None]:
         """The client's chunks with output held back until checked (stream.py); a block ends the
         stream with `content_filter` and an error event, and stops reading the upstream."""
         policy = self.policy
         if policy is None or not policy.output:
-            async for chunk in chunks:
-                yield chunk
-            return
+            return chunks
         self._scanned.add("output")
+        return self._guarded(endpoint, chunks)
+
+    async def _guarded(
+        self, endpoint: str, chunks: AsyncGenerator[dict[str, Any], None]
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        try:
+            async for chunk in self._checked(endpoint, chunks):
+                yield chunk
+        finally:
+            await chunks.aclose()
+
+    async def _checked(
+        self, endpoint: str, chunks: AsyncIterator[dict[str, Any]]
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        assert self.policy is not None
         rules, blocklist = self._layers("output")
-        streamed = _StreamState(policy, rules, blocklist, self.guard.config.classify_every_chars)
+        streamed = _StreamState(self.policy, rules, blocklist, self.guard.config.classify_every_chars)
         async for chunk in chunks:
             if isinstance(chunk.get("error"), dict):
                 yield chunk  # held text is dropped: it was never checked whole
@@ -281,8 +294,9 @@ class CallSafety:
     # -- the end ----------------------------------------------------------------------------
 
     def finish(self) -> None:
-        """Sides this call never scanned are recorded `unscanned` (never `pass`)."""
-        for where in ("input", "output"):
+        """Sides this call never scanned are recorded `unscanned` (never `pass`); after a block
+        on input there was no output to scan."""
+        for where in ("input",) if self.blocked else ("input", "output"):
             if where not in self._scanned:
                 self._scanned.add(where)  # type: ignore[arg-type]
                 self._decide(where, "none", "-", "unscanned", None, 0.0, "")  # type: ignore[arg-type]
