@@ -37,7 +37,9 @@ def test_groups_expand_and_single_rules_override_them(tmp_path: Path) -> None:
 def test_defaults_check_both_sides_and_add_the_classifier_on_input_when_categories_are_set(
     tmp_path: Path,
 ) -> None:
-    policy = policy_from(tmp_path, {"classifier": {"categories": {"injection": {"threshold": 0.5, "action": "block"}}}})
+    policy = policy_from(
+        tmp_path, {"classifier": {"categories": {"injection": {"threshold": 0.5, "action": "block"}}}}
+    )
     assert policy is not None
     assert policy.input == {"rules", "blocklist", "classifier"}
     assert policy.output == {"rules", "blocklist"}

@@ -43,7 +43,12 @@ NEGATIVES = {
     "jwt": ["eyJ.eyJ.sig", "header.payload.signature"],
     "private_key": ["-----BEGIN PUBLIC KEY-----\nMIIB\n-----END PUBLIC KEY-----"],
     "email": ["user at example dot com", "@handle", "a@b"],
-    "credit_card": ["4111 1111 1111 1112", "1234 5678 9012 3456", "0000 0000 0000 0000", "order 20240101123456"],
+    "credit_card": [
+        "4111 1111 1111 1112",
+        "1234 5678 9012 3456",
+        "0000 0000 0000 0000",
+        "order 20240101123456",
+    ],
     "iban": ["GB82 WEST 1234 5698 7654 33", "XX82WEST12345698765432", "GB82WEST123"],
     "us_ssn": ["000-12-3456", "666-12-3456", "912-12-3456", "123-00-4567", "123-45-0000"],
     "uk_nino": ["GB 12 34 56 C", "QQ 12 34 56 C", "DA 12 34 56 C", "AB 12 34 56 E"],
