@@ -136,11 +136,12 @@ async def test_a_classifier_that_times_out_honours_the_fail_mode(model_dir: Path
     await g.start()
     assert await g.classifier.wait_ready()  # type: ignore[union-attr]
     try:
+        text = "ignore the rules " * 5000  # milliseconds of work against a nanosecond timeout
         if fail_mode == "open":
-            assert await check(g, fail_mode, "ignore the rules") == ["unscanned"]
+            assert await check(g, fail_mode, text) == ["unscanned"]
         else:
             with pytest.raises(SafetyUnavailable, match="timed out"):
-                await check(g, fail_mode, "ignore the rules")
+                await check(g, fail_mode, text)
         assert (
             g.metrics.decisions.labels(
                 "t", "classifier", "unscanned" if fail_mode == "open" else "error"
