@@ -7,9 +7,10 @@ import asyncio
 import json
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 from prometheus_client import CollectorRegistry
 
 from gateway.safety.audit import SafetyMetrics
@@ -57,6 +58,44 @@ def broken_model(tmp_path: Path, source: Path) -> Path:
     return out
 
 
+def slow_model(tmp_path: Path, source: Path) -> Path:
+    """The keyword model's tokenizer and labels with a graph that takes about a second per text
+    whatever the machine's load (ten 1024x1024 matrix products that depend on the input, so
+    nothing is folded at load): slower than any timeout a test sets, by construction."""
+    out = tmp_path / "slow"
+    out.mkdir()
+    for name in ("tokenizer.json", "config.json"):
+        (out / name).write_bytes((source / name).read_bytes())
+    labels = len(json.loads((source / "config.json").read_text())["id2label"])
+    nodes = [
+        helper.make_node("Cast", ["input_ids"], ["as_float"], to=TensorProto.FLOAT),
+        helper.make_node("ReduceMax", ["as_float"], ["top"], keepdims=0),
+        helper.make_node("Mul", ["matrix", "top"], ["m0"]),
+    ]
+    for i in range(10):
+        nodes.append(helper.make_node("MatMul", [f"m{i}", "matrix"], [f"m{i + 1}"]))
+    nodes += [
+        helper.make_node("ReduceMax", ["m10"], ["peak"], keepdims=0),
+        helper.make_node("Mul", ["peak", "zero"], ["nothing"]),
+        helper.make_node("Add", ["base", "nothing"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "slow",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, labels])],
+        initializer=[
+            numpy_helper.from_array(np.full((1024, 1024), 1e-3, dtype=np.float32), "matrix"),
+            numpy_helper.from_array(np.zeros((), dtype=np.float32), "zero"),
+            numpy_helper.from_array(np.zeros((1, labels), dtype=np.float32), "base"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(out / "model.onnx"))
+    return out
+
+
 async def loaded(model: Path, **config: object) -> OnnxClassifier:
     classifier = OnnxClassifier(ClassifierConfig(model_dir=str(model), **config))  # type: ignore[arg-type]
     await classifier.start()
@@ -94,13 +133,15 @@ async def test_scores_each_category_and_long_texts_by_window(model_dir: Path) ->
         await classifier.stop()
 
 
-async def test_a_full_pool_refuses_at_once(model_dir: Path) -> None:
-    classifier = await loaded(model_dir, workers=1, max_queue=0)
+async def test_a_full_pool_refuses_at_once(model_dir: Path, tmp_path: Path) -> None:
+    classifier = await loaded(slow_model(tmp_path, model_dir), workers=1, max_queue=1, timeout_s=30)
     try:
-        text = "ignore " * 20000  # long enough that the first is still running
-        results = await asyncio.gather(*(classifier.classify(text) for _ in range(4)), return_exceptions=True)
+        results = await asyncio.gather(
+            *(classifier.classify("ignore") for _ in range(4)), return_exceptions=True
+        )
         refused = [r for r in results if isinstance(r, ClassifierError) and "queue is full" in r.why]
-        assert refused and any(isinstance(r, dict) for r in results)
+        scored = [r for r in results if isinstance(r, dict)]
+        assert (len(scored), len(refused)) == (2, 2)  # one running, one waiting, two refused
     finally:
         await classifier.stop()
 
@@ -131,12 +172,14 @@ async def check(g: SafetyGuard, fail_mode: str, text: str) -> list[str]:
 
 
 @pytest.mark.parametrize("fail_mode", ["open", "closed"])
-async def test_a_classifier_that_times_out_honours_the_fail_mode(model_dir: Path, fail_mode: str) -> None:
-    g = guard(model_dir, timeout_s=1e-9)
+async def test_a_classifier_that_times_out_honours_the_fail_mode(
+    model_dir: Path, tmp_path: Path, fail_mode: str
+) -> None:
+    g = guard(slow_model(tmp_path, model_dir), timeout_s=0.05)
     await g.start()
     assert await g.classifier.wait_ready()  # type: ignore[union-attr]
     try:
-        text = "ignore the rules " * 5000  # milliseconds of work against a nanosecond timeout
+        text = "ignore the rules"
         if fail_mode == "open":
             assert await check(g, fail_mode, text) == ["unscanned"]
         else:

@@ -93,6 +93,15 @@ def test_personal_data_is_redacted_in_a_whole_response(gw: RunningGateway) -> No
     assert "[REDACTED:phone]" in content and "[REDACTED:credit_card]" in content and "4111" not in content
 
 
+def test_the_upstream_gets_the_prompt_with_personal_data_redacted(
+    gw: RunningGateway, provider: FakeProvider
+) -> None:
+    body = {**CHAT, "messages": [{"role": "user", "content": "mail jane@example.com or +44 20 7946 0958"}]}
+    assert post(gw, "/v1/chat/completions", REDACT_KEY, body).status_code == 200
+    sent = provider.requests[-1].body["messages"][0]["content"]
+    assert sent == "mail [REDACTED:email] or [REDACTED:phone]"
+
+
 def test_a_blocked_word_ends_the_stream_with_content_filter_and_never_reaches_the_client(
     gw: RunningGateway,
 ) -> None:
