@@ -95,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("node", help="run a regional node (meridian node --help)", add_help=False)
     commands.add_parser("model", help="manage local checkpoints (meridian model init --help)", add_help=False)
     commands.add_parser("policy", help="policy tools: hash-key KEY, check [DIR]", add_help=False)
+    commands.add_parser("safety", help="safety tools: init-model PATH, audit FILE", add_help=False)
     return parser
 
 
@@ -113,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
         from gateway.policy.__main__ import main as policy_main
 
         return policy_main(argv[1:])
+    if argv and argv[0] == "safety":
+        from gateway.safety.__main__ import main as safety_main
+
+        return safety_main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "gateway":
         return _gateway_main(args)
