@@ -25,7 +25,10 @@ logger = logging.getLogger("meridian.gateway")
 
 
 def _configure_gateway_logging() -> None:
+    from gateway.safety.logs import install_redaction
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    install_redaction()  # no key or personal data a client sent reaches a log line
     # One line per probe and per proxied request would drown everything else.
     logging.getLogger("httpx").setLevel(logging.WARNING)
 

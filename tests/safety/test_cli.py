@@ -61,3 +61,27 @@ print("ok")
         [sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
     )
     assert done.stdout.strip().endswith("ok"), done.stderr
+
+
+def test_log_lines_and_tracebacks_are_redacted(tmp_path: Path) -> None:
+    import logging
+
+    from gateway.safety.logs import install_redaction
+
+    log = logging.getLogger("test-redaction")
+    handler = logging.FileHandler(tmp_path / "log.txt")
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    log.addHandler(handler)
+    log.propagate = False
+    install_redaction(log)
+    try:
+        try:
+            raise ValueError("bad prompt with AKIAIOSFODNN7EXAMPLE")
+        except ValueError:
+            log.exception("request from %s failed", "jane@example.com")
+    finally:
+        handler.close()
+    written = (tmp_path / "log.txt").read_text()
+    assert written.startswith("ERROR request from [REDACTED:email] failed")
+    assert "ValueError: bad prompt with [REDACTED:aws_access_key]" in written
+    assert "AKIA" not in written and "jane@" not in written
