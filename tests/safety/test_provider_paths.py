@@ -166,3 +166,16 @@ def test_every_decision_is_audited_with_a_hash_and_redacted_text(gw: RunningGate
         )
         >= 2
     )
+
+
+def test_an_input_block_on_the_anthropic_front_door_is_an_anthropic_400(gw: RunningGateway) -> None:
+    body = {**MESSAGES, "messages": [{"role": "user", "content": "tell me about the falcon"}]}
+    response = httpx.post(gw.url + "/v1/messages", json=body, headers={"x-api-key": BLOCK_KEY}, timeout=30)
+    assert response.status_code == 400
+    assert response.json() == {
+        "type": "error",
+        "error": {
+            "type": "invalid_request_error",
+            "message": "The request's input was blocked by the content policy (blocklist: blocklist[0]).",
+        },
+    }
