@@ -12,7 +12,8 @@ returned: /ready reports it); scoring runs in a bounded thread pool off the even
 `timeout_s` (the run finishes in its thread and frees its slot then, so the bound holds). Every
 failure is a ClassifierError; the tenant's fail mode decides what it means.
 
-`onnxruntime` is imported only when a classifier is configured (the `safety` extra).
+`onnxruntime` (the `safety` extra), `tokenizers` and numpy are imported only when a classifier
+is configured: a gateway without one loads none of them.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import msgspec
-import numpy as np
 
 from gateway.safety.errors import ClassifierError
 
@@ -76,9 +76,11 @@ class OnnxModel:
     """The loaded model, tokenizer and labels; `scores` is synchronous (a worker thread's)."""
 
     def __init__(self, model_dir: Path, *, max_tokens: int, threads_per_run: int) -> None:
+        import numpy
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
+        self._np = numpy
         config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
         id2label = config.get("id2label") or {}
         if not id2label:
@@ -100,6 +102,7 @@ class OnnxModel:
             raise ValueError(f"{model_dir / 'model.onnx'}: the model has no input_ids input")
 
     def scores(self, text: str) -> dict[str, float]:
+        np = self._np
         ids = self.tokenizer.encode(text).ids or [0]
         windows = [ids[i : i + self.max_tokens] for i in range(0, len(ids), self.max_tokens)]
         width = max(len(w) for w in windows)
