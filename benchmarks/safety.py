@@ -80,14 +80,18 @@ def bench_rules(runs: int) -> dict[str, Any]:
     for kb in (1, 4, 16):
         text = text_of(kb)
         scan(text, rules, entries)  # compile caches warm
-        times = []
+        times, cpu = [], []
         for _ in range(max(20, runs // kb)):
-            started = time.perf_counter()
+            started, started_cpu = time.perf_counter(), time.thread_time()
             scan(text, rules, entries)
+            cpu.append(time.thread_time() - started_cpu)
             times.append(time.perf_counter() - started)
+        # Wall time includes waiting for a core on a shared machine; the thread's CPU time is
+        # the cost on one core.
         out[f"{kb}kb"] = {
             "calls": len(times),
             "ms_per_kb": summary_ms(times, per=kb),
+            "cpu_ms_per_kb": summary_ms(cpu, per=kb),
             "ms_per_call": summary_ms(times),
         }
     return out
@@ -186,14 +190,18 @@ def main() -> int:
         }
     target = 5.0
     result["rules_target_p95_ms_per_kb"] = target
-    result["rules_meets_target"] = all(r["ms_per_kb"]["p95"] <= target for r in result["rules"].values())
+    result["rules_meets_target_wall"] = all(r["ms_per_kb"]["p95"] <= target for r in result["rules"].values())
+    result["rules_meets_target_cpu"] = all(
+        r["cpu_ms_per_kb"]["p95"] <= target for r in result["rules"].values()
+    )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"{'phase':<28}{'p50 ms':>10}{'p95 ms':>10}{'p99 ms':>10}")
     for size, r in result["rules"].items():
-        m = r["ms_per_kb"]
-        print(f"{'rules ' + size + ' (per KB)':<28}{m['p50']:>10.3f}{m['p95']:>10.3f}{m['p99']:>10.3f}")
+        for kind, m in (("wall", r["ms_per_kb"]), ("cpu", r["cpu_ms_per_kb"])):
+            label = f"rules {size} {kind} (per KB)"
+            print(f"{label:<28}{m['p50']:>10.3f}{m['p95']:>10.3f}{m['p99']:>10.3f}")
     c = result["classifier"]["ms_per_1kb_text"]
     print(f"{'classifier 1kb text':<28}{c['p50']:>10.3f}{c['p95']:>10.3f}{c['p99']:>10.3f}")
     for name in ("passthrough_gap_ms", "guarded_gap_ms"):
@@ -204,7 +212,10 @@ def main() -> int:
     s = result["stream"]
     print(f"stream: {s['added_cpu_per_chunk_ms']:.4f} ms CPU added per chunk; hold-back lag "
           f"{s['hold_back_chars']} chars (~{s['hold_back_lag_chunks']} chunks)")  # fmt: skip
-    print(f"rules p95 <= {target} ms/KB: {'yes' if result['rules_meets_target'] else 'NO'}   -> {out}")
+    wall, cpu = result["rules_meets_target_wall"], result["rules_meets_target_cpu"]
+    print(
+        f"rules p95 <= {target} ms/KB: wall {'yes' if wall else 'NO'}, cpu {'yes' if cpu else 'NO'}   -> {out}"
+    )
     return 0
 
 

@@ -25,6 +25,7 @@ def test_safety_benchmark_writes_its_json(tmp_path: Path) -> None:
     result = json.loads(out.read_text())
     assert set(result["rules"]) == {"1kb", "4kb", "16kb"}
     assert {"p50", "p95", "p99"} <= set(result["rules"]["1kb"]["ms_per_kb"])
+    assert {"p50", "p95", "p99"} <= set(result["rules"]["1kb"]["cpu_ms_per_kb"])
     assert result["classifier"]["labels"] == ["injection", "toxicity"]
     assert result["stream"]["hold_back_chars"] == 128
     assert "rules p95" in done.stdout
