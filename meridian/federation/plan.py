@@ -82,16 +82,7 @@ class FederationPlan:
         return self.state_dir / "models" / model.name
 
     def node_command(self, node: NodeSpec) -> list[str]:
-        command = [
-            sys.executable,
-            "-m",
-            "meridian.cli",
-            "node",
-            "--host",
-            node.host,
-            "--port",
-            str(node.port),
-        ]
+        command = [sys.executable, "-m", "meridian.cli", "node", "--host", node.host, "--port", str(node.port)]
         command += ["--node-id", node.node_id, "--region", node.region, "--jurisdiction", node.jurisdiction]
         for model in self.models:
             command += ["--model", f"{model.name}={self.checkpoint_dir(model)}:{model.tier}"]
