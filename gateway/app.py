@@ -29,6 +29,7 @@ from gateway.policy import PolicyStore
 from gateway.quota import build_quota_gate
 from gateway.quota.interface import QuotaGate
 from gateway.request.pipeline import RequestPipeline
+from gateway.safety.guard import SafetyGuard
 from gateway.upstreams.failover import Forwarder
 from gateway.upstreams.fleet import Fleet, ProviderSet
 from gateway.upstreams.http1 import ConnectionPool
@@ -55,8 +56,10 @@ class Gateway:
     fleet: Fleet
     metrics: GatewayMetrics
     pipeline: RequestPipeline
+    safety: SafetyGuard  # content checks: the classifier loads in the background (see /ready)
 
     async def start(self) -> None:
+        await self.safety.start()  # first: the classifier warms while the rest starts
         await self.policies.start()
         await self.directory.start()
         await self.board.start()
@@ -84,6 +87,7 @@ class Gateway:
             self.quota.close,
             self.clients.aclose,
             self.probe_client.aclose,
+            self.safety.stop,
         ):
             try:
                 await step()
@@ -165,8 +169,15 @@ def build_gateway(
     # (PolicyError) before any server is up; start() then only begins hot reloading.
     policies.load()
     forwarder = Forwarder(fleet, metrics, retry=config.retry, stream_idle_s=timeouts.stream_idle_s)
+    safety = SafetyGuard(config.safety, metrics.registry)
     pipeline = RequestPipeline(
-        config=config, policies=policies, quota=quota, fleet=fleet, forwarder=forwarder, metrics=metrics
+        config=config,
+        policies=policies,
+        quota=quota,
+        fleet=fleet,
+        forwarder=forwarder,
+        metrics=metrics,
+        safety=safety,
     )
     return Gateway(
         config=config,
@@ -181,6 +192,7 @@ def build_gateway(
         fleet=fleet,
         metrics=metrics,
         pipeline=pipeline,
+        safety=safety,
     )
 
 
@@ -207,6 +219,7 @@ def create_app(
             "pipeline": provide(gateway.pipeline),
             "fleet": provide(gateway.fleet),
             "metrics": provide(gateway.metrics),
+            "safety": provide(gateway.safety),
         },
         exception_handlers={Exception: handle_exception},
         lifespan=[gateway.lifespan],

@@ -22,6 +22,7 @@ import msgspec
 import yaml
 
 from gateway.quota.config import QuotaConfig
+from gateway.safety.config import SafetyConfig
 from gateway.upstreams.providers.config import ProvidersConfig
 from http_server import ServerLimits
 from http_server.limits import KeepAliveSeconds
@@ -198,6 +199,9 @@ class GatewayConfig(_Section):
     ejection: EjectionConfig = msgspec.field(default_factory=EjectionConfig)
     token_estimate: TokenEstimateConfig = msgspec.field(default_factory=TokenEstimateConfig)
     admission: AdmissionConfig = msgspec.field(default_factory=AdmissionConfig)
+    # The safety layer's audit log and classifier model (gateway/safety/config.py); what each
+    # tenant checks is in its policy.
+    safety: SafetyConfig = msgspec.field(default_factory=SafetyConfig)
     # What the gateway's HTTP server allows its clients (http_server/limits.py documents each).
     server: GatewayServerLimits = msgspec.field(default_factory=GatewayServerLimits)
     # Where this config came from, for error messages and resolving relative paths; not in YAML.
@@ -272,7 +276,17 @@ def _resolve_paths(config: GatewayConfig, base: Path) -> GatewayConfig:
         directory = msgspec.structs.replace(directory, file=resolve(directory.file))
     else:
         directory = msgspec.structs.replace(directory, tls=resolve_tls_paths(directory.tls, base))
-    return msgspec.structs.replace(config, policies=resolve(config.policies), directory=directory)
+    safety = config.safety
+    if safety.audit_path is not None:
+        safety = msgspec.structs.replace(safety, audit_path=resolve(safety.audit_path))
+    if safety.classifier is not None:
+        classifier = msgspec.structs.replace(
+            safety.classifier, model_dir=resolve(safety.classifier.model_dir)
+        )
+        safety = msgspec.structs.replace(safety, classifier=classifier)
+    return msgspec.structs.replace(
+        config, policies=resolve(config.policies), directory=directory, safety=safety
+    )
 
 
 def config_from_dict(data: Any, *, source: str = "<memory>", base_dir: Path | None = None) -> GatewayConfig:

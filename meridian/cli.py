@@ -25,7 +25,10 @@ logger = logging.getLogger("meridian.gateway")
 
 
 def _configure_gateway_logging() -> None:
+    from gateway.safety.logs import install_redaction
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    install_redaction()  # no key or personal data a client sent reaches a log line
     # One line per probe and per proxied request would drown everything else.
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
@@ -95,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("node", help="run a regional node (meridian node --help)", add_help=False)
     commands.add_parser("model", help="manage local checkpoints (meridian model init --help)", add_help=False)
     commands.add_parser("policy", help="policy tools: hash-key KEY, check [DIR]", add_help=False)
+    commands.add_parser("safety", help="safety tools: init-model PATH, audit FILE", add_help=False)
     return parser
 
 
@@ -113,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
         from gateway.policy.__main__ import main as policy_main
 
         return policy_main(argv[1:])
+    if argv and argv[0] == "safety":
+        from gateway.safety.__main__ import main as safety_main
+
+        return safety_main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "gateway":
         return _gateway_main(args)

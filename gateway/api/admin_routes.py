@@ -8,6 +8,7 @@ from typing import Any
 from litestar import Controller, Response, get
 
 from gateway.metrics import GatewayMetrics
+from gateway.safety.guard import SafetyGuard
 from gateway.upstreams.fleet import Fleet
 
 _PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
@@ -26,6 +27,17 @@ class AdminController(Controller):
             "healthy_nodes": sum(1 for n in nodes if n.healthy),
             "ejected": fleet.ejected(),
         }
+
+    @get("/ready")
+    async def ready(self, safety: SafetyGuard) -> Response[dict[str, Any]]:
+        """Readiness: 503 until the safety classifier (when one is configured) is loaded and
+        warm, so a load balancer never sends traffic to a gateway that would fail it open or
+        closed for want of a model."""
+        classifier = safety.classifier
+        if classifier is not None and not classifier.ready:
+            why = getattr(classifier, "load_error", None) or "the safety classifier is loading"
+            return Response({"ready": False, "reason": why}, status_code=503)
+        return Response({"ready": True}, status_code=200)
 
     @get("/metrics")
     async def metrics(self, metrics: GatewayMetrics) -> Response[bytes]:

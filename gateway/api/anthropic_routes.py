@@ -62,7 +62,8 @@ async def _frames(stream: ServedStream, events: ChatToMessagesStream) -> AsyncGe
         if isinstance(chunk.get("error"), dict):
             # The pipeline's last word on a stream it could not finish or continue.
             message = str(chunk["error"].get("message") or "The stream was interrupted.")
-            yield _event(events.error("api_error", message))
+            blocked = chunk["error"].get("code") == "content_policy_violation"
+            yield _event(events.error("invalid_request_error" if blocked else "api_error", message))
             return
         for event in events.feed(chunk):
             yield _event(event)

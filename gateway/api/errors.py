@@ -21,6 +21,7 @@ from gateway.quota.headers import retry_after_headers
 from gateway.request.context import CallContext
 from gateway.request.errors import NoRouteError
 from gateway.request.pipeline import RequestPipeline
+from gateway.safety.errors import ContentBlocked, SafetyUnavailable
 from gateway.upstreams.errors import UpstreamRejected, UpstreamsExhausted
 from http_server import ClientDisconnected
 from protocol import (
@@ -53,6 +54,10 @@ def to_api_error(exc: BaseException, *, request_id: str = "-") -> APIError:
         return ServiceUnavailableError(
             exc.message, code="quota_store_unavailable", headers=retry_after_headers(exc.retry_after_ms)
         )
+    if isinstance(exc, ContentBlocked):
+        return InvalidRequestError(exc.args[0], code="content_policy_violation")
+    if isinstance(exc, SafetyUnavailable):
+        return ServiceUnavailableError(exc.args[0], code="safety_unavailable")
     if isinstance(exc, RequestTooLarge):
         return InvalidRequestError(exc.message, param="max_tokens", code="request_too_large")
     if isinstance(exc, ClientDisconnected):

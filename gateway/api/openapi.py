@@ -5,7 +5,7 @@ decoding), so Litestar cannot infer request types from their signatures, and its
 would describe neither our error bodies nor our responses. The schemas come instead from the
 msgspec structs the doors decode with (msgspec emits JSON Schema 2020-12, OpenAPI 3.1's dialect),
 so the document cannot drift from what the gateway accepts. Bodies the gateway builds as dicts
-(errors, usage, Anthropic's answers) are described here. Operator endpoints (/health, /metrics)
+(errors, usage, Anthropic's answers) are described here. Operator endpoints (/health, /ready, /metrics)
 are left out. The document depends on no config: it is built and encoded once per process.
 """
 

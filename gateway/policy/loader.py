@@ -10,9 +10,8 @@ from pathlib import Path
 import yaml
 
 from gateway.policy.errors import PolicyError
-from gateway.policy.fields import Where
 from gateway.policy.policy_set import PolicySet, as_extra
-from gateway.policy.schema import parse_document
+from gateway.policy.schema import ParsedTenant, parse_document
 from router.types import TenantPolicy
 
 SUFFIXES = (".yaml", ".yml")
@@ -45,7 +44,7 @@ def read_source(directory: Path) -> PolicySource:
     return PolicySource(files, digest.hexdigest())
 
 
-def parse_file(name: str, content: bytes) -> list[tuple[TenantPolicy, Where]]:
+def parse_file(name: str, content: bytes) -> list[ParsedTenant]:
     try:
         document = yaml.safe_load(content)
     except yaml.YAMLError as exc:
@@ -57,8 +56,14 @@ def parse_file(name: str, content: bytes) -> list[tuple[TenantPolicy, Where]]:
 
 
 def build_policy_set(source: PolicySource, extra: Sequence[TenantPolicy] = ()) -> PolicySet:
-    tenants = [entry for name, content in source.files for entry in parse_file(name, content)]
-    return PolicySet.build([*tenants, *as_extra(extra)])
+    parsed = [entry for name, content in source.files for entry in parse_file(name, content)]
+    return _build(parsed, extra)
+
+
+def _build(parsed: list[ParsedTenant], extra: Sequence[TenantPolicy] = ()) -> PolicySet:
+    safety = {tenant.tenant_id: policy for tenant, _, policy in parsed if policy is not None}
+    tenants = [(tenant, where) for tenant, where, _ in parsed]
+    return PolicySet.build([*tenants, *as_extra(extra)], safety=safety)
 
 
 def load_policy_file(path: str | Path) -> PolicySet:
@@ -67,7 +72,7 @@ def load_policy_file(path: str | Path) -> PolicySet:
         content = path.read_bytes()
     except OSError as exc:
         raise PolicyError(str(path), "", f"cannot read: {exc.strerror}") from None
-    return PolicySet.build(parse_file(str(path), content))
+    return _build(parse_file(str(path), content))
 
 
 def load_policy_dir(path: str | Path, *, extra: Sequence[TenantPolicy] = ()) -> PolicySet:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from gateway.policy.fields import Where
 from gateway.policy.keys import key_digest, parse_key_hash
+from gateway.safety.policy import SafetyPolicy
 from router.types import TenantPolicy
 
 # Where in-memory policies (PolicyStore's `extra`, e.g. the demo tenant) are said to come from.
@@ -20,13 +21,17 @@ class PolicySet:
     by_id: Mapping[str, TenantPolicy]
     by_key_hash: Mapping[str, TenantPolicy]  # bare hex SHA-256 → tenant
     sources: Mapping[str, str]  # tenant id → file (or EXTRA_SOURCE) it came from
+    # tenant id → content policy; a tenant without one has no content checks (gateway/safety).
+    safety: Mapping[str, SafetyPolicy] = field(default_factory=lambda: MappingProxyType({}))
 
     @classmethod
     def empty(cls) -> PolicySet:
         return cls.build([])
 
     @classmethod
-    def build(cls, tenants: Iterable[tuple[TenantPolicy, Where]]) -> PolicySet:
+    def build(
+        cls, tenants: Iterable[tuple[TenantPolicy, Where]], safety: Mapping[str, SafetyPolicy] | None = None
+    ) -> PolicySet:
         """Index tenants; raise PolicyError on a duplicate id or a key hash held by two tenants."""
         by_id: dict[str, TenantPolicy] = {}
         by_key: dict[str, TenantPolicy] = {}
@@ -54,7 +59,15 @@ class PolicySet:
                         "one key must identify one tenant"
                     )
                 by_key[digest] = policy
-        return cls(MappingProxyType(by_id), MappingProxyType(by_key), MappingProxyType(sources))
+        return cls(
+            MappingProxyType(by_id),
+            MappingProxyType(by_key),
+            MappingProxyType(sources),
+            MappingProxyType(dict(safety or {})),
+        )
+
+    def safety_for(self, tenant_id: str) -> SafetyPolicy | None:
+        return self.safety.get(tenant_id)
 
     def get(self, tenant_id: str) -> TenantPolicy | None:
         return self.by_id.get(tenant_id)

@@ -12,6 +12,7 @@
         allow_degrade: bool              # default false
         fail_mode: open | closed         # default open
         prefix_cache: shared | isolated  # default shared
+        safety: {...}                    # default none: no content checks (safety_schema.py)
 
 policies/README.md has the full table. The defaults are TenantPolicy's own.
 """
@@ -31,6 +32,8 @@ from gateway.policy.fields import (
     string_list,
 )
 from gateway.policy.keys import parse_key_hash
+from gateway.policy.safety_schema import parse_safety
+from gateway.safety.policy import SafetyPolicy
 from router.types import (
     FailMode,
     PrefixCacheMode,
@@ -49,6 +52,7 @@ TENANT_FIELDS = (
     "allow_degrade",
     "fail_mode",
     "prefix_cache",
+    "safety",
 )
 LIMIT_FIELDS = (
     "requests_per_minute",
@@ -63,8 +67,12 @@ LIMIT_FIELDS = (
 _TENANT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
-def parse_document(document: Any, file: str) -> list[tuple[TenantPolicy, Where]]:
-    """Every tenant in one file, each with its position (for duplicate errors across files)."""
+ParsedTenant = tuple[TenantPolicy, Where, SafetyPolicy | None]
+
+
+def parse_document(document: Any, file: str) -> list[ParsedTenant]:
+    """Every tenant in one file, each with its position (for duplicate errors across files) and
+    its content policy (None: no content checks)."""
     root = Where(file)
     if document is None:
         raise root.error("the file is empty; expected a mapping with a 'tenants' list")
@@ -72,7 +80,13 @@ def parse_document(document: Any, file: str) -> list[tuple[TenantPolicy, Where]]
     where = root.key("tenants")
     if not isinstance(top["tenants"], list):
         raise where.error("expected a list of tenants")
-    return [(parse_tenant(entry, where.index(i)), where.index(i)) for i, entry in enumerate(top["tenants"])]
+    parsed = []
+    for i, entry in enumerate(top["tenants"]):
+        at = where.index(i)
+        tenant = parse_tenant(entry, at)
+        safety = entry.get("safety")
+        parsed.append((tenant, at, parse_safety(safety, at.key("safety")) if safety is not None else None))
+    return parsed
 
 
 def parse_tenant(entry: Any, where: Where) -> TenantPolicy:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from gateway.safety.guard import CallSafety
 from router.types import Target, TenantPolicy
 
 
@@ -29,6 +30,7 @@ class CallContext:
     region: str = "-"
     headers: dict[str, str] = field(default_factory=dict)
     stream_error: str | None = None  # why a stream ended with an error event
+    safety: CallSafety | None = None  # the content checks made on this call (gateway/safety)
 
     def __post_init__(self) -> None:
         self.headers["x-request-id"] = self.request_id

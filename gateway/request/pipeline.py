@@ -33,6 +33,7 @@ from gateway.request.context import CallContext, header_safe
 from gateway.request.errors import NoRouteError
 from gateway.request.plan import RequestPlan, plan_request
 from gateway.runtime.tasks import run_shielded
+from gateway.safety.guard import CallSafety, SafetyGuard
 from gateway.streaming.continuation import Continue, Stop, decide
 from gateway.streaming.relay import StreamRelay, error_event
 from gateway.streaming.served import ServedStream
@@ -59,8 +60,11 @@ class RequestPipeline:
         fleet: Fleet,
         forwarder: Forwarder,
         metrics: GatewayMetrics,
+        safety: SafetyGuard | None = None,
     ) -> None:
         self._config = config
+        # Without one given, no tenant's checks have a classifier or an audit file (metrics only).
+        self._safety = safety or SafetyGuard(config.safety, metrics.registry)
         self._catalog = config.catalog_models()
         self._policies = policies
         self._quota = quota
@@ -74,17 +78,22 @@ class RequestPipeline:
     async def complete(
         self, ctx: CallContext, endpoint: Endpoint, request: ParsedRequest, body: dict[str, Any]
     ) -> dict[str, Any]:
+        safety = self._begin_safety(ctx)
+        body = safety.screen_input(endpoint, body)
         plan, ticket = await self._admit_load(ctx, self._plan(ctx, endpoint, request, body))
         admission = await self._admit_quota(ctx, plan, ticket)
-        # Charged only for what was served: a request that failed on every target gets its
-        # tokens back (the request itself still counts against requests/min).
+        # Charged only for what was served: a request that failed on every target, or whose input
+        # the classifier blocked, gets its tokens back (the request still counts against requests/min).
         served_tokens = 0
         try:
             targets = self._route(ctx, plan)
             async with LeaseKeeper(self._quota, admission):
-                target, result, attempts = await self._failover.complete(
-                    targets, endpoint, lambda t: plan.body_for(t, stream=False), self._node_headers(ctx)
+                target, result, attempts = await safety.while_checking_input(
+                    self._failover.complete(
+                        targets, endpoint, lambda t: plan.body_for(t, stream=False), self._node_headers(ctx)
+                    )
                 )
+                await safety.input_verdict()
             ctx.served_by(target, attempts, self._fleet.route_label(target))
             usage = result.get("usage") or {}
             served_tokens = int(usage.get("total_tokens") or plan.estimated_tokens)
@@ -93,9 +102,10 @@ class RequestPipeline:
             if not plan.wants_token_ids:
                 for choice in result.get("choices") or []:
                     choice.pop("token_ids", None)
-            return result
+            return await safety.check_output(endpoint, result)
         finally:
             ticket.release()
+            safety.finish()
             await self._settle(admission, served_tokens)
 
     async def stream(
@@ -104,6 +114,8 @@ class RequestPipeline:
         """Opens the stream (failing over until a first chunk arrives), so that errors before the
         first byte are ordinary HTTP errors. What the stream holds is registered on one exit
         stack as it is taken; the returned ServedStream owns it from then on."""
+        safety = self._begin_safety(ctx)
+        body = safety.screen_input(endpoint, body)
         plan, ticket = await self._admit_load(ctx, self._plan(ctx, endpoint, request, body))
         admission = await self._admit_quota(ctx, plan, ticket)
         owned = AsyncExitStack()
@@ -113,13 +125,21 @@ class RequestPipeline:
             await self._settle_stream(ctx, plan, admission, relay)
 
         try:
+            owned.callback(safety.finish)
             owned.push_async_callback(settle)
             owned.callback(ticket.release)
             await owned.enter_async_context(LeaseKeeper(self._quota, admission))
             targets = self._route(ctx, plan)
-            opened = await self._failover.open_stream(
-                targets, endpoint, lambda t: plan.body_for(t, stream=True), self._node_headers(ctx)
+            opened = await safety.while_checking_input(
+                self._failover.open_stream(
+                    targets, endpoint, lambda t: plan.body_for(t, stream=True), self._node_headers(ctx)
+                )
             )
+            try:
+                await safety.input_verdict()  # no byte reaches the client before the input passed
+            except BaseException:
+                await opened.aclose()  # the node aborts the request and frees its KV blocks
+                raise
             ticket.release()  # the first chunk is here: the prompt has left the node's queue
             relay = StreamRelay(opened, plan)
             owned.push_async_callback(relay.aclose)
@@ -129,7 +149,7 @@ class RequestPipeline:
             raise
         ctx.served_by(opened.target, opened.attempts, self._fleet.route_label(opened.target))
         self._metrics.ttft.labels(opened.target.model).observe(time.monotonic() - ctx.started)
-        return ServedStream(ctx, self._relay(ctx, plan, relay), owned)
+        return ServedStream(ctx, safety.guard_stream(endpoint, self._relay(ctx, plan, relay)), owned)
 
     # -- stages ---------------------------------------------------------------------------------
 
@@ -146,6 +166,13 @@ class RequestPipeline:
             raise AuthenticationError("Incorrect or missing API key. Send it as 'Authorization: Bearer KEY'.")
         ctx.tenant = tenant
         return tenant
+
+    def _begin_safety(self, ctx: CallContext) -> CallSafety:
+        """The tenant's content policy as of now (a reload mid-call does not change it)."""
+        assert ctx.tenant is not None, "authenticate() before the content checks"
+        tenant = ctx.tenant.tenant_id
+        ctx.safety = self._safety.begin(ctx.request_id, tenant, self._policies.current().safety_for(tenant))
+        return ctx.safety
 
     def _plan(
         self, ctx: CallContext, endpoint: Endpoint, request: ParsedRequest, body: dict[str, Any]

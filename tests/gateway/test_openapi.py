@@ -16,7 +16,7 @@ from litestar.routes import HTTPRoute
 from gateway.app import create_app
 from tests.gateway.conftest import GLOBAL_KEY, RunningGateway, gateway_over, running_fleet
 
-OPERATOR_PATHS = {"/health", "/metrics"}
+OPERATOR_PATHS = {"/health", "/ready", "/metrics"}
 ERROR_STATUSES = ("400", "401", "403", "404", "408", "413", "429", "503")
 REQUESTS = {
     "/v1/chat/completions": "ChatCompletionRequest",

@@ -1,0 +1,572 @@
+"""The safety layer on the request path: `SafetyGuard` (one per gateway: classifier, audit log,
+metrics) and `CallSafety` (one per call: the tenant's content policy and every decision made).
+
+The pipeline calls, in order:
+
+    screen_input(endpoint, body)      rules and blocklists, before anything else (cheap); returns
+                                      the body with redactions, raises ContentBlocked
+    while_checking_input(work)        the upstream work runs beside the input classifier; a block
+                                      that arrives first cancels the work (freeing its KV blocks)
+    input_verdict()                   the classifier's answer, before the first byte is sent
+    check_output(result) / guard_stream(chunks)
+                                      output checks, whole or held back on streams
+    finish()                          records the sides that were never scanned as `unscanned`
+
+`CallSafety.decisions` is the one place a call's checks (layer, name, action, score, latency)
+can be read by tracing and the usage ledger; `blocked` and `flagged` summarise them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from prometheus_client import CollectorRegistry
+
+from gateway.safety.audit import AuditLog, SafetyMetrics
+from gateway.safety.classifier import Classifier, OnnxClassifier
+from gateway.safety.config import SafetyConfig
+from gateway.safety.errors import ClassifierError, ContentBlocked, SafetyUnavailable
+from gateway.safety.policy import Action, SafetyPolicy, Where, strongest
+from gateway.safety.rules import BlocklistEntry, Finding, redact, scan
+from gateway.safety.stream import StreamHold
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Decision:
+    where: Where
+    layer: str  # rules | blocklist | classifier | none
+    name: str  # the rule or category; "-" for a whole layer
+    action: str  # block | redact | flag | pass | unscanned | error
+    score: float | None = None
+    latency_s: float = 0.0
+
+
+class SafetyGuard:
+    def __init__(self, config: SafetyConfig, registry: CollectorRegistry) -> None:
+        self.config = config
+        self.metrics = SafetyMetrics(registry)
+        self.audit = AuditLog(config.audit_path, self.metrics)
+        self.classifier: Classifier | None = (
+            OnnxClassifier(config.classifier) if config.classifier is not None else None
+        )
+
+    @property
+    def ready(self) -> bool:
+        """False while a configured classifier is not yet loaded and warm (the gateway's /ready)."""
+        return self.classifier is None or self.classifier.ready
+
+    async def start(self) -> None:
+        await self.audit.start()
+        if self.classifier is not None:
+            await self.classifier.start()
+
+    async def stop(self) -> None:
+        if self.classifier is not None:
+            await self.classifier.stop()
+        await self.audit.stop()
+
+    def begin(self, request_id: str, tenant: str, policy: SafetyPolicy | None) -> CallSafety:
+        return CallSafety(self, request_id, tenant, policy)
+
+
+@dataclass
+class CallSafety:
+    guard: SafetyGuard
+    request_id: str
+    tenant: str
+    policy: SafetyPolicy | None
+    decisions: list[Decision] = field(default_factory=list)
+    _classifying: asyncio.Task[Mapping[str, float]] | None = None
+    _input_text: str = ""
+    _scanned: set[Where] = field(default_factory=set)
+    _input_started: float = 0.0
+
+    @property
+    def blocked(self) -> bool:
+        return any(d.action == "block" for d in self.decisions)
+
+    @property
+    def flagged(self) -> bool:
+        return any(d.action in ("flag", "redact", "block") for d in self.decisions)
+
+    # -- input ------------------------------------------------------------------------------
+
+    def screen_input(self, endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Rules and blocklists over every text of the request; the body, redacted where the
+        policy says; starts the input classifier (if the policy has it on input)."""
+        policy = self.policy
+        if policy is None or not policy.input:
+            return body
+        self._scanned.add("input")
+        texts = list(_request_texts(endpoint, body))
+        self._input_text = "\n".join(text for _, text in texts)
+        if "classifier" in policy.input:
+            self._input_started = time.monotonic()
+            self._classifying = asyncio.ensure_future(self._classify(self._input_text))
+        rules, blocklist = self._layers("input")
+        if not rules and not blocklist:
+            return body
+        started = time.monotonic()
+        found = [(setter, text, scan(text, rules, blocklist)) for setter, text in texts]
+        latency = time.monotonic() - started
+        self._observe("rules", "input", latency)
+        hits = [(f, policy.action_for(f)) for _, _, findings in found for f in findings]
+        for finding, action in hits:
+            self._decide("input", _layer_of(finding), finding.rule, action, None, latency, self._input_text)
+        self._passes("input", rules, blocklist, hits, latency, self._input_text)
+        blocked = next(((f, a) for f, a in hits if a == "block"), None)
+        if blocked is not None:
+            self._cancel_classifier()
+            raise ContentBlocked("input", _layer_of(blocked[0]), blocked[0].rule)
+        if any(a == "redact" for _, a in hits):
+            body = _copy_body(body)
+            for setter, text, findings in found:
+                redacts = [f for f in findings if policy.action_for(f) == "redact"]
+                if redacts:
+                    setter(body, redact(text, redacts))
+        return body
+
+    async def while_checking_input(self, work: Awaitable[T]) -> T:
+        """`work` (routing and the upstream call) beside the input classifier. A block that comes
+        first cancels `work` and raises; otherwise `work`'s result, the verdict maybe pending."""
+        if self._classifying is None:
+            return await work
+        task = asyncio.ensure_future(work)
+        try:
+            await asyncio.wait({task, self._classifying}, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done():
+                self._input_judgement()  # raises on a block or a fail-closed error
+            return await task
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+    async def input_verdict(self) -> None:
+        """Raises ContentBlocked or SafetyUnavailable; returns once the input may be served."""
+        if self._classifying is None:
+            return
+        await asyncio.wait({self._classifying})
+        self._input_judgement()
+
+    def _input_judgement(self) -> None:
+        task, self._classifying = self._classifying, None
+        assert task is not None and task.done()
+        exc = task.exception()
+        self._judge_scores(
+            "input", None if exc else task.result(), exc, self._input_text, self._input_started
+        )
+
+    def _cancel_classifier(self) -> None:
+        task, self._classifying = self._classifying, None
+        if task is not None:
+            task.cancel()
+
+    # -- output -----------------------------------------------------------------------------
+
+    async def check_output(self, endpoint: str, result: dict[str, Any]) -> dict[str, Any]:
+        """A whole (non-streamed) response: each choice checked; a blocked choice is emptied and
+        ends with finish_reason `content_filter`, redactions applied."""
+        policy = self.policy
+        if policy is None or not policy.output:
+            return result
+        self._scanned.add("output")
+        rules, blocklist = self._layers("output")
+        for choice in result.get("choices") or []:
+            text = _choice_text(choice)
+            if not text:
+                continue
+            started = time.monotonic()
+            findings = scan(text, rules, blocklist)
+            latency = time.monotonic() - started
+            self._observe("rules", "output", latency)
+            hits = [(f, policy.action_for(f)) for f in findings]
+            for finding, action in hits:
+                self._decide("output", _layer_of(finding), finding.rule, action, None, latency, text)
+            self._passes("output", rules, blocklist, hits, latency, text)
+            if any(a == "block" for _, a in hits):
+                _filter(choice)
+                continue
+            redacts = [f for f, a in hits if a == "redact"]
+            if redacts:
+                text = redact(text, redacts)
+                _set_choice_text(choice, text)
+            choice.pop("token_ids", None)  # ids would carry what was redacted
+            if "classifier" in policy.output:
+                started = time.monotonic()
+                scores, error = await self._scores(text)
+                if self._judge_scores("output", scores, error, text, started, raise_block=False):
+                    _filter(choice)
+        return result
+
+    def guard_stream(
+        self, endpoint: str, chunks: AsyncGenerator[dict[str, Any], None]
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        """The client's chunks with output held back until checked (stream.py); a block ends the
+        stream with `content_filter` and an error event, and stops reading the upstream."""
+        policy = self.policy
+        if policy is None or not policy.output:
+            return chunks
+        self._scanned.add("output")
+        return self._guarded(endpoint, chunks)
+
+    async def _guarded(
+        self, endpoint: str, chunks: AsyncGenerator[dict[str, Any], None]
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        try:
+            async for chunk in self._checked(endpoint, chunks):
+                yield chunk
+        finally:
+            await chunks.aclose()
+
+    async def _checked(
+        self, endpoint: str, chunks: AsyncIterator[dict[str, Any]]
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        assert self.policy is not None
+        rules, blocklist = self._layers("output")
+        streamed = _StreamState(self.policy, rules, blocklist, self.guard.config.classify_every_chars)
+        async for chunk in chunks:
+            if isinstance(chunk.get("error"), dict):
+                yield chunk  # held text is dropped: it was never checked whole
+                return
+            try:
+                blocked = await self._guard_chunk(endpoint, chunk, streamed)
+            except SafetyUnavailable as exc:
+                # Fail closed mid-stream: what is held was not checked, so it is not sent.
+                self._finish_stream(streamed)
+                yield _error_event(str(exc), "safety_unavailable", "server_error")
+                return
+            if blocked is not None:
+                self._finish_stream(streamed)
+                yield _content_filter_chunk(endpoint, chunk, streamed.indexes())
+                yield _blocked_event(blocked)
+                return
+            if _has_content(chunk):
+                yield chunk
+        self._finish_stream(streamed)
+
+    async def _guard_chunk(self, endpoint: str, chunk: dict[str, Any], streamed: _StreamState) -> str | None:
+        """Rewrites `chunk` to carry only checked text; the blocking rule's name, if any."""
+        policy = self.policy
+        assert policy is not None
+        for choice in chunk.get("choices") or []:
+            choice.pop("token_ids", None)  # ids would carry held or redacted text
+            index = int(choice.get("index", 0))
+            hold, state = streamed.hold(index)
+            final = choice.get("finish_reason") is not None
+            started = time.monotonic()
+            release = hold.feed(_choice_text(choice), final=final)
+            streamed.rules_s += time.monotonic() - started
+            if release.blocked is not None:
+                finding, action = release.blocked
+                self._decide("output", _layer_of(finding), finding.rule, "block", None, streamed.rules_s, "")
+                return finding.rule
+            for finding, action in release.hits:
+                streamed.hits.append((finding, action))
+                self._decide("output", _layer_of(finding), finding.rule, action, None, 0.0, release.text)
+            text = release.text
+            if "classifier" in policy.output:
+                state.unclassified += text
+                text = ""
+                if final or len(state.unclassified) >= streamed.classify_every:
+                    segment = state.context + state.unclassified
+                    started = time.monotonic()
+                    scores, error = await self._scores(segment)
+                    streamed.classified = True
+                    if self._judge_scores("output", scores, error, segment, started, raise_block=False):
+                        return "classifier"
+                    text, state.context = state.unclassified, state.unclassified[-streamed.classify_every :]
+                    state.unclassified = ""
+            _set_choice_text(choice, text)
+        return None
+
+    def _finish_stream(self, streamed: _StreamState) -> None:
+        self._observe("rules", "output", streamed.rules_s)
+        rules, blocklist = streamed.rules, streamed.blocklist
+        self._passes("output", rules, blocklist, streamed.hits, streamed.rules_s, "")
+
+    # -- the end ----------------------------------------------------------------------------
+
+    def finish(self) -> None:
+        """Sides this call never scanned are recorded `unscanned` (never `pass`); after a block
+        on input there was no output to scan."""
+        for where in ("input",) if self.blocked else ("input", "output"):
+            if where not in self._scanned:
+                self._scanned.add(where)  # type: ignore[arg-type]
+                self._decide(where, "none", "-", "unscanned", None, 0.0, "")  # type: ignore[arg-type]
+        self._cancel_classifier()
+
+    # -- shared -----------------------------------------------------------------------------
+
+    def _layers(self, where: Where) -> tuple[tuple[str, ...], tuple[BlocklistEntry, ...]]:
+        policy = self.policy
+        assert policy is not None
+        layers = policy.layers(where)
+        rules = tuple(policy.rules) if "rules" in layers else ()
+        blocklist = policy.blocklist_entries() if "blocklist" in layers else ()
+        return rules, blocklist
+
+    async def _classify(self, text: str) -> Mapping[str, float]:
+        classifier = self.guard.classifier
+        if classifier is None:
+            raise ClassifierError("no classifier is configured (safety.classifier)")
+        return await classifier.classify(text)
+
+    async def _scores(self, text: str) -> tuple[Mapping[str, float] | None, BaseException | None]:
+        try:
+            return await self._classify(text), None
+        except ClassifierError as exc:
+            return None, exc
+
+    def _judge_scores(
+        self,
+        where: Where,
+        scores: Mapping[str, float] | None,
+        error: BaseException | None,
+        text: str,
+        started: float,
+        *,
+        raise_block: bool = True,
+    ) -> bool:
+        """Records the classifier's decisions; True (or ContentBlocked) when it blocks. A failed
+        check fails open (`unscanned`) or closed (`error`, SafetyUnavailable)."""
+        policy = self.policy
+        assert policy is not None
+        latency = time.monotonic() - started
+        self._observe("classifier", where, latency)
+        hits = []
+        if error is None and scores is not None:
+            try:
+                hits = policy.scores_to_decisions(scores)
+            except KeyError as missing:
+                error = ClassifierError(f"the model has no category {missing}")
+        if error is not None:
+            why = getattr(error, "why", str(error))
+            if policy.fail_mode == "closed":
+                self._decide(where, "classifier", "-", "error", None, latency, text)
+                raise SafetyUnavailable("classifier", why)
+            self._decide(where, "classifier", "-", "unscanned", None, latency, text)
+            return False
+        for name, score, action in hits:
+            self._decide(
+                where, "classifier", name, "block" if action == "redact" else action, score, latency, text
+            )
+        if not hits:
+            top = max(scores.values(), default=0.0) if scores else 0.0
+            self._decide(where, "classifier", "-", "pass", top, latency, text)
+        blocking = next((name for name, _, action in hits if action in ("block", "redact")), None)
+        if blocking is not None and raise_block:
+            raise ContentBlocked(where, "classifier", blocking)
+        return blocking is not None
+
+    def _passes(
+        self,
+        where: Where,
+        rules: tuple[str, ...],
+        blocklist: tuple[BlocklistEntry, ...],
+        hits: list[tuple[Finding, Action]],
+        latency: float,
+        text: str,
+    ) -> None:
+        for layer, ran in (("rules", rules), ("blocklist", blocklist)):
+            if ran and not any(_layer_of(f) == layer for f, _ in hits):
+                self._decide(where, layer, "-", "pass", None, latency, text)
+
+    def _decide(
+        self, where: Where, layer: str, name: str, action: str, score: float | None, latency: float, text: str
+    ) -> None:
+        self.decisions.append(Decision(where, layer, name, action, score, latency))
+        self.guard.audit.record(
+            request_id=self.request_id,
+            tenant=self.tenant,
+            where=where,
+            layer=layer,
+            name=name,
+            action=action,
+            score=score,
+            latency_s=latency,
+            text=text,
+            log_content=bool(self.policy and self.policy.log_content),
+        )
+
+    def _observe(self, layer: str, where: str, seconds: float) -> None:
+        self.guard.metrics.check_seconds.labels(layer, where).observe(seconds)
+
+
+@dataclass
+class _ChoiceState:
+    unclassified: str = ""  # released by the rules, waiting for the classifier
+    context: str = ""  # the last classified text, scored again with the next segment
+
+
+@dataclass
+class _StreamState:
+    policy: SafetyPolicy
+    rules: tuple[str, ...]
+    blocklist: tuple[BlocklistEntry, ...]
+    classify_every: int
+    rules_s: float = 0.0
+    classified: bool = False
+    hits: list[tuple[Finding, Action]] = field(default_factory=list)
+    _holds: dict[int, tuple[StreamHold, _ChoiceState]] = field(default_factory=dict)
+
+    def hold(self, index: int) -> tuple[StreamHold, _ChoiceState]:
+        if index not in self._holds:
+            self._holds[index] = (StreamHold(self.policy, self.rules, self.blocklist), _ChoiceState())
+        return self._holds[index]
+
+    def indexes(self) -> list[int]:
+        return sorted(self._holds) or [0]
+
+
+# -- the wire shapes this module reads and writes (OpenAI chat and completions) --------------
+
+
+def _layer_of(finding: Finding) -> str:
+    return "blocklist" if finding.category == "blocklist" else "rules"
+
+
+def _request_texts(endpoint: str, body: dict[str, Any]) -> list[tuple[Any, str]]:
+    """(setter, text) for every text the client sent; a setter writes a redacted text back."""
+    found: list[tuple[Any, str]] = []
+    if endpoint == "chat":
+        for i, message in enumerate(body.get("messages") or []):
+            if not isinstance(message, dict):
+                continue
+            content = message.get("content")
+            if isinstance(content, str):
+                found.append((_message_setter(i, None), content))
+            elif isinstance(content, list):
+                for j, part in enumerate(content):
+                    if isinstance(part, dict) and isinstance(part.get("text"), str):
+                        found.append((_message_setter(i, j), part["text"]))
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            found.append((_prompt_setter(None), prompt))
+        elif isinstance(prompt, list):
+            for i, item in enumerate(prompt):
+                if isinstance(item, str):
+                    found.append((_prompt_setter(i), item))
+    return found
+
+
+def _message_setter(i: int, j: int | None) -> Any:
+    def put(body: dict[str, Any], text: str) -> None:
+        if j is None:
+            body["messages"][i]["content"] = text
+        else:
+            body["messages"][i]["content"][j]["text"] = text
+
+    return put
+
+
+def _prompt_setter(i: int | None) -> Any:
+    def put(body: dict[str, Any], text: str) -> None:
+        if i is None:
+            body["prompt"] = text
+        else:
+            body["prompt"][i] = text
+
+    return put
+
+
+def _copy_body(body: dict[str, Any]) -> dict[str, Any]:
+    """Deep enough to rewrite texts without touching the client's parsed body."""
+    copy = dict(body)
+    if isinstance(body.get("messages"), list):
+        copy["messages"] = [
+            {**m, "content": [dict(p) if isinstance(p, dict) else p for p in m["content"]]}
+            if isinstance(m, dict) and isinstance(m.get("content"), list)
+            else dict(m)
+            if isinstance(m, dict)
+            else m
+            for m in body["messages"]
+        ]
+    if isinstance(body.get("prompt"), list):
+        copy["prompt"] = list(body["prompt"])
+    return copy
+
+
+def _choice_text(choice: dict[str, Any]) -> str:
+    for key in ("delta", "message"):
+        part = choice.get(key)
+        if isinstance(part, dict):
+            content = part.get("content")
+            return content if isinstance(content, str) else ""
+    text = choice.get("text")
+    return text if isinstance(text, str) else ""
+
+
+def _set_choice_text(choice: dict[str, Any], text: str) -> None:
+    for key in ("delta", "message"):
+        part = choice.get(key)
+        if isinstance(part, dict):
+            if part.get("content") is not None or text:
+                part["content"] = text
+            return
+    if "text" in choice or text:
+        choice["text"] = text
+
+
+def _filter(choice: dict[str, Any]) -> None:
+    _set_choice_text(choice, "")
+    choice["finish_reason"] = "content_filter"
+    choice.pop("token_ids", None)
+
+
+def _has_content(chunk: dict[str, Any]) -> bool:
+    """A chunk left with nothing for the client (all its text held) is not sent."""
+    choices = chunk.get("choices")
+    if not choices:
+        return True  # usage
+    for choice in choices:
+        if choice.get("finish_reason") is not None or _choice_text(choice):
+            return True
+        delta = choice.get("delta")
+        if isinstance(delta, dict) and (delta.get("role") or delta.get("tool_calls")):
+            return True
+    return False
+
+
+def _content_filter_chunk(endpoint: str, last: dict[str, Any], indexes: list[int]) -> dict[str, Any]:
+    if endpoint == "chat":
+        choices = [
+            {"index": i, "delta": {}, "finish_reason": "content_filter", "logprobs": None} for i in indexes
+        ]
+        kind = "chat.completion.chunk"
+    else:
+        choices = [
+            {"index": i, "text": "", "finish_reason": "content_filter", "logprobs": None} for i in indexes
+        ]
+        kind = "text_completion"
+    return {
+        "id": last.get("id"),
+        "object": kind,
+        "created": last.get("created"),
+        "model": last.get("model"),
+        "choices": choices,
+    }
+
+
+def _blocked_event(name: str) -> dict[str, Any]:
+    return _error_event(
+        f"The response was stopped by the content policy ({name}).",
+        "content_policy_violation",
+        "invalid_request_error",
+    )
+
+
+def _error_event(message: str, code: str, error_type: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": error_type, "param": None, "code": code}}
+
+
+def strongest_action(decisions: list[Decision]) -> str | None:
+    """The most severe action among a call's decisions (for the ledger's `safety` flag)."""
+    return strongest(d.action for d in decisions if d.action in ("block", "redact", "flag"))  # type: ignore[misc]

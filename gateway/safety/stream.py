@@ -1,0 +1,59 @@
+"""Holding back streamed output until it is checked: the pure part (rules and blocklists).
+
+Text arrives in pieces; a secret may be split across two. `StreamHold` keeps the last
+`hold_back` characters unreleased, and never releases part of a match: a finding that crosses
+the release point, or a long match that has begun (a PEM key's BEGIN line), holds the cut at its
+start. Released text is redacted where the policy says so; a blocking finding anywhere in the
+held text stops the stream before any of it is released. At the end everything left is checked
+and released.
+
+The bound: a match longer than `hold_back` whose start is not recognisable on its own (an
+e-mail address with a very long local part) can be partly released before it matches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gateway.safety.policy import Action, SafetyPolicy
+from gateway.safety.rules import BlocklistEntry, Finding, open_span, redact, scan
+
+
+@dataclass(frozen=True)
+class Release:
+    text: str  # safe to send (redacted)
+    hits: list[tuple[Finding, Action]] = field(default_factory=list)  # findings in `text`
+    blocked: tuple[Finding, Action] | None = None
+
+
+class StreamHold:
+    def __init__(
+        self, policy: SafetyPolicy, rules: tuple[str, ...], blocklist: tuple[BlocklistEntry, ...]
+    ) -> None:
+        self._policy = policy
+        self._rules = rules
+        self._blocklist = blocklist
+        self._hold_back = policy.hold_back_chars
+        self.pending = ""
+
+    def feed(self, text: str, *, final: bool = False) -> Release:
+        pending = self.pending + text
+        findings = scan(pending, self._rules, self._blocklist)
+        actions = [(f, self._policy.action_for(f)) for f in findings]
+        for finding, action in actions:
+            if action == "block":
+                self.pending = ""
+                return Release("", blocked=(finding, action))
+        cut = len(pending)
+        if not final:
+            cut = max(0, cut - self._hold_back)
+            opened = open_span(pending, self._rules)
+            if opened is not None:
+                cut = min(cut, opened)
+            for finding in findings:
+                if finding.start < cut < finding.end:
+                    cut = finding.start
+        released = [(f, a) for f, a in actions if f.end <= cut]
+        self.pending = pending[cut:]
+        text_out = redact(pending[:cut], [f for f, a in released if a == "redact"])
+        return Release(text_out, released)
