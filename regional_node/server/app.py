@@ -38,7 +38,7 @@ def create_app(
 ) -> Litestar:
     """A node app serving `config.models`. `loader`/`runner_factory` are for tests' fake engines."""
     pool = ModelPool(config.models, loader=loader, runner_factory=runner_factory, warmup=config.warmup)
-    node = NodeState(config=config, pool=pool, metrics=NodeMetrics(pool.stats))
+    node = NodeState(config=config, pool=pool, metrics=NodeMetrics(pool.stats, pool.cache_configs))
     token = effective_token(config)
 
     @contextlib.asynccontextmanager

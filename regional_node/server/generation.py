@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from protocol.timing import Timing
 from regional_node.engine.errors import QueueFullError
 from regional_node.server.errors import aborted_error, api_error
 from regional_node.server.metrics import NodeMetrics, RequestTimings
@@ -121,6 +122,13 @@ class Generation:
     @property
     def last(self) -> RequestDelta | None:
         return self._last
+
+    def timing(self) -> Timing:
+        """The breakdown so far, for Server-Timing and the usage chunk (protocol/timing.py)."""
+        timings = self._clock.timings()
+        return Timing(
+            queue=timings.queue_wait, prefill=timings.prefill, decode=timings.decode, total=timings.e2e
+        )
 
     async def _first(self) -> None:
         try:

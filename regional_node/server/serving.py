@@ -19,6 +19,7 @@ from litestar.background_tasks import BackgroundTask
 from litestar.response import Stream
 
 from protocol import ChatCompletionRequest, CompletionRequest
+from protocol.timing import Timing
 from regional_node.server.chat import ChatFormat
 from regional_node.server.completions import CompletionFormat
 from regional_node.server.config import NodeConfig
@@ -115,15 +116,20 @@ async def _respond(
     headers = {"x-request-id": job.request_id, "x-meridian-node": node.config.node_id}
     if not stream:
 
-        async def run() -> bytes:
+        async def run() -> tuple[bytes, str]:
             generation = await start_generation(job, node.metrics)
-            return _encoder.encode(source.response(await collect(generation)))
+            content = _encoder.encode(source.response(await collect(generation)))
+            return content, generation.timing().server_timing()
 
-        content = await until_disconnect(request, run())
+        content, server_timing = await until_disconnect(request, run())
+        headers["server-timing"] = server_timing
         return Response(content=content, media_type="application/json", headers=headers)
 
     # Waiting for the first delta (queueing + prefill) also watches for a client that leaves.
     generation = await until_disconnect(request, start_generation(job, node.metrics))
+    # What is known at the first byte; the usage chunk carries the rest.
+    first = generation.timing()
+    headers["server-timing"] = Timing(queue=first.queue, prefill=first.prefill).server_timing()
     include_usage = bool(stream_options is not None and stream_options.include_usage)
     chunks: ChunkSource = source
     return Stream(
