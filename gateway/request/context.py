@@ -1,10 +1,11 @@
-"""One client call as the request path tracks it: tenant, served target, response headers."""
+"""One client call as the request path tracks it: tenant, served target, response headers, latency."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 
+from gateway.request.latency import Latency
 from router.types import Target, TenantPolicy
 
 
@@ -29,9 +30,12 @@ class CallContext:
     region: str = "-"
     headers: dict[str, str] = field(default_factory=dict)
     stream_error: str | None = None  # why a stream ended with an error event
+    # The latency breakdown (gateway overhead, queue, TTFT, prefill, decode, total): one place.
+    latency: Latency = field(default_factory=Latency)
 
     def __post_init__(self) -> None:
         self.headers["x-request-id"] = self.request_id
+        self.latency.started = self.started
 
     def served_by(self, target: Target, attempts: int, route: str | None = None) -> None:
         """`route` (default: the router's reason) is what x-meridian-route says about the target."""

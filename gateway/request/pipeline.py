@@ -41,6 +41,7 @@ from gateway.upstreams.errors import UpstreamRejected, UpstreamsExhausted
 from gateway.upstreams.failover import Forwarder, OpenedStream
 from gateway.upstreams.fleet import Fleet
 from protocol import AuthenticationError, ChatCompletionRequest, CompletionRequest
+from protocol.timing import TIMINGS_FIELD, timing_from_wire
 from router import route
 from router.types import CatalogModel, RouteRequest, Target, TenantPolicy
 
@@ -82,9 +83,14 @@ class RequestPipeline:
         try:
             targets = self._route(ctx, plan)
             async with LeaseKeeper(self._quota, admission):
-                target, result, attempts = await self._failover.complete(
-                    targets, endpoint, lambda t: plan.body_for(t, stream=False), self._node_headers(ctx)
-                )
+                since = time.monotonic()
+                try:
+                    target, result, attempts = await self._failover.complete(
+                        targets, endpoint, lambda t: plan.body_for(t, stream=False), self._node_headers(ctx)
+                    )
+                finally:
+                    ctx.latency.waited_since(since)
+            ctx.latency.answered(timing_from_wire(result.pop(TIMINGS_FIELD, None)))
             ctx.served_by(target, attempts, self._fleet.route_label(target))
             usage = result.get("usage") or {}
             served_tokens = int(usage.get("total_tokens") or plan.estimated_tokens)
@@ -117,17 +123,22 @@ class RequestPipeline:
             owned.callback(ticket.release)
             await owned.enter_async_context(LeaseKeeper(self._quota, admission))
             targets = self._route(ctx, plan)
-            opened = await self._failover.open_stream(
-                targets, endpoint, lambda t: plan.body_for(t, stream=True), self._node_headers(ctx)
-            )
+            since = time.monotonic()
+            try:
+                opened = await self._failover.open_stream(
+                    targets, endpoint, lambda t: plan.body_for(t, stream=True), self._node_headers(ctx)
+                )
+            finally:
+                ctx.latency.waited_since(since)
             ticket.release()  # the first chunk is here: the prompt has left the node's queue
-            relay = StreamRelay(opened, plan)
+            relay = StreamRelay(opened, plan, ctx.latency)
             owned.push_async_callback(relay.aclose)
         except BaseException:
             # Cancelled too (the client left while we failed over): the release must still run.
             await run_shielded(owned.aclose, what="release a stream that failed to open")
             raise
         ctx.served_by(opened.target, opened.attempts, self._fleet.route_label(opened.target))
+        ctx.headers["server-timing"] = ctx.latency.at_first_byte().server_timing()
         self._metrics.ttft.labels(opened.target.model).observe(time.monotonic() - ctx.started)
         return ServedStream(ctx, self._relay(ctx, plan, relay), owned)
 
@@ -251,9 +262,13 @@ class RequestPipeline:
             raise NoRouteError(
                 model, f"the upstreams left for '{model}' cannot continue a stream token-exactly"
             )
-        return await self._failover.open_stream(
-            targets, plan.endpoint, lambda t: step.body(plan, t), self._node_headers(ctx)
-        )
+        since = time.monotonic()
+        try:
+            return await self._failover.open_stream(
+                targets, plan.endpoint, lambda t: step.body(plan, t), self._node_headers(ctx)
+            )
+        finally:
+            ctx.latency.waited_since(since)
 
     async def _settle(self, admission: Admission, served_tokens: int) -> None:
         await run_shielded(
@@ -282,11 +297,18 @@ class RequestPipeline:
         return await self._quota.usage(tenant)
 
     def record(self, ctx: CallContext, status: str, *, stream: bool) -> None:
+        """The call ended (answered, failed, or its stream closed): counted, timed, and a
+        non-streamed answer gets its Server-Timing header."""
+        latency = ctx.latency
+        latency.finish()
         tenant = ctx.tenant.tenant_id if ctx.tenant else "-"
-        self._metrics.labelled(self._metrics.requests, tenant, ctx.model, ctx.region, status).inc()
-        self._metrics.labelled(self._metrics.latency, ctx.model, "true" if stream else "false").observe(
-            time.monotonic() - ctx.started
-        )
+        streamed = "true" if stream else "false"
+        metrics = self._metrics
+        metrics.labelled(metrics.requests, tenant, ctx.model, ctx.region, status).inc()
+        metrics.labelled(metrics.latency, ctx.model, streamed).observe(latency.total_s)
+        metrics.labelled(metrics.overhead, ctx.model, streamed).observe(latency.gateway_s)
+        if not stream:
+            ctx.headers["server-timing"] = latency.timing().server_timing()
 
     def _count_tokens(self, ctx: CallContext, usage: Mapping[str, Any]) -> None:
         tenant = ctx.tenant.tenant_id if ctx.tenant else "-"
