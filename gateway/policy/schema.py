@@ -12,6 +12,7 @@
         allow_degrade: bool              # default false
         fail_mode: open | closed         # default open
         prefix_cache: shared | isolated  # default shared
+        trace_content: bool              # default false: no prompt/completion text in traces
 
 policies/README.md has the full table. The defaults are TenantPolicy's own.
 """
@@ -49,6 +50,7 @@ TENANT_FIELDS = (
     "allow_degrade",
     "fail_mode",
     "prefix_cache",
+    "trace_content",
 )
 LIMIT_FIELDS = (
     "requests_per_minute",
@@ -89,6 +91,7 @@ def parse_tenant(entry: Any, where: Where) -> TenantPolicy:
         allow_degrade=boolean(fields.get("allow_degrade", False), where.key("allow_degrade")),
         fail_mode=_pick(fields, "fail_mode", where, FailMode, defaults.fail_mode),  # type: ignore[arg-type]
         prefix_cache=_pick(fields, "prefix_cache", where, PrefixCacheMode, defaults.prefix_cache),  # type: ignore[arg-type]
+        trace_content=boolean(fields.get("trace_content", False), where.key("trace_content")),
     )
 
 
