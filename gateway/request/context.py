@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gateway.request.latency import Latency
 from router.types import Target, TenantPolicy
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 
 def header_safe(value: str) -> str:
@@ -32,6 +36,7 @@ class CallContext:
     stream_error: str | None = None  # why a stream ended with an error event
     # The latency breakdown (gateway overhead, queue, TTFT, prefill, decode, total): one place.
     latency: Latency = field(default_factory=Latency)
+    trace: Span | None = None  # the call's server span, when tracing is on (gateway/tracing.py)
 
     def __post_init__(self) -> None:
         self.headers["x-request-id"] = self.request_id

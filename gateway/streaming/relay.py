@@ -35,6 +35,7 @@ class StreamRelay:
         self.broken: StreamBreak | None = None  # set when the current upstream broke
         self.emitted: list[int] = []
         self.continuations = 0
+        self.finish_reason: str | None = None
         self._current = opened
         self._first: dict[str, Any] | None = opened.first
         self._plan = plan
@@ -127,6 +128,7 @@ class StreamRelay:
                     self._ids_complete = False
             if choice.get("finish_reason"):
                 self._finished = True
+                self.finish_reason = choice["finish_reason"]
             role_only = role_only and not ids and not text and not choice.get("finish_reason")
         usage = chunk.get("usage")
         if usage:
