@@ -32,6 +32,7 @@ from regional_node.server.prompts import chat_prompt_ids, completion_prompt, com
 from regional_node.server.sampling import check_supported, sampling_params
 from regional_node.server.streaming import SSE_HEADERS, SSE_MEDIA_TYPE, ChunkSource, sse_stream
 from regional_node.server.tenancy import tenancy_from
+from regional_node.server.tracing import NodeTracer
 from regional_node.server.wire import new_id
 
 _encoder = msgspec.json.Encoder()
@@ -44,6 +45,7 @@ class NodeState:
     config: NodeConfig
     pool: ModelPool
     metrics: NodeMetrics
+    tracer: NodeTracer | None = None  # OTEL_* said to trace (telemetry/); None: off
 
 
 async def serve_chat(
@@ -93,6 +95,9 @@ def _job(
     params = sampling_params(
         body, prompt_tokens=len(prompt_ids) + len(continuation), max_total_tokens=model.max_total_tokens
     )
+    trace = None
+    if node.tracer is not None:
+        trace = node.tracer.start(headers, model=model.name, endpoint=endpoint, request_id=request_id)
     return GenerationRequest(
         request_id=request_id,
         model=model,
@@ -102,6 +107,7 @@ def _job(
         endpoint=endpoint,
         prompt_param=prompt_param,
         continuation_ids=continuation or None,
+        trace=trace,
     )
 
 
