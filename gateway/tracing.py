@@ -31,6 +31,7 @@ the response's close) falls back to the call's server span, which CallContext.tr
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -58,10 +59,18 @@ _OPERATIONS: dict[str, str] = {"chat": "chat", "completions": "text_completion"}
 
 @dataclass
 class CallTrace:
-    """One call's server span and what its attributes need that the request path does not keep."""
+    """One call's server span and what its attributes need that the request path does not keep.
 
-    root: Span
-    context: Context  # the server span as a parent
+    The server span starts (back-dated to the call's arrival) when the call turns out to be a
+    completion: at planning, or when its answer is recorded (an early error). Calls that are not
+    (/v1/models, /v1/usage) authenticate too, but leave no span behind.
+    """
+
+    parent: Context | None  # the client's trace context, from its traceparent
+    start_ns: int
+    request_id: str
+    root: Span | None = None
+    authenticated: tuple[int, int, BaseException | None] | None = None  # start, end, error
     operation: str = "chat"
     attempts: int = 0
     continuations: int = 0
@@ -73,17 +82,6 @@ class CallTrace:
 _current: ContextVar[tuple[CallTrace, Span] | None] = ContextVar("meridian_call_trace", default=None)
 
 
-def _open(tracer: Tracer, name: str, ctx: CallContext | None = None, **attributes: Any) -> Span:
-    current = _current.get()
-    if current is not None:
-        parent = current[1]
-    elif ctx is not None and isinstance(ctx.trace, CallTrace):
-        parent = ctx.trace.root
-    else:
-        return INVALID_SPAN
-    return tracer.start_span(name, context=set_span_in_context(parent), attributes=attributes or None)
-
-
 class TracedPipeline(RequestPipeline):
     def __init__(self, *, tracer: Tracer, **parts: Any) -> None:
         super().__init__(**parts)
@@ -93,14 +91,40 @@ class TracedPipeline(RequestPipeline):
 
     def start_call(self, headers: Mapping[str, str]) -> CallContext:
         ctx = super().start_call(headers)
-        root = self._tracer.start_span(
-            "chat",
-            context=extract_context(headers),
-            kind=SpanKind.SERVER,
-            attributes={"meridian.request_id": ctx.request_id, "meridian.degraded": False},
+        ctx.trace = CallTrace(
+            parent=extract_context(headers), start_ns=time.time_ns(), request_id=ctx.request_id
         )
-        ctx.trace = CallTrace(root=root, context=set_span_in_context(root))
         return ctx
+
+    def _root(self, call: CallTrace) -> Span:
+        if call.root is None:
+            call.root = self._tracer.start_span(
+                "chat",
+                context=call.parent,
+                kind=SpanKind.SERVER,
+                start_time=call.start_ns,
+                attributes={"meridian.request_id": call.request_id, "meridian.degraded": False},
+            )
+            if call.authenticated is not None:  # it ran before anyone knew the call would be traced
+                started, ended, error = call.authenticated
+                span = self._tracer.start_span(
+                    "authenticate", context=set_span_in_context(call.root), start_time=started
+                )
+                if error is not None:
+                    span.set_status(Status(StatusCode.ERROR, type(error).__name__))
+                span.end(end_time=ended)
+        return call.root
+
+    def _span(self, name: str, ctx: CallContext | None = None) -> Span:
+        """A stage's span, under the span the running call's stages belong to."""
+        current = _current.get()
+        if current is not None:
+            parent = current[1]
+        elif ctx is not None and isinstance(ctx.trace, CallTrace):
+            parent = self._root(ctx.trace)
+        else:
+            return INVALID_SPAN
+        return self._tracer.start_span(name, context=set_span_in_context(parent))
 
     def record(self, ctx: CallContext, status: str, *, stream: bool) -> None:
         super().record(ctx, status, stream=stream)
@@ -108,8 +132,9 @@ class TracedPipeline(RequestPipeline):
         if not isinstance(call, CallTrace) or call.ended:
             return
         call.ended = True
-        root = call.root
-        root.update_name(f"{call.operation} {ctx.model}")
+        root = self._root(call)
+        if ctx.model != "-":  # known once planned; a call refused before keeps the bare name
+            root.update_name(f"{call.operation} {ctx.model}")
         attributes: dict[str, Any] = {
             "gen_ai.response.model": ctx.model,
             "meridian.region": ctx.region,
@@ -133,10 +158,17 @@ class TracedPipeline(RequestPipeline):
     # -- stages -------------------------------------------------------------------------------------
 
     def authenticate(self, ctx: CallContext, authorization: str | None) -> TenantPolicy:
-        with _open(self._tracer, "authenticate", ctx):
+        call = ctx.trace
+        if not isinstance(call, CallTrace):
+            return super().authenticate(ctx, authorization)
+        started = time.time_ns()
+        try:
             tenant = super().authenticate(ctx, authorization)
-        if isinstance(ctx.trace, CallTrace):
-            ctx.trace.record_content = tenant.trace_content
+        except Exception as error:
+            call.authenticated = (started, time.time_ns(), error)
+            raise
+        call.authenticated = (started, time.time_ns(), None)
+        call.record_content = tenant.trace_content
         return tenant
 
     def _plan(
@@ -145,6 +177,7 @@ class TracedPipeline(RequestPipeline):
         plan = super()._plan(ctx, endpoint, request, body)
         call = ctx.trace
         if isinstance(call, CallTrace):
+            root = self._root(call)
             call.operation = _OPERATIONS.get(endpoint, endpoint)
             attributes: dict[str, Any] = {
                 "gen_ai.operation.name": call.operation,
@@ -157,24 +190,24 @@ class TracedPipeline(RequestPipeline):
             if call.record_content:
                 prompt = body.get("messages") if endpoint == "chat" else body.get("prompt")
                 attributes["gen_ai.input.messages"] = json.dumps(prompt, ensure_ascii=False)
-            call.root.set_attributes(attributes)
+            root.set_attributes(attributes)
         return plan
 
     async def _admit_load(self, ctx: CallContext, plan: RequestPlan) -> tuple[RequestPlan, Ticket]:
-        with _open(self._tracer, "admission", ctx):
+        with self._span("admission", ctx):
             plan, ticket = await super()._admit_load(ctx, plan)
         if plan.degraded_from is not None and isinstance(ctx.trace, CallTrace):
-            ctx.trace.root.set_attribute("meridian.degraded", True)
+            self._root(ctx.trace).set_attribute("meridian.degraded", True)
         return plan, ticket
 
     async def _admit_quota(self, ctx: CallContext, plan: RequestPlan, ticket: Ticket) -> Admission:
-        with _open(self._tracer, "quota.admit", ctx):
+        with self._span("quota.admit", ctx):
             return await super()._admit_quota(ctx, plan, ticket)
 
     def _route(
         self, ctx: CallContext, plan: RequestPlan, exclude: frozenset[str] = frozenset()
     ) -> tuple[Target, ...]:
-        with _open(self._tracer, "route", ctx) as span:
+        with self._span("route", ctx) as span:
             targets = super()._route(ctx, plan, exclude)
             span.set_attribute("meridian.route.targets", [t.target_id for t in targets])
             if targets:
@@ -182,7 +215,7 @@ class TracedPipeline(RequestPipeline):
             return targets
 
     async def _settle(self, admission: Admission, served_tokens: int) -> None:
-        with _open(self._tracer, "quota.settle"):
+        with self._span("quota.settle"):
             await super()._settle(admission, served_tokens)
 
     async def _settle_stream(
@@ -191,8 +224,9 @@ class TracedPipeline(RequestPipeline):
         call = ctx.trace
         if isinstance(call, CallTrace) and relay is not None:
             call.continuations = relay.continuations
-            _usage(call.root, relay.usage or {}, [relay.finish_reason] if relay.finish_reason else [])
-        with _open(self._tracer, "quota.settle", ctx):
+            finish_reasons = [relay.finish_reason] if relay.finish_reason else []
+            _usage(self._root(call), relay.usage or {}, finish_reasons)
+        with self._span("quota.settle", ctx):
             await super()._settle_stream(ctx, plan, admission, relay)
 
     # -- the two request shapes, and continuations: the stages' parent is set while they run -------
@@ -203,20 +237,21 @@ class TracedPipeline(RequestPipeline):
         call = ctx.trace
         if not isinstance(call, CallTrace):
             return await super().complete(ctx, endpoint, request, body)
-        token = _current.set((call, call.root))
+        root = self._root(call)
+        token = _current.set((call, root))
         try:
             result = await super().complete(ctx, endpoint, request, body)
         finally:
             _current.reset(token)
         choices = result.get("choices") or []
         _usage(
-            call.root,
+            root,
             result.get("usage") or {},
             [c["finish_reason"] for c in choices if c.get("finish_reason")],
         )
         if call.record_content:
             output = [c.get("message") or {"content": c.get("text")} for c in choices]
-            call.root.set_attribute("gen_ai.output.messages", json.dumps(output, ensure_ascii=False))
+            root.set_attribute("gen_ai.output.messages", json.dumps(output, ensure_ascii=False))
         return result
 
     async def stream(
@@ -225,7 +260,7 @@ class TracedPipeline(RequestPipeline):
         call = ctx.trace
         if not isinstance(call, CallTrace):
             return await super().stream(ctx, endpoint, request, body)
-        token = _current.set((call, call.root))
+        token = _current.set((call, self._root(call)))
         try:
             return await super().stream(ctx, endpoint, request, body)
         finally:
@@ -241,7 +276,8 @@ class TracedPipeline(RequestPipeline):
             "meridian.continuation.carried_tokens": step.carried,
             "meridian.continuation.excluded": sorted(exclude),
         }
-        with self._tracer.start_span("continuation", context=call.context, attributes=attributes) as span:
+        parent = set_span_in_context(self._root(call))
+        with self._tracer.start_span("continuation", context=parent, attributes=attributes) as span:
             token = _current.set((call, span))
             try:
                 return await super()._continue(ctx, plan, step, exclude=exclude)

@@ -10,7 +10,7 @@ from gateway.request.latency import Latency
 from router.types import Target, TenantPolicy
 
 if TYPE_CHECKING:
-    from opentelemetry.trace import Span
+    from gateway.tracing import CallTrace
 
 
 def header_safe(value: str) -> str:
@@ -36,7 +36,7 @@ class CallContext:
     stream_error: str | None = None  # why a stream ended with an error event
     # The latency breakdown (gateway overhead, queue, TTFT, prefill, decode, total): one place.
     latency: Latency = field(default_factory=Latency)
-    trace: Span | None = None  # the call's server span, when tracing is on (gateway/tracing.py)
+    trace: CallTrace | None = None  # the call's spans, when tracing is on (gateway/tracing.py)
 
     def __post_init__(self) -> None:
         self.headers["x-request-id"] = self.request_id

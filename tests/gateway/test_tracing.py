@@ -212,6 +212,28 @@ def test_a_tenant_whose_policy_allows_it_gets_prompt_and_completion_in_its_trace
     assert marker not in json.dumps([s.attributes for s in node_spans])  # the node never records text
 
 
+def test_a_refused_call_is_traced_with_its_failed_authentication_and_a_models_list_is_not(
+    gw: RunningGateway, fleet: list[NodeProcess], receiver: OTLPReceiver
+) -> None:
+    models = httpx.get(gw.url + "/v1/models", headers={"authorization": f"Bearer {GLOBAL_KEY}"}, timeout=10)
+    assert models.status_code == 200
+    refused = httpx.post(
+        gw.url + "/v1/chat/completions",
+        json=body("Let me in"),
+        headers={"authorization": "Bearer sk-wrong"},
+        timeout=REQUEST_TIMEOUT_S,
+    )
+    assert refused.status_code == 401
+    root = gateway_root(receiver, refused.headers["x-request-id"])
+    assert root.attributes["http.response.status_code"] == 401 and root.status_code == 2
+    spans = receiver.wait_for(lambda spans: any(s.parent_span_id == root.span_id for s in spans))
+    (authenticate,) = [s for s in spans if s.parent_span_id == root.span_id]
+    assert authenticate.name == "authenticate" and authenticate.status_code == 2
+    assert "sk-wrong" not in json.dumps([root.attributes, authenticate.attributes])
+    listed = models.headers["x-request-id"]
+    assert not [s for s in receiver.snapshot() if s.attributes.get("meridian.request_id") == listed]
+
+
 def test_a_client_traceparent_is_the_parent_of_the_whole_request(
     gw: RunningGateway, fleet: list[NodeProcess], receiver: OTLPReceiver
 ) -> None:
