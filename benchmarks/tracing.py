@@ -1,6 +1,6 @@
 """What tracing costs the gateway per request: Meridian with tracing off and on, side by side.
 
-    .venv/bin/python benchmarks/tracing.py [--quick] [--out PATH]
+    .venv/bin/python benchmarks/tracing.py [--quick] [--ratio 0.1] [--out PATH]
 
 What it does, in order:
   1. Starts the fixed-response upstream (gateway_bench.upstream) and a local OTLP/HTTP receiver
@@ -9,7 +9,9 @@ What it does, in order:
      (gateway_bench.systems.start_meridian): `meridian` with tracing off (OTEL_SDK_DISABLED=true,
      the default behaviour made explicit) and `meridian_traced` with tracing on, every request
      sampled (OTEL_TRACES_SAMPLER=always_on) and exported over OTLP/HTTP to the receiver by the
-     SDK's batch span processor (its default schedule).
+     SDK's batch span processor (its default schedule). With --ratio R (default 0.1; 0 skips it),
+     a third, `meridian_sampled`, samples that fraction of requests (parentbased_traceidratio), as
+     a production deployment would.
   3. Warms both up, then measures them in the gateway_overhead benchmark's phases (gateway_bench.
      runner: concurrency-1 phases interleave the systems, concurrency-32 phases run them back to
      back in a rotating order, in --rounds rounds): chat_c1, chat_c32, stream_c1, stream_c32.
@@ -53,6 +55,7 @@ FULL = {
 }
 QUICK = {"requests_c1": 60, "requests_c32": 400, "streams": 40, "streams_c32": 160, "rounds": 1, "warmup": 64}
 TRACED = "meridian_traced"
+SAMPLED = "meridian_sampled"
 UNTRACED = "meridian"
 
 
@@ -66,7 +69,7 @@ def phases(args: argparse.Namespace) -> list[Phase]:
 
 
 @contextlib.contextmanager
-def running_systems(work: Path, receiver_url: str) -> Iterator[list[System]]:
+def running_systems(work: Path, receiver_url: str, ratio: float) -> Iterator[list[System]]:
     started: list[System] = []
     try:
         upstream = start_upstream(work, chunks=16)
@@ -82,6 +85,13 @@ def running_systems(work: Path, receiver_url: str) -> Iterator[list[System]]:
             "OTEL_TRACES_SAMPLER": "always_on",
         }
         started.append(start_meridian(work, upstream.base_url, name=TRACED, env=traced_env))
+        if ratio > 0:
+            sampled_env = {
+                **traced_env,
+                "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+                "OTEL_TRACES_SAMPLER_ARG": str(ratio),
+            }
+            started.append(start_meridian(work, upstream.base_url, name=SAMPLED, env=sampled_env))
         yield started
     finally:
         for system in reversed(started):
@@ -89,11 +99,11 @@ def running_systems(work: Path, receiver_url: str) -> Iterator[list[System]]:
                 stop_server(server)
 
 
-def cost(systems: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+def cost(systems: dict[str, dict[str, Any]], traced_name: str) -> dict[str, dict[str, float | None]]:
     """traced - untraced, per phase: latency (ms) and the gateway's CPU per request (ms)."""
     out: dict[str, dict[str, float | None]] = {}
     for phase, untraced in systems[UNTRACED].items():
-        traced = systems[TRACED][phase]
+        traced = systems[traced_name][phase]
         keys = ["latency_p50_ms", "latency_mean_ms", "proxy_cpu_ms_per_request"]
         if "ttfb_p50_ms" in untraced:
             keys.append("ttfb_p50_ms")
@@ -120,19 +130,20 @@ def table(
         f"{'phase':<12}{'system':<17}{'p50':>9}{'mean':>9}{'ttfb p50':>10}{'cpu/req':>10}{'req/s':>9}",
     ]
     for phase in systems[UNTRACED]:
-        for name in (UNTRACED, TRACED):
+        for name in systems:
             row = systems[name][phase]
             lines.append(
                 f"{phase:<12}{name:<17}{cell(row.get('latency_p50_ms')):>9}{cell(row.get('latency_mean_ms')):>9}"
                 f"{cell(row.get('ttfb_p50_ms')):>10}{cell(row.get('proxy_cpu_ms_per_request')):>10}"
                 f"{cell(row.get('requests_per_s'), 0):>9}"
             )
-        c = costs[phase]
-        lines.append(
-            f"{phase:<12}{'cost':<17}{cell(c['latency_p50_ms']):>9}{cell(c['latency_mean_ms']):>9}"
-            f"{cell(c.get('ttfb_p50_ms')):>10}{cell(c['proxy_cpu_ms_per_request']):>10}"
-            f"{'(+' + cell(c['cpu_increase_pct'], 1) + '%)':>9}"
-        )
+        for name, per_phase in costs.items():
+            c = per_phase[phase]
+            lines.append(
+                f"{phase:<12}{'cost ' + name.removeprefix('meridian_'):<17}{cell(c['latency_p50_ms']):>9}"
+                f"{cell(c['latency_mean_ms']):>9}{cell(c.get('ttfb_p50_ms')):>10}"
+                f"{cell(c['proxy_cpu_ms_per_request']):>10}{'(+' + cell(c['cpu_increase_pct'], 1) + '%)':>9}"
+            )
     lines.append(
         f"receiver: {spans['server_spans']} server spans ({spans['spans']} spans, {spans['exports']} exports, "
         f"{spans['bytes'] / 1024:.0f} KiB)"
@@ -153,6 +164,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "warmup_requests_per_system": args.warmup,
         "traced": "OTEL_TRACES_SAMPLER=always_on, OTLP/HTTP protobuf to a local receiver thread, "
         "BatchSpanProcessor defaults",
+        "sampled_ratio": args.ratio,
     }
     started = time.monotonic()
     counts: SpanCounts
@@ -160,7 +172,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         tempfile.TemporaryDirectory(prefix="meridian-tracing-bench-") as folder,
         otlp_sink() as (url, counts),
     ):
-        with running_systems(Path(folder), url) as systems:
+        with running_systems(Path(folder), url, args.ratio) as systems:
             print(f"systems up: {', '.join(f'{s.name} {s.base_url}' for s in systems)}", flush=True)
             gateways = [s for s in systems if not s.is_upstream]
             warm_up(gateways, args.warmup, args.deadline_s)
@@ -169,12 +181,8 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     conditions["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     conditions["duration_s"] = round(time.monotonic() - started, 1)
     summaries = summarize(runs, plan)
-    return {
-        "conditions": conditions,
-        "systems": summaries,
-        "tracing_cost": cost(summaries),
-        "receiver": spans,
-    }
+    costs = {name: cost(summaries, name) for name in (TRACED, SAMPLED) if name in summaries}
+    return {"conditions": conditions, "systems": summaries, "tracing_cost": costs, "receiver": spans}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -182,6 +190,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="fewer requests, one round (a rough look)")
     for name in FULL:
         parser.add_argument(f"--{name.replace('_', '-')}", type=int)
+    parser.add_argument(
+        "--ratio", type=float, default=0.1, help="also measure a gateway sampling this fraction (0: skip)"
+    )
     parser.add_argument("--deadline-s", type=float, default=180.0, help="time bound of one measurement")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)

@@ -21,17 +21,34 @@ def test_tracing_benchmark_measures_both_gateways_and_counts_the_exported_traces
     out = tmp_path / "tracing.json"
     tiny = ["--requests-c1", "5", "--requests-c32", "40", "--streams", "5", "--streams-c32", "40"]
     assert (
-        tracing.main([*tiny, "--warmup", "4", "--rounds", "1", "--deadline-s", "60", "--out", str(out)]) == 0
+        tracing.main(
+            [
+                *tiny,
+                "--warmup",
+                "4",
+                "--rounds",
+                "1",
+                "--ratio",
+                "0.5",
+                "--deadline-s",
+                "60",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
     )
 
     result = json.loads(out.read_text())
     assert set(result) == {"conditions", "systems", "tracing_cost", "receiver"}
-    assert set(result["systems"]) == {"meridian", "meridian_traced"}
+    assert set(result["systems"]) == {"meridian", "meridian_traced", "meridian_sampled"}
     for system in result["systems"].values():
         assert set(system) == {"chat_c1", "chat_c32", "stream_c1", "stream_c32"}
         assert all(phase["errors"] == 0 for phase in system.values())
-    for cost in result["tracing_cost"].values():
-        assert {"latency_p50_ms", "proxy_cpu_ms_per_request", "cpu_increase_pct"} <= set(cost)
+    assert set(result["tracing_cost"]) == {"meridian_traced", "meridian_sampled"}
+    for costs in result["tracing_cost"].values():
+        for cost in costs.values():
+            assert {"latency_p50_ms", "proxy_cpu_ms_per_request", "cpu_increase_pct"} <= set(cost)
     measured = sum(phase["requests"] for phase in result["systems"]["meridian_traced"].values())
     # Every traced request's server span reached the receiver (warm-up requests add more).
     assert result["receiver"]["server_spans"] >= measured
