@@ -18,7 +18,9 @@ nothing per request. One trace per call:
     ├── continuation          a broken stream continued elsewhere (its route and attempts inside)
     └── quota.settle
 
-The server span carries the GenAI semantic-convention attributes (operation, request and response
+A call the sampler leaves out gets no child spans either (as a parent-based sampler would
+decide), only the traceparent that tells the node it was sampled out. The server span carries the
+GenAI semantic-convention attributes (operation, request and response
 model, token usage, finish reasons) and Meridian's own (tenant, region, route reason, attempts,
 continuations, degraded). Prompt and completion text are recorded only for tenants whose policy
 sets `trace_content`; headers, keys and credentials never are.
@@ -105,7 +107,8 @@ class TracedPipeline(RequestPipeline):
                 start_time=call.start_ns,
                 attributes={"meridian.request_id": call.request_id, "meridian.degraded": False},
             )
-            if call.authenticated is not None:  # it ran before anyone knew the call would be traced
+            if call.authenticated is not None and call.root.is_recording():
+                # It ran before anyone knew the call would be traced.
                 started, ended, error = call.authenticated
                 span = self._tracer.start_span(
                     "authenticate", context=set_span_in_context(call.root), start_time=started
@@ -124,6 +127,8 @@ class TracedPipeline(RequestPipeline):
             parent = self._root(ctx.trace)
         else:
             return INVALID_SPAN
+        if not parent.is_recording():
+            return INVALID_SPAN  # a call the sampler left out: its stages would be left out too
         return self._tracer.start_span(name, context=set_span_in_context(parent))
 
     def record(self, ctx: CallContext, status: str, *, stream: bool) -> None:
@@ -133,6 +138,9 @@ class TracedPipeline(RequestPipeline):
             return
         call.ended = True
         root = self._root(call)
+        if not root.is_recording():
+            root.end()
+            return
         if ctx.model != "-":  # known once planned; a call refused before keeps the bare name
             root.update_name(f"{call.operation} {ctx.model}")
         attributes: dict[str, Any] = {
@@ -176,8 +184,7 @@ class TracedPipeline(RequestPipeline):
     ) -> RequestPlan:
         plan = super()._plan(ctx, endpoint, request, body)
         call = ctx.trace
-        if isinstance(call, CallTrace):
-            root = self._root(call)
+        if isinstance(call, CallTrace) and (root := self._root(call)).is_recording():
             call.operation = _OPERATIONS.get(endpoint, endpoint)
             attributes: dict[str, Any] = {
                 "gen_ai.operation.name": call.operation,
@@ -276,9 +283,14 @@ class TracedPipeline(RequestPipeline):
             "meridian.continuation.carried_tokens": step.carried,
             "meridian.continuation.excluded": sorted(exclude),
         }
-        parent = set_span_in_context(self._root(call))
-        with self._tracer.start_span("continuation", context=parent, attributes=attributes) as span:
-            token = _current.set((call, span))
+        root = self._root(call)
+        span = INVALID_SPAN
+        if root.is_recording():
+            span = self._tracer.start_span(
+                "continuation", context=set_span_in_context(root), attributes=attributes
+            )
+        with span:
+            token = _current.set((call, span if span.is_recording() else root))
             try:
                 return await super()._continue(ctx, plan, step, exclude=exclude)
             finally:
@@ -298,6 +310,11 @@ class TracedForwarder(Forwarder):
             return await super()._attempt(target, attempt, headers)
         call, parent = current
         call.attempts += 1
+        outgoing = dict(headers)
+        if not parent.is_recording():
+            # Sampled out: no span, but the node still learns the trace and its sampling decision.
+            inject_context(parent, outgoing)
+            return await super()._attempt(target, attempt, outgoing)
         span = self._tracer.start_span(
             f"attempt {target.target_id}",
             context=set_span_in_context(parent),
@@ -309,7 +326,6 @@ class TracedForwarder(Forwarder):
                 "gen_ai.request.model": target.model,
             },
         )
-        outgoing = dict(headers)
         inject_context(span, outgoing)
         try:
             result = await super()._attempt(target, attempt, outgoing)

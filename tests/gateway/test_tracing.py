@@ -234,6 +234,38 @@ def test_a_refused_call_is_traced_with_its_failed_authentication_and_a_models_li
     assert not [s for s in receiver.snapshot() if s.attributes.get("meridian.request_id") == listed]
 
 
+def test_a_call_the_sampler_leaves_out_is_served_and_left_out_on_the_node_too(
+    gw: RunningGateway,
+    nodes: list[NodeProcess],
+    fleet: list[NodeProcess],
+    receiver: OTLPReceiver,
+    tmp_path: Path,
+) -> None:
+    env = tracing_env(receiver, "meridian-gateway-unsampled", OTEL_TRACES_SAMPLER="always_off")
+    with run_gateway(gateway_config(write_regions(tmp_path / "regions.yaml", nodes)), env=env) as unsampled:
+        deadline = time.monotonic() + 20
+        while httpx.get(unsampled.url + "/health").json()["healthy_nodes"] < len(nodes):
+            assert time.monotonic() < deadline, "the second gateway never saw the nodes healthy"
+            time.sleep(0.1)
+        answered = post(unsampled, body("Nobody traces me"))
+        headers = {"authorization": f"Bearer {GLOBAL_KEY}"}
+        with httpx.stream(
+            "POST",
+            unsampled.url + "/v1/chat/completions",
+            json=body("Me neither", stream=True),
+            headers=headers,
+            timeout=REQUEST_TIMEOUT_S,
+        ) as streamed:
+            assert streamed.status_code == 200 and "data: [DONE]" in streamed.read().decode()
+        ids = {answered.headers["x-request-id"], streamed.headers["x-request-id"]}
+    # A traced call afterwards through the first gateway: once its whole trace is in, spans of the
+    # unsampled calls (ended earlier, queued on the same exporters) would be in too.
+    whole_trace(receiver, gateway_root(receiver, post(gw, body("after")).headers["x-request-id"]))
+    leaked = [s for s in receiver.snapshot() if s.attributes.get("meridian.request_id") in ids]
+    assert leaked == []
+    assert not [s for s in receiver.snapshot() if s.service == "meridian-gateway-unsampled"]
+
+
 def test_a_client_traceparent_is_the_parent_of_the_whole_request(
     gw: RunningGateway, fleet: list[NodeProcess], receiver: OTLPReceiver
 ) -> None:
