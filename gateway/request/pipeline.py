@@ -10,7 +10,10 @@ before the quota and any upstream call, so a request it sheds costs almost nothi
 reservation; it may also degrade the request to the small tier. Errors are raised as they are
 (protocol APIErrors for invalid requests, domain errors for quota and routing); the API edge maps
 them to HTTP once. Quota is settled exactly once per admitted request, with real usage, however
-the request ends.
+the request ends. Every call's latency breakdown is kept in `CallContext.latency`. With tracing on,
+gateway/tracing.py's TracedPipeline subclasses this class and wraps its stages (authenticate,
+_plan, _admit_load, _admit_quota, _route, _continue, _settle, _settle_stream, record) in spans: a
+new stage gets its span there.
 """
 
 from __future__ import annotations
