@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -77,6 +77,7 @@ class CallTrace:
     attempts: int = 0
     continuations: int = 0
     record_content: bool = False
+    completion: list[str] | None = None  # a stream's text, collected only when record_content
     ended: bool = False
 
 
@@ -233,6 +234,11 @@ class TracedPipeline(RequestPipeline):
             call.continuations = relay.continuations
             finish_reasons = [relay.finish_reason] if relay.finish_reason else []
             _usage(self._root(call), relay.usage or {}, finish_reasons)
+            if call.completion is not None:
+                output = [{"role": "assistant", "content": "".join(call.completion)}]
+                self._root(call).set_attribute(
+                    "gen_ai.output.messages", json.dumps(output, ensure_ascii=False)
+                )
         with self._span("quota.settle", ctx):
             await super()._settle_stream(ctx, plan, admission, relay)
 
@@ -267,11 +273,16 @@ class TracedPipeline(RequestPipeline):
         call = ctx.trace
         if not isinstance(call, CallTrace):
             return await super().stream(ctx, endpoint, request, body)
-        token = _current.set((call, self._root(call)))
+        root = self._root(call)
+        token = _current.set((call, root))
         try:
-            return await super().stream(ctx, endpoint, request, body)
+            served = await super().stream(ctx, endpoint, request, body)
         finally:
             _current.reset(token)
+        if call.record_content and root.is_recording():
+            call.completion = []
+            served.chunks = _collecting(served.chunks, call.completion)
+        return served
 
     async def _continue(
         self, ctx: CallContext, plan: RequestPlan, step: Continue, *, exclude: frozenset[str]
@@ -346,6 +357,22 @@ class TracedForwarder(Forwarder):
             return result
         finally:
             span.end()
+
+
+async def _collecting(
+    chunks: AsyncGenerator[dict[str, Any], None], into: list[str]
+) -> AsyncGenerator[dict[str, Any], None]:
+    """The client's chunks as they are, their text appended to `into` on the way."""
+    try:
+        async for chunk in chunks:
+            for choice in chunk.get("choices") or ():
+                delta = choice.get("delta")
+                text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+                if text:
+                    into.append(text)
+            yield chunk
+    finally:
+        await chunks.aclose()
 
 
 def _usage(root: Span, usage: Mapping[str, Any], finish_reasons: list[str]) -> None:

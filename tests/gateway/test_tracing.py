@@ -211,6 +211,24 @@ def test_a_tenant_whose_policy_allows_it_gets_prompt_and_completion_in_its_trace
     node_spans = [s for s in whole_trace(receiver, root) if s.service == "meridian-node"]
     assert marker not in json.dumps([s.attributes for s in node_spans])  # the node never records text
 
+    text = ""
+    with httpx.stream(
+        "POST",
+        gw.url + "/v1/chat/completions",
+        json=body(f"Stream {marker}", stream=True),
+        headers={"authorization": f"Bearer {CONTENT_KEY}"},
+        timeout=REQUEST_TIMEOUT_S,
+    ) as streamed:
+        for line in streamed.iter_lines():
+            if line.startswith("data: {"):
+                for choice in json.loads(line[6:]).get("choices", []):
+                    text += choice.get("delta", {}).get("content") or ""
+    streamed_root = gateway_root(receiver, streamed.headers["x-request-id"])
+    assert marker in streamed_root.attributes["gen_ai.input.messages"]
+    assert json.loads(streamed_root.attributes["gen_ai.output.messages"]) == [
+        {"role": "assistant", "content": text}
+    ]
+
 
 def test_a_refused_call_is_traced_with_its_failed_authentication_and_a_models_list_is_not(
     gw: RunningGateway, fleet: list[NodeProcess], receiver: OTLPReceiver
