@@ -6,6 +6,7 @@ quota gate and background tasks, started in its lifespan and stopped (in reverse
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -30,12 +31,14 @@ from gateway.quota import build_quota_gate
 from gateway.quota.interface import QuotaGate
 from gateway.request.pipeline import RequestPipeline
 from gateway.safety.guard import SafetyGuard
+from gateway.tracing import TracedForwarder, TracedPipeline
 from gateway.upstreams.failover import Forwarder
 from gateway.upstreams.fleet import Fleet, ProviderSet
 from gateway.upstreams.http1 import ConnectionPool
 from gateway.upstreams.node import NodeUpstream
 from gateway.upstreams.providers import build_providers
 from router.types import NodeInfo, TenantPolicy
+from telemetry import Tracing, start_tracing
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +60,7 @@ class Gateway:
     metrics: GatewayMetrics
     pipeline: RequestPipeline
     safety: SafetyGuard  # content checks: the classifier loads in the background (see /ready)
+    tracing: Tracing | None = None  # OTEL_* said to trace (telemetry/); None: off
 
     async def start(self) -> None:
         await self.safety.start()  # first: the classifier warms while the rest starts
@@ -88,11 +92,17 @@ class Gateway:
             self.clients.aclose,
             self.probe_client.aclose,
             self.safety.stop,
+            self._stop_tracing,
         ):
             try:
                 await step()
             except Exception:
                 logger.exception("error while stopping the gateway (%s)", getattr(step, "__qualname__", step))
+
+    async def _stop_tracing(self) -> None:
+        if self.tracing is not None:
+            # Flushes queued spans over HTTP (bounded by the export timeout): off the event loop.
+            await asyncio.to_thread(self.tracing.shutdown)
 
     @asynccontextmanager
     async def lifespan(self, _: Litestar) -> AsyncIterator[None]:
@@ -168,17 +178,18 @@ def build_gateway(
     # Loaded now, so a broken policy file stops start-up with its file and field named
     # (PolicyError) before any server is up; start() then only begins hot reloading.
     policies.load()
-    forwarder = Forwarder(fleet, metrics, retry=config.retry, stream_idle_s=timeouts.stream_idle_s)
     safety = SafetyGuard(config.safety, metrics.registry)
-    pipeline = RequestPipeline(
-        config=config,
-        policies=policies,
-        quota=quota,
-        fleet=fleet,
-        forwarder=forwarder,
-        metrics=metrics,
-        safety=safety,
-    )
+    tracing = start_tracing(env, default_service="meridian-gateway")
+    parts = dict(config=config, policies=policies, quota=quota, fleet=fleet, metrics=metrics, safety=safety)
+    if tracing is None:
+        forwarder = Forwarder(fleet, metrics, retry=config.retry, stream_idle_s=timeouts.stream_idle_s)
+        pipeline = RequestPipeline(forwarder=forwarder, **parts)
+    else:
+        # The same request path with its stages in spans; off, none of it is built.
+        forwarder = TracedForwarder(
+            fleet, metrics, retry=config.retry, stream_idle_s=timeouts.stream_idle_s, tracer=tracing.tracer
+        )
+        pipeline = TracedPipeline(tracer=tracing.tracer, forwarder=forwarder, **parts)
     return Gateway(
         config=config,
         policies=policies,
@@ -193,6 +204,7 @@ def build_gateway(
         metrics=metrics,
         pipeline=pipeline,
         safety=safety,
+        tracing=tracing,
     )
 
 

@@ -8,6 +8,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 # Gateway-added latency is milliseconds; whole requests on CPU nodes run to tens of seconds.
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+# The gateway's own share of a request: a fraction of a millisecond when all is well.
+_OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
 class GatewayMetrics:
@@ -26,6 +28,14 @@ class GatewayMetrics:
             "Time from receiving a request to its last byte.",
             ["model", "stream"],
             buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.overhead = Histogram(
+            "meridian_gateway_overhead_seconds",
+            "The gateway's own share of a request: its total time minus the time it waited on "
+            "upstreams (every attempt, and every upstream chunk of a stream).",
+            ["model", "stream"],
+            buckets=_OVERHEAD_BUCKETS,
             registry=r,
         )
         self.ttft = Histogram(

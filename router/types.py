@@ -69,6 +69,8 @@ class TenantPolicy:
     allow_degrade: bool = False
     fail_mode: FailMode = "open"  # what quotas do when Redis is unreachable
     prefix_cache: PrefixCacheMode = "shared"  # "isolated": the node salts this tenant's cache
+    # Prompt and completion text may go into traces (OpenTelemetry); off, only sizes and ids do.
+    trace_content: bool = False
 
     def allows_model(self, model: str) -> bool:
         return "*" in self.models or model in self.models

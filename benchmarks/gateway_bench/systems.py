@@ -109,27 +109,31 @@ def start_meridian(
     workers: int = 1,
     only_phases: frozenset[str] | None = None,
     tree: Path | None = None,
+    name: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> System:
     """Meridian from this checkout, or with `tree` from another one (named meridian_base): the
     same benchmark run then measures two versions of the code side by side, in the same
-    conditions."""
-    name = "meridian_base" if tree is not None else "meridian" if workers == 1 else f"meridian_w{workers}"
+    conditions. `env` adds environment variables (e.g. OTEL_* to trace)."""
+    name = name or (
+        "meridian_base" if tree is not None else "meridian" if workers == 1 else f"meridian_w{workers}"
+    )
     port = free_port()
     config = write_meridian_config(work / name, upstream_url, port)
     cmd = [sys.executable, "-m", "meridian.cli", "gateway", "--config", str(config)]
     if workers > 1:
         cmd += ["--workers", str(workers)]
     if tree is None:
-        env, cwd = python_env(MERIDIAN_NODE_TOKEN=NODE_TOKEN), REPO
+        process_env, cwd = python_env(MERIDIAN_NODE_TOKEN=NODE_TOKEN), REPO
     else:  # only that tree's code on the path, whatever this process runs with
-        env = {
+        process_env = {
             **os.environ,
             "PYTHONPATH": str(tree),
             "PYTHONUNBUFFERED": "1",
             "MERIDIAN_NODE_TOKEN": NODE_TOKEN,
         }
         cwd = tree
-    server = start_server(name, cmd, log_dir=work, env=env, cwd=cwd)
+    server = start_server(name, cmd, log_dir=work, env={**process_env, **(env or {})}, cwd=cwd)
     system = System(name, f"http://127.0.0.1:{port}", MERIDIAN_KEY, servers=[server], only_phases=only_phases)
     wait_until(server, lambda: chat_answers(system), timeout_s=60)
     return system

@@ -101,8 +101,8 @@ def failed(pipeline: RequestPipeline, ctx: CallContext, exc: BaseException) -> A
     """The error a front door answers for `exc` raised on the request path, with this call's
     headers; the request is counted under its status."""
     error = to_api_error(exc, request_id=ctx.request_id)
+    pipeline.record(ctx, str(error.status_code), stream=False)  # adds Server-Timing to the headers
     error.headers = {**ctx.headers, **error.headers}
-    pipeline.record(ctx, str(error.status_code), stream=False)
     return error
 
 

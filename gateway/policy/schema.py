@@ -13,6 +13,7 @@
         fail_mode: open | closed         # default open
         prefix_cache: shared | isolated  # default shared
         safety: {...}                    # default none: no content checks (safety_schema.py)
+        trace_content: bool              # default false: no prompt/completion text in traces
 
 policies/README.md has the full table. The defaults are TenantPolicy's own.
 """
@@ -53,6 +54,7 @@ TENANT_FIELDS = (
     "fail_mode",
     "prefix_cache",
     "safety",
+    "trace_content",
 )
 LIMIT_FIELDS = (
     "requests_per_minute",
@@ -103,6 +105,7 @@ def parse_tenant(entry: Any, where: Where) -> TenantPolicy:
         allow_degrade=boolean(fields.get("allow_degrade", False), where.key("allow_degrade")),
         fail_mode=_pick(fields, "fail_mode", where, FailMode, defaults.fail_mode),  # type: ignore[arg-type]
         prefix_cache=_pick(fields, "prefix_cache", where, PrefixCacheMode, defaults.prefix_cache),  # type: ignore[arg-type]
+        trace_content=boolean(fields.get("trace_content", False), where.key("trace_content")),
     )
 
 

@@ -1,12 +1,17 @@
-"""One client call as the request path tracks it: tenant, served target, response headers."""
+"""One client call as the request path tracks it: tenant, served target, response headers, latency."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from gateway.request.latency import Latency
 from gateway.safety.guard import CallSafety
 from router.types import Target, TenantPolicy
+
+if TYPE_CHECKING:
+    from gateway.tracing import CallTrace
 
 
 def header_safe(value: str) -> str:
@@ -31,9 +36,13 @@ class CallContext:
     headers: dict[str, str] = field(default_factory=dict)
     stream_error: str | None = None  # why a stream ended with an error event
     safety: CallSafety | None = None  # the content checks made on this call (gateway/safety)
+    # The latency breakdown (gateway overhead, queue, TTFT, prefill, decode, total): one place.
+    latency: Latency = field(default_factory=Latency)
+    trace: CallTrace | None = None  # the call's spans, when tracing is on (gateway/tracing.py)
 
     def __post_init__(self) -> None:
         self.headers["x-request-id"] = self.request_id
+        self.latency.started = self.started
 
     def served_by(self, target: Target, attempts: int, route: str | None = None) -> None:
         """`route` (default: the router's reason) is what x-meridian-route says about the target."""

@@ -10,7 +10,10 @@ before the quota and any upstream call, so a request it sheds costs almost nothi
 reservation; it may also degrade the request to the small tier. Errors are raised as they are
 (protocol APIErrors for invalid requests, domain errors for quota and routing); the API edge maps
 them to HTTP once. Quota is settled exactly once per admitted request, with real usage, however
-the request ends.
+the request ends. Every call's latency breakdown is kept in `CallContext.latency`. With tracing on,
+gateway/tracing.py's TracedPipeline subclasses this class and wraps its stages (authenticate,
+_plan, _admit_load, _admit_quota, _route, _continue, _settle, _settle_stream, record) in spans: a
+new stage gets its span there.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from gateway.upstreams.errors import UpstreamRejected, UpstreamsExhausted
 from gateway.upstreams.failover import Forwarder, OpenedStream
 from gateway.upstreams.fleet import Fleet
 from protocol import AuthenticationError, ChatCompletionRequest, CompletionRequest
+from protocol.timing import TIMINGS_FIELD, timing_from_wire
 from router import route
 from router.types import CatalogModel, RouteRequest, Target, TenantPolicy
 
@@ -88,12 +92,20 @@ class RequestPipeline:
         try:
             targets = self._route(ctx, plan)
             async with LeaseKeeper(self._quota, admission):
-                target, result, attempts = await safety.while_checking_input(
-                    self._failover.complete(
-                        targets, endpoint, lambda t: plan.body_for(t, stream=False), self._node_headers(ctx)
+                since = time.monotonic()
+                try:
+                    target, result, attempts = await safety.while_checking_input(
+                        self._failover.complete(
+                            targets,
+                            endpoint,
+                            lambda t: plan.body_for(t, stream=False),
+                            self._node_headers(ctx),
+                        )
                     )
-                )
+                finally:
+                    ctx.latency.waited_since(since)
                 await safety.input_verdict()
+            ctx.latency.answered(timing_from_wire(result.pop(TIMINGS_FIELD, None)))
             ctx.served_by(target, attempts, self._fleet.route_label(target))
             usage = result.get("usage") or {}
             served_tokens = int(usage.get("total_tokens") or plan.estimated_tokens)
@@ -130,24 +142,29 @@ class RequestPipeline:
             owned.callback(ticket.release)
             await owned.enter_async_context(LeaseKeeper(self._quota, admission))
             targets = self._route(ctx, plan)
-            opened = await safety.while_checking_input(
-                self._failover.open_stream(
-                    targets, endpoint, lambda t: plan.body_for(t, stream=True), self._node_headers(ctx)
+            since = time.monotonic()
+            try:
+                opened = await safety.while_checking_input(
+                    self._failover.open_stream(
+                        targets, endpoint, lambda t: plan.body_for(t, stream=True), self._node_headers(ctx)
+                    )
                 )
-            )
+            finally:
+                ctx.latency.waited_since(since)
             try:
                 await safety.input_verdict()  # no byte reaches the client before the input passed
             except BaseException:
                 await opened.aclose()  # the node aborts the request and frees its KV blocks
                 raise
             ticket.release()  # the first chunk is here: the prompt has left the node's queue
-            relay = StreamRelay(opened, plan)
+            relay = StreamRelay(opened, plan, ctx.latency)
             owned.push_async_callback(relay.aclose)
         except BaseException:
             # Cancelled too (the client left while we failed over): the release must still run.
             await run_shielded(owned.aclose, what="release a stream that failed to open")
             raise
         ctx.served_by(opened.target, opened.attempts, self._fleet.route_label(opened.target))
+        ctx.headers["server-timing"] = ctx.latency.at_first_byte().server_timing()
         self._metrics.ttft.labels(opened.target.model).observe(time.monotonic() - ctx.started)
         return ServedStream(ctx, safety.guard_stream(endpoint, self._relay(ctx, plan, relay)), owned)
 
@@ -278,9 +295,13 @@ class RequestPipeline:
             raise NoRouteError(
                 model, f"the upstreams left for '{model}' cannot continue a stream token-exactly"
             )
-        return await self._failover.open_stream(
-            targets, plan.endpoint, lambda t: step.body(plan, t), self._node_headers(ctx)
-        )
+        since = time.monotonic()
+        try:
+            return await self._failover.open_stream(
+                targets, plan.endpoint, lambda t: step.body(plan, t), self._node_headers(ctx)
+            )
+        finally:
+            ctx.latency.waited_since(since)
 
     async def _settle(self, admission: Admission, served_tokens: int) -> None:
         await run_shielded(
@@ -309,11 +330,18 @@ class RequestPipeline:
         return await self._quota.usage(tenant)
 
     def record(self, ctx: CallContext, status: str, *, stream: bool) -> None:
+        """The call ended (answered, failed, or its stream closed): counted, timed, and a
+        non-streamed answer gets its Server-Timing header."""
+        latency = ctx.latency
+        latency.finish()
         tenant = ctx.tenant.tenant_id if ctx.tenant else "-"
-        self._metrics.labelled(self._metrics.requests, tenant, ctx.model, ctx.region, status).inc()
-        self._metrics.labelled(self._metrics.latency, ctx.model, "true" if stream else "false").observe(
-            time.monotonic() - ctx.started
-        )
+        streamed = "true" if stream else "false"
+        metrics = self._metrics
+        metrics.labelled(metrics.requests, tenant, ctx.model, ctx.region, status).inc()
+        metrics.labelled(metrics.latency, ctx.model, streamed).observe(latency.total_s)
+        metrics.labelled(metrics.overhead, ctx.model, streamed).observe(latency.gateway_s)
+        if not stream:
+            ctx.headers["server-timing"] = latency.timing().server_timing()
 
     def _count_tokens(self, ctx: CallContext, usage: Mapping[str, Any]) -> None:
         tenant = ctx.tenant.tenant_id if ctx.tenant else "-"

@@ -45,6 +45,7 @@ class Decision:
     action: str  # block | redact | flag | pass | unscanned | error
     score: float | None = None
     latency_s: float = 0.0
+    decided_ns: int = 0  # wall clock (time.time_ns) when it was made: where a trace puts its span
 
 
 class SafetyGuard:
@@ -381,7 +382,7 @@ class CallSafety:
     def _decide(
         self, where: Where, layer: str, name: str, action: str, score: float | None, latency: float, text: str
     ) -> None:
-        self.decisions.append(Decision(where, layer, name, action, score, latency))
+        self.decisions.append(Decision(where, layer, name, action, score, latency, time.time_ns()))
         self.guard.audit.record(
             request_id=self.request_id,
             tenant=self.tenant,

@@ -9,26 +9,33 @@ continuation.py) and may `resume` the relay on another upstream. Across upstream
 one stream: the first upstream's id, time and model, and usage that counts the carried-over tokens
 as completion. A continuation generates only tokens the client does not have, so every chunk is
 passed on as it comes.
+
+The relay also times its waits on upstream chunks and takes each upstream's `timings` reports
+into the call's Latency; the usage chunk the client gets carries the gateway's whole breakdown.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from gateway.request.latency import Latency
 from gateway.request.plan import RequestPlan
 from gateway.streaming.continuation import Continue, StreamBreak
 from gateway.upstreams.base import UpstreamError
 from gateway.upstreams.failover import OpenedStream
+from protocol.timing import TIMINGS_FIELD, timing_from_wire
 from router.types import Target
 
 
 class StreamRelay:
-    def __init__(self, opened: OpenedStream, plan: RequestPlan) -> None:
+    def __init__(self, opened: OpenedStream, plan: RequestPlan, latency: Latency) -> None:
         self.usage: dict[str, Any] | None = None  # the client-facing usage, once known
         self.broken: StreamBreak | None = None  # set when the current upstream broke
         self.emitted: list[int] = []
         self.continuations = 0
+        self.finish_reason: str | None = None
         self._current = opened
         self._first: dict[str, Any] | None = opened.first
         self._plan = plan
@@ -37,6 +44,8 @@ class StreamRelay:
         self._finished = False
         self._carried = 0  # generated tokens handed to the current upstream as continuation
         self._identity: dict[str, Any] = {}
+        self._latency = latency
+        latency.answered(timing_from_wire(opened.first.pop(TIMINGS_FIELD, None)))
 
     @property
     def target(self) -> Target:
@@ -45,13 +54,22 @@ class StreamRelay:
     async def chunks(self) -> AsyncIterator[dict[str, Any]]:
         """Client chunks from the current upstream until it ends, or breaks (then `broken` is set)."""
         continuation = self.continuations > 0
+        latency = self._latency
         try:
             if self._first is not None:
                 first, self._first = self._first, None
                 out = self._accept(first, continuation=continuation)
                 if out is not None:
                     yield out
-            async for chunk in self._current.chunks:
+            upstream = self._current.chunks
+            while True:
+                since = time.monotonic()
+                try:
+                    chunk = await anext(upstream)
+                except StopAsyncIteration:
+                    break
+                finally:
+                    latency.waited_since(since)
                 out = self._accept(chunk, continuation=continuation)
                 if out is not None:
                     yield out
@@ -72,6 +90,7 @@ class StreamRelay:
         self._current = opened
         self._first = opened.first
         self._carried = continuation.carried
+        self._latency.answered(timing_from_wire(opened.first.pop(TIMINGS_FIELD, None)))
 
     async def aclose(self) -> None:
         await self._current.aclose()
@@ -84,6 +103,9 @@ class StreamRelay:
 
     def _accept(self, chunk: dict[str, Any], *, continuation: bool) -> dict[str, Any] | None:
         """Track a chunk's tokens and rewrite it for the client; None drops it."""
+        reported = chunk.pop(TIMINGS_FIELD, None)
+        if reported is not None:
+            self._latency.finished_upstream(timing_from_wire(reported))
         if not self._identity:
             # One stream as far as the client can tell: the first upstream's id, time and model.
             self._identity = {
@@ -106,6 +128,7 @@ class StreamRelay:
                     self._ids_complete = False
             if choice.get("finish_reason"):
                 self._finished = True
+                self.finish_reason = choice["finish_reason"]
             role_only = role_only and not ids and not text and not choice.get("finish_reason")
         usage = chunk.get("usage")
         if usage:
@@ -114,6 +137,7 @@ class StreamRelay:
             chunk.pop("usage", None)
         elif usage:
             chunk["usage"] = self.usage
+            chunk[TIMINGS_FIELD] = self._latency.timing().to_wire()
         if (continuation and role_only) or (not choices and "usage" not in chunk):
             return None  # the client already has the assistant role; or nothing left to send
         chunk.update(self._identity)

@@ -1,7 +1,9 @@
 """The upstream seam: one call to a target that speaks OpenAI's chat/completions wire format.
 
 Regional nodes and commercial providers both implement it, so failover and relaying treat them
-alike. Bodies are OpenAI-format dicts; stream items are OpenAI chunk dicts.
+alike. Bodies are OpenAI-format dicts; stream items are OpenAI chunk dicts. An answer, a stream's
+first chunk and its usage chunk may carry the upstream's latency breakdown in the `timings`
+extension field (protocol/timing.py); the request path takes it out before the client sees them.
 """
 
 from __future__ import annotations

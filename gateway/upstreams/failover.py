@@ -33,6 +33,7 @@ from router.types import Target
 
 T = TypeVar("T")
 BodyFor = Callable[[Target], dict[str, Any]]
+Attempt = Callable[[Target, dict[str, str]], Awaitable[T]]
 
 
 async def next_chunk(chunks: AsyncIterator[dict[str, Any]], idle_s: float) -> dict[str, Any] | None:
@@ -99,17 +100,17 @@ class Forwarder:
     async def complete(
         self, targets: Sequence[Target], endpoint: Endpoint, body_for: BodyFor, headers: dict[str, str]
     ) -> tuple[Target, dict[str, Any], int]:
-        async def attempt(target: Target) -> dict[str, Any]:
+        async def attempt(target: Target, headers: dict[str, str]) -> dict[str, Any]:
             upstream = self._fleet.upstream_for(target)
             return await upstream.complete(endpoint, body_for(target), headers)
 
-        return await self._first_success(targets, attempt, model=targets[0].model if targets else "")
+        return await self._first_success(targets, attempt, headers, model=targets[0].model if targets else "")
 
     async def open_stream(
         self, targets: Sequence[Target], endpoint: Endpoint, body_for: BodyFor, headers: dict[str, str]
     ) -> OpenedStream:
         async def attempt(
-            target: Target,
+            target: Target, headers: dict[str, str]
         ) -> tuple[AsyncIterator[dict[str, Any]], dict[str, Any], AsyncExitStack]:
             stack = AsyncExitStack()
             try:
@@ -124,12 +125,12 @@ class Forwarder:
             return chunks, first, stack
 
         target, (chunks, first, stack), attempts = await self._first_success(
-            targets, attempt, model=targets[0].model if targets else ""
+            targets, attempt, headers, model=targets[0].model if targets else ""
         )
         return OpenedStream(target=target, attempts=attempts, chunks=chunks, first=first, stack=stack)
 
     async def _first_success(
-        self, targets: Sequence[Target], attempt: Callable[[Target], Awaitable[T]], *, model: str
+        self, targets: Sequence[Target], attempt: Attempt[T], headers: dict[str, str], *, model: str
     ) -> tuple[Target, T, int]:
         board = self._fleet.board
         failures: list[tuple[Target, UpstreamError]] = []
@@ -153,7 +154,7 @@ class Forwarder:
                 continue
             tried += 1
             try:
-                result = await attempt(target)
+                result = await self._attempt(target, attempt, headers)
             except BaseException as error:
                 self._settle(target, permit, error)
                 if not isinstance(error, UpstreamError):
@@ -167,6 +168,10 @@ class Forwarder:
             self.record_success(target)
             return target, result, tried
         raise UpstreamsExhausted(model, failures)
+
+    async def _attempt(self, target: Target, attempt: Attempt[T], headers: dict[str, str]) -> T:
+        """One attempt on `target`; the seam where gateway/tracing.py puts each attempt's span."""
+        return await attempt(target, headers)
 
     def _settle(self, target: Target, permit: Permit, error: BaseException) -> None:
         outcome, retry_after = verdict(error)

@@ -3,7 +3,9 @@
 Every node request carries the gateway's node credential and the tenant's routing headers
 (x-meridian-tenant, x-meridian-priority, x-meridian-cache-salt), which the pipeline puts in
 `headers`. Failures become UpstreamError: connect errors, timeouts, 5xx and 429 are retryable on
-another target; other 4xx are the client's fault and go back to it unchanged.
+another target; other 4xx are the client's fault and go back to it unchanged. The node's
+`Server-Timing` header becomes the answer's (or the stream's first chunk's) `timings` field, the
+shape in which its usage chunk already carries the whole breakdown (protocol/timing.py).
 """
 
 from __future__ import annotations
@@ -15,8 +17,16 @@ from typing import Any
 import msgspec
 
 from gateway.upstreams.base import Endpoint, UpstreamError
-from gateway.upstreams.http1 import Connection, ConnectionPool, Timeout, TransportError, split_url
+from gateway.upstreams.http1 import (
+    Connection,
+    ConnectionPool,
+    Response,
+    Timeout,
+    TransportError,
+    split_url,
+)
 from protocol.sse import DataLines
+from protocol.timing import TIMINGS_FIELD, parse_server_timing
 
 _PATHS: dict[str, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 _decoder = msgspec.json.Decoder()
@@ -58,13 +68,20 @@ def status_error(status: int, retry_after: str | None, content: bytes, target: s
     )
 
 
+def _timings(response: Response | Connection) -> dict[str, float] | None:
+    header = response.header(b"server-timing")
+    return parse_server_timing(header).to_wire() if header else None
+
+
 def transport_error(exc: TransportError, target: str) -> UpstreamError:
     if isinstance(exc, Timeout):
         return UpstreamError(f"{target} timed out ({type(exc).__name__})", status_code=504)
     return UpstreamError(f"{target} failed: {type(exc).__name__}: {exc}", status_code=502)
 
 
-async def _sse_chunks(response: Connection, idle_s: float, target: str) -> AsyncIterator[dict[str, Any]]:
+async def _sse_chunks(
+    response: Connection, idle_s: float, target: str, timings: dict[str, float] | None
+) -> AsyncIterator[dict[str, Any]]:
     """OpenAI chunk dicts from an SSE body; a body that ends before `[DONE]` is a broken stream.
 
     Our nodes send one `data:` line per event, so the lean DataLines reader splits them (the hot
@@ -94,6 +111,8 @@ async def _sse_chunks(response: Connection, idle_s: float, target: str) -> Async
             if isinstance(chunk, dict) and "error" in chunk:
                 message = (chunk["error"] or {}).get("message", "stream error")
                 raise UpstreamError(f"{target} ended the stream with an error: {message}", status_code=502)
+            if timings is not None and isinstance(chunk, dict):
+                chunk[TIMINGS_FIELD], timings = timings, None  # what the headers said, on the first
             yield chunk
         if data is None:
             break
@@ -158,6 +177,8 @@ class NodeUpstream:
             raise UpstreamError(f"{self._name} sent a malformed response", status_code=502) from None
         if not isinstance(result, dict):
             raise UpstreamError(f"{self._name} sent a malformed response", status_code=502)
+        if (timings := _timings(response)) is not None:
+            result[TIMINGS_FIELD] = timings
         return result
 
     @contextlib.asynccontextmanager
@@ -177,7 +198,7 @@ class NodeUpstream:
                 except TransportError as exc:
                     raise transport_error(exc, self._name) from None
                 raise status_error(response.status, response.header(b"retry-after"), content, self._name)
-            chunks = _sse_chunks(response, idle_s, self._name)
+            chunks = _sse_chunks(response, idle_s, self._name, _timings(response))
             try:
                 yield chunks
             finally:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -26,6 +27,8 @@ from regional_node.server.metrics import NodeMetrics
 from regional_node.server.pool import EngineLoader, ModelPool, RunnerFactory, load_engine
 from regional_node.server.routes import ROUTES
 from regional_node.server.serving import NodeState
+from regional_node.server.tracing import NodeTracer
+from telemetry import start_tracing
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +41,11 @@ def create_app(
 ) -> Litestar:
     """A node app serving `config.models`. `loader`/`runner_factory` are for tests' fake engines."""
     pool = ModelPool(config.models, loader=loader, runner_factory=runner_factory, warmup=config.warmup)
-    node = NodeState(config=config, pool=pool, metrics=NodeMetrics(pool.stats))
+    tracing = start_tracing(os.environ, default_service="meridian-node")
+    tracer = NodeTracer(tracing, node_id=config.node_id, region=config.region) if tracing else None
+    node = NodeState(
+        config=config, pool=pool, metrics=NodeMetrics(pool.stats, pool.cache_configs), tracer=tracer
+    )
     token = effective_token(config)
 
     @contextlib.asynccontextmanager
@@ -54,6 +61,8 @@ def create_app(
             with contextlib.suppress(asyncio.CancelledError):
                 await loading
             await pool.shutdown()
+            if tracing is not None:
+                await asyncio.to_thread(tracing.shutdown)  # flushes queued spans
 
     app = Litestar(
         route_handlers=ROUTES,

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from protocol.timing import Timing
 from regional_node.engine.errors import QueueFullError
 from regional_node.server.errors import aborted_error, api_error
 from regional_node.server.metrics import NodeMetrics, RequestTimings
@@ -23,6 +24,7 @@ from regional_node.server.tenancy import Tenancy
 
 if TYPE_CHECKING:
     from regional_node.engine import RequestDelta, SamplingParams
+    from regional_node.server.tracing import RequestSpan
 
 
 @dataclass
@@ -38,6 +40,7 @@ class GenerationRequest:
     # The request field that holds the prompt, for error params ("messages" or "prompt").
     prompt_param: str
     continuation_ids: list[int] | None = None
+    trace: RequestSpan | None = None  # the request's span, when tracing is on
 
 
 @dataclass
@@ -122,6 +125,13 @@ class Generation:
     def last(self) -> RequestDelta | None:
         return self._last
 
+    def timing(self) -> Timing:
+        """The breakdown so far, for Server-Timing and the usage chunk (protocol/timing.py)."""
+        timings = self._clock.timings()
+        return Timing(
+            queue=timings.queue_wait, prefill=timings.prefill, decode=timings.decode, total=timings.e2e
+        )
+
     async def _first(self) -> None:
         try:
             self._pending = await anext(self._stream)
@@ -170,11 +180,14 @@ class Generation:
                 (last.finish_reason or "incomplete") if last is not None and last.finished else "disconnected"
             )
         self._metrics.count_request(name, request.endpoint, outcome)
-        if last is not None:
+        timings = self._clock.timings() if last is not None else None
+        if last is not None and timings is not None:
             self._metrics.observe_tokens(
                 name, request.tenancy.tenant, last.prompt_tokens, last.num_output_tokens
             )
-            self._metrics.observe_timings(name, self._clock.timings())
+            self._metrics.observe_timings(name, timings)
+        if request.trace is not None:
+            request.trace.finish(timings, last, outcome)
 
 
 async def start_generation(request: GenerationRequest, metrics: NodeMetrics) -> Generation:
@@ -193,6 +206,8 @@ async def start_generation(request: GenerationRequest, metrics: NodeMetrics) -> 
         )
     except Exception as exc:
         metrics.count_request(request.model.name, request.endpoint, "error")
+        if request.trace is not None:
+            request.trace.finish(None, None, "error")
         raise api_error(exc, prompt_param=request.prompt_param) from None
     generation = Generation(request, metrics, stream, clock)
     try:
@@ -201,6 +216,8 @@ async def start_generation(request: GenerationRequest, metrics: NodeMetrics) -> 
         # Refused before it entered the engine: there is nothing to abort or free.
         metrics.count_refused(request.model.name, tenancy.priority, exc.reason)
         metrics.count_request(request.model.name, request.endpoint, "overloaded")
+        if request.trace is not None:
+            request.trace.finish(None, None, "overloaded")
         raise api_error(exc, prompt_param=request.prompt_param) from None
     except BaseException as exc:
         await generation.close("error" if isinstance(exc, Exception) else "disconnected")

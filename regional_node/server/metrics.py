@@ -2,7 +2,8 @@
 
 Latencies and token counts are recorded per request by the serving code; engine state (running,
 waiting, KV use, prefix-cache and preemption totals) is read from `engine.stats()` at scrape
-time by a custom collector, so it is never stale and costs nothing between scrapes.
+time by a custom collector, so it is never stale and costs nothing between scrapes. The same
+registry carries vLLM's metric contract (vllm_metrics.py), fed from the same sources.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from regional_node.server.vllm_metrics import ENGINE, VllmRequestMetrics, VllmStatsCollector
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -111,7 +114,12 @@ class NodeMetrics:
 
     PREFIX = "meridian_node_"
 
-    def __init__(self, engine_stats: Callable[[], Mapping[str, Mapping[str, Any]]]) -> None:
+    def __init__(
+        self,
+        engine_stats: Callable[[], Mapping[str, Mapping[str, Any]]],
+        cache_configs: Callable[[], Mapping[str, Mapping[str, str]]] = dict,
+    ) -> None:
+        """`cache_configs`: each model's KV-cache settings, for `vllm:cache_config_info`."""
         self.registry = CollectorRegistry(auto_describe=True)
         p, r = self.PREFIX, self.registry
 
@@ -149,21 +157,27 @@ class NodeMetrics:
             registry=r,
         )
         r.register(EngineStatsCollector(p, engine_stats))
+        r.register(VllmStatsCollector(engine_stats, cache_configs))
+        self.vllm = VllmRequestMetrics(r)
         self._tenants: set[str] = set()
 
     def observe_timings(self, model: str, timings: RequestTimings) -> None:
-        self.e2e.labels(model).observe(timings.e2e)
-        if timings.ttft is not None:
-            self.ttft.labels(model).observe(timings.ttft)
-        if timings.decode is not None:
-            self.decode.labels(model).observe(timings.decode)
-        if timings.queue_wait is not None:
-            self.queue_wait.labels(model).observe(timings.queue_wait)
-        if timings.prefill is not None:
-            self.prefill.labels(model).observe(timings.prefill)
-        gaps = self.inter_token.labels(model)
+        vllm = self.vllm
+        pairs = (
+            (timings.e2e, self.e2e, vllm.e2e),
+            (timings.ttft, self.ttft, vllm.ttft),
+            (timings.decode, self.decode, vllm.decode),
+            (timings.queue_wait, self.queue_wait, vllm.queue),
+            (timings.prefill, self.prefill, vllm.prefill),
+        )
+        for value, ours, theirs in pairs:
+            if value is not None:
+                ours.labels(model).observe(value)
+                theirs.labels(model, ENGINE).observe(value)
+        gaps, vllm_gaps = self.inter_token.labels(model), vllm.inter_token.labels(model, ENGINE)
         for gap in timings.inter_token:
             gaps.observe(gap)
+            vllm_gaps.observe(gap)
 
     def observe_tokens(self, model: str, tenant: str, prompt_tokens: int, generation_tokens: int) -> None:
         if tenant not in self._tenants:

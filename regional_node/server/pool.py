@@ -118,6 +118,19 @@ class ModelPool:
         """Each loaded model's engine stats, by name."""
         return {name: model.stats() for name, model in self._models.items()}
 
+    def cache_configs(self) -> dict[str, dict[str, str]]:
+        """Each loaded model's KV-cache settings, as label values (vLLM's CacheConfig names)."""
+        configs = {}
+        for name, model in self._models.items():
+            engine = model.config.engine
+            configs[name] = {
+                "block_size": str(engine.block_size),
+                "cache_dtype": "auto",  # the KV cache takes the model's dtype, as vLLM's "auto"
+                "enable_prefix_caching": str(engine.enable_prefix_caching),
+                "num_gpu_blocks": str(model.stats().get("kv_blocks_total", "")),
+            }
+        return configs
+
     async def load(self) -> None:
         """Load, start and warm every model in order; on failure the pool stays not-ready."""
         try:

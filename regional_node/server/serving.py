@@ -19,6 +19,7 @@ from litestar.background_tasks import BackgroundTask
 from litestar.response import Stream
 
 from protocol import ChatCompletionRequest, CompletionRequest
+from protocol.timing import Timing
 from regional_node.server.chat import ChatFormat
 from regional_node.server.completions import CompletionFormat
 from regional_node.server.config import NodeConfig
@@ -31,6 +32,7 @@ from regional_node.server.prompts import chat_prompt_ids, completion_prompt, com
 from regional_node.server.sampling import check_supported, sampling_params
 from regional_node.server.streaming import SSE_HEADERS, SSE_MEDIA_TYPE, ChunkSource, sse_stream
 from regional_node.server.tenancy import tenancy_from
+from regional_node.server.tracing import NodeTracer
 from regional_node.server.wire import new_id
 
 _encoder = msgspec.json.Encoder()
@@ -43,6 +45,7 @@ class NodeState:
     config: NodeConfig
     pool: ModelPool
     metrics: NodeMetrics
+    tracer: NodeTracer | None = None  # OTEL_* said to trace (telemetry/); None: off
 
 
 async def serve_chat(
@@ -92,6 +95,9 @@ def _job(
     params = sampling_params(
         body, prompt_tokens=len(prompt_ids) + len(continuation), max_total_tokens=model.max_total_tokens
     )
+    trace = None
+    if node.tracer is not None:
+        trace = node.tracer.start(headers, model=model.name, endpoint=endpoint, request_id=request_id)
     return GenerationRequest(
         request_id=request_id,
         model=model,
@@ -101,6 +107,7 @@ def _job(
         endpoint=endpoint,
         prompt_param=prompt_param,
         continuation_ids=continuation or None,
+        trace=trace,
     )
 
 
@@ -115,15 +122,20 @@ async def _respond(
     headers = {"x-request-id": job.request_id, "x-meridian-node": node.config.node_id}
     if not stream:
 
-        async def run() -> bytes:
+        async def run() -> tuple[bytes, str]:
             generation = await start_generation(job, node.metrics)
-            return _encoder.encode(source.response(await collect(generation)))
+            content = _encoder.encode(source.response(await collect(generation)))
+            return content, generation.timing().server_timing()
 
-        content = await until_disconnect(request, run())
+        content, server_timing = await until_disconnect(request, run())
+        headers["server-timing"] = server_timing
         return Response(content=content, media_type="application/json", headers=headers)
 
     # Waiting for the first delta (queueing + prefill) also watches for a client that leaves.
     generation = await until_disconnect(request, start_generation(job, node.metrics))
+    # What is known at the first byte; the usage chunk carries the rest.
+    first = generation.timing()
+    headers["server-timing"] = Timing(queue=first.queue, prefill=first.prefill).server_timing()
     include_usage = bool(stream_options is not None and stream_options.include_usage)
     chunks: ChunkSource = source
     return Stream(

@@ -16,9 +16,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+import msgspec
+
 from protocol.openai import Usage
 from protocol.sse import DONE as SSE_DONE
 from protocol.sse import encode_data as sse_event
+from protocol.timing import TIMINGS_FIELD
 from regional_node.server.errors import aborted_error, api_error
 from regional_node.server.generation import Generation
 from regional_node.server.wire import usage
@@ -60,9 +63,12 @@ async def sse_stream(
         else:
             yield sse_event(source.closing(last.finish_reason))
             if include_usage:
-                yield sse_event(
-                    source.usage_chunk(usage(last.prompt_tokens, last.num_output_tokens, last.cached_tokens))
+                chunk = source.usage_chunk(
+                    usage(last.prompt_tokens, last.num_output_tokens, last.cached_tokens)
                 )
+                # The whole latency breakdown rides on the last chunk as an extension field.
+                timings = generation.timing().to_wire()
+                yield sse_event({**msgspec.to_builtins(chunk), TIMINGS_FIELD: timings})
     except Exception as exc:
         # CancelledError (the client left) is not caught: there is nobody to tell.
         yield sse_event(api_error(exc, prompt_param=generation.request.prompt_param).to_body())

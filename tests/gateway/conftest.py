@@ -54,7 +54,10 @@ TEST_TENANTS = (
 
 
 class NodeProcess:
-    """One regional node process that a test may kill (SIGKILL), freeze, and start again."""
+    """One regional node process that a test may kill (SIGKILL), freeze, and start again.
+    Subclasses may add environment variables (`extra_env`) or flags (`command`)."""
+
+    extra_env: Mapping[str, str] = {}
 
     def __init__(
         self, node_id: str, region: str, jurisdiction: str, models: dict[str, tuple[Path, str]], log_dir: Path
@@ -84,6 +87,7 @@ class NodeProcess:
             "MERIDIAN_NODE_TOKEN": NODE_TOKEN,
             "OMP_NUM_THREADS": "1",
             "PYTHONUNBUFFERED": "1",
+            **self.extra_env,
         }
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(

@@ -30,6 +30,7 @@ tenants:
     allow_degrade: true
     fail_mode: closed
     prefix_cache: isolated
+    trace_content: true
 """
 
 
@@ -49,6 +50,7 @@ def test_every_field_lands_in_the_tenant_policy(tmp_path: Path) -> None:
     assert policy.limits == TenantLimits(10, 1000, 2, 100000, 256, 1024)
     assert (policy.allow_commercial, policy.allow_degrade) == (True, True)
     assert (policy.fail_mode, policy.prefix_cache) == ("closed", "isolated")
+    assert policy.trace_content
 
 
 def test_only_id_and_api_keys_are_required(tmp_path: Path) -> None:
@@ -61,6 +63,7 @@ def test_only_id_and_api_keys_are_required(tmp_path: Path) -> None:
     assert policy.limits == TenantLimits()
     assert (policy.traffic_tier, policy.fail_mode, policy.prefix_cache) == ("interactive", "open", "shared")
     assert not policy.allow_commercial and not policy.allow_degrade
+    assert not policy.trace_content
 
 
 def test_a_directory_merges_every_yaml_file(tmp_path: Path) -> None:
@@ -114,6 +117,7 @@ def tenant_with(field_yaml: str) -> str:
         (tenant_with("    fail_mode: maybe\n"), "tenants[0].fail_mode", "open, closed"),
         (tenant_with("    prefix_cache: private\n"), "tenants[0].prefix_cache", "shared, isolated"),
         (tenant_with('    allow_commercial: "true"\n'), "tenants[0].allow_commercial", "true or false"),
+        (tenant_with("    trace_content: yes please\n"), "tenants[0].trace_content", "true or false"),
         (tenant_with("    models: all\n"), "tenants[0].models", '"*"'),
         (tenant_with("    models: [meridian-small, '']\n"), "tenants[0].models[1]", "non-empty string"),
         ("tenants:\n  - api_keys: []\n", "tenants[0].id", "missing required field"),
