@@ -24,6 +24,8 @@ from gateway.discovery.build import build_region_directory
 from gateway.discovery.interface import RegionDirectory
 from gateway.health import BreakerBoard, build_board, ejection
 from gateway.health.probes import NodeProber, ProbeResult
+from gateway.ledger.build import Ledger, build_ledger
+from gateway.ledger.outbox import LocalOutbox
 from gateway.metrics import GatewayMetrics
 from gateway.policy import PolicyStore
 from gateway.quota import build_quota_gate
@@ -55,6 +57,7 @@ class Gateway:
     fleet: Fleet
     metrics: GatewayMetrics
     pipeline: RequestPipeline
+    ledger: Ledger | None = None  # None: `ledger.enabled: false`
 
     async def start(self) -> None:
         await self.policies.start()
@@ -63,6 +66,8 @@ class Gateway:
         start_quota = getattr(self.quota, "start", None)  # warms Redis: scripts, connections
         if start_quota is not None:
             await start_quota()
+        if self.ledger is not None:
+            await self.ledger.start()
         await self.prober.start()
         nodes = self.directory.snapshot()
         ready = sum(1 for n in nodes if (r := self.prober.result(n.node_id)) is not None and r.ready)
@@ -82,6 +87,8 @@ class Gateway:
             self.board.aclose,
             self.providers.aclose,
             self.quota.close,
+            # After the quota: the last settlements' in-process events are committed on the way out.
+            *((self.ledger.stop,) if self.ledger is not None else ()),
             self.clients.aclose,
             self.probe_client.aclose,
         ):
@@ -158,15 +165,25 @@ def build_gateway(
         metrics_registry=metrics.registry,
     )
     fleet = Fleet(directory, prober, board, providers, node_upstream)
+    outbox = LocalOutbox()
     if quota is None:
-        quota = build_quota_gate(config.quota)
+        quota = build_quota_gate(config.quota, outbox=outbox if config.ledger.enabled else None)
     policies = PolicyStore(config.policies, extra=extra_policies)
     # Loaded now, so a broken policy file stops start-up with its file and field named
     # (PolicyError) before any server is up; start() then only begins hot reloading.
     policies.load()
+    ledger = None
+    if config.ledger.enabled:
+        ledger = build_ledger(config, outbox, lambda: (t.tenant_id for t in policies.current()), env)
     forwarder = Forwarder(fleet, metrics, retry=config.retry, stream_idle_s=timeouts.stream_idle_s)
     pipeline = RequestPipeline(
-        config=config, policies=policies, quota=quota, fleet=fleet, forwarder=forwarder, metrics=metrics
+        config=config,
+        policies=policies,
+        quota=quota,
+        fleet=fleet,
+        forwarder=forwarder,
+        metrics=metrics,
+        prices=ledger.prices if ledger is not None else None,
     )
     return Gateway(
         config=config,
@@ -181,6 +198,7 @@ def build_gateway(
         fleet=fleet,
         metrics=metrics,
         pipeline=pipeline,
+        ledger=ledger,
     )
 
 
@@ -207,6 +225,7 @@ def create_app(
             "pipeline": provide(gateway.pipeline),
             "fleet": provide(gateway.fleet),
             "metrics": provide(gateway.metrics),
+            "ledger": provide(gateway.ledger),
         },
         exception_handlers={Exception: handle_exception},
         lifespan=[gateway.lifespan],

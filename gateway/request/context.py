@@ -18,6 +18,19 @@ def header_safe(value: str) -> str:
 
 
 @dataclass
+class NodeTiming:
+    """The node's side of a request's latency, in ms; None where the node did not say.
+
+    Issue 15's per-request breakdown (which the node sends back) fills this on the call's
+    context (`CallContext.node_timing`); the usage event copies it (gateway/ledger/record.py).
+    """
+
+    queue_wait_ms: float | None = None
+    prefill_ms: float | None = None
+    decode_ms: float | None = None
+
+
+@dataclass
 class CallContext:
     """One client call: who it is for and the headers its response (or error) carries."""
 
@@ -29,6 +42,15 @@ class CallContext:
     region: str = "-"
     headers: dict[str, str] = field(default_factory=dict)
     stream_error: str | None = None  # why a stream ended with an error event
+    # For the usage event (gateway/ledger/record.py):
+    api_key_id: str = "-"  # a short hash of the caller's key
+    target: Target | None = None  # the upstream that served the call (the first, for a stream)
+    retries: int = 0  # targets that failed before `target` answered
+    upstream_started: float | None = None  # monotonic: the first upstream call began
+    upstream_ended: float | None = None  # monotonic: the last upstream answer ended
+    first_chunk_at: float | None = None  # monotonic: a stream's first upstream chunk
+    node_timing: NodeTiming | None = None  # issue 15 connects the node's breakdown here
+    safety_changed: bool = False  # issue 16: a safety decision changed the request
 
     def __post_init__(self) -> None:
         self.headers["x-request-id"] = self.request_id
@@ -36,6 +58,7 @@ class CallContext:
     def served_by(self, target: Target, attempts: int, route: str | None = None) -> None:
         """`route` (default: the router's reason) is what x-meridian-route says about the target."""
         self.model, self.region = target.model, target.region
+        self.target, self.retries = target, max(0, attempts - 1)
         route = route or target.reason
         route_reason = route if attempts <= 1 else f"{route}; after {attempts - 1} failed"
         self.headers.update(

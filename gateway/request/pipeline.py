@@ -25,6 +25,9 @@ from typing import Any
 
 from gateway.admission import AdmissionController, Ticket
 from gateway.config import GatewayConfig
+from gateway.ledger.event import encode_event
+from gateway.ledger.prices import PriceTable
+from gateway.ledger.record import api_key_id, usage_event
 from gateway.metrics import GatewayMetrics
 from gateway.policy import PolicyStore
 from gateway.quota.interface import Admission, QuotaGate
@@ -59,8 +62,11 @@ class RequestPipeline:
         fleet: Fleet,
         forwarder: Forwarder,
         metrics: GatewayMetrics,
+        prices: PriceTable | None = None,
     ) -> None:
+        """`prices`: None when the ledger is off (no usage events are written)."""
         self._config = config
+        self._prices = prices
         self._catalog = config.catalog_models()
         self._policies = policies
         self._quota = quota
@@ -79,12 +85,17 @@ class RequestPipeline:
         # Charged only for what was served: a request that failed on every target gets its
         # tokens back (the request itself still counts against requests/min).
         served_tokens = 0
+        usage: dict[str, Any] | None = None
         try:
             targets = self._route(ctx, plan)
             async with LeaseKeeper(self._quota, admission):
-                target, result, attempts = await self._failover.complete(
-                    targets, endpoint, lambda t: plan.body_for(t, stream=False), self._node_headers(ctx)
-                )
+                ctx.upstream_started = time.monotonic()
+                try:
+                    target, result, attempts = await self._failover.complete(
+                        targets, endpoint, lambda t: plan.body_for(t, stream=False), self._node_headers(ctx)
+                    )
+                finally:
+                    ctx.upstream_ended = time.monotonic()
             ctx.served_by(target, attempts, self._fleet.route_label(target))
             usage = result.get("usage") or {}
             served_tokens = int(usage.get("total_tokens") or plan.estimated_tokens)
@@ -96,7 +107,10 @@ class RequestPipeline:
             return result
         finally:
             ticket.release()
-            await self._settle(admission, served_tokens)
+            status = "failed" if usage is None else "ok"
+            fallback = (plan.prompt_tokens_estimate, 0) if usage == {} else (0, 0)
+            event = self._usage_event(ctx, plan, usage or None, status, fallback=fallback, stream=False)
+            await self._settle(admission, served_tokens, event)
 
     async def stream(
         self, ctx: CallContext, endpoint: Endpoint, request: ParsedRequest, body: dict[str, Any]
@@ -117,9 +131,11 @@ class RequestPipeline:
             owned.callback(ticket.release)
             await owned.enter_async_context(LeaseKeeper(self._quota, admission))
             targets = self._route(ctx, plan)
+            ctx.upstream_started = time.monotonic()
             opened = await self._failover.open_stream(
                 targets, endpoint, lambda t: plan.body_for(t, stream=True), self._node_headers(ctx)
             )
+            ctx.first_chunk_at = time.monotonic()
             ticket.release()  # the first chunk is here: the prompt has left the node's queue
             relay = StreamRelay(opened, plan)
             owned.push_async_callback(relay.aclose)
@@ -128,7 +144,7 @@ class RequestPipeline:
             await run_shielded(owned.aclose, what="release a stream that failed to open")
             raise
         ctx.served_by(opened.target, opened.attempts, self._fleet.route_label(opened.target))
-        self._metrics.ttft.labels(opened.target.model).observe(time.monotonic() - ctx.started)
+        self._metrics.ttft.labels(opened.target.model).observe(ctx.first_chunk_at - ctx.started)
         return ServedStream(ctx, self._relay(ctx, plan, relay), owned)
 
     # -- stages ---------------------------------------------------------------------------------
@@ -145,6 +161,7 @@ class RequestPipeline:
         if tenant is None:
             raise AuthenticationError("Incorrect or missing API key. Send it as 'Authorization: Bearer KEY'.")
         ctx.tenant = tenant
+        ctx.api_key_id = api_key_id(key.strip())
         return tenant
 
     def _plan(
@@ -255,23 +272,67 @@ class RequestPipeline:
             targets, plan.endpoint, lambda t: step.body(plan, t), self._node_headers(ctx)
         )
 
-    async def _settle(self, admission: Admission, served_tokens: int) -> None:
+    async def _settle(self, admission: Admission, served_tokens: int, event: bytes | None) -> None:
         await run_shielded(
-            lambda: self._quota.settle(admission, actual_tokens=served_tokens), what="quota settle"
+            lambda: self._quota.settle(admission, actual_tokens=served_tokens, event=event),
+            what="quota settle",
         )
 
     async def _settle_stream(
         self, ctx: CallContext, plan: RequestPlan, admission: Admission, relay: StreamRelay | None
     ) -> None:
         """Runs as the stream's exit stack unwinds, which its owner already shields."""
+        ctx.upstream_ended = time.monotonic()
         if relay is None:  # failed before the first chunk: nothing was served
-            await self._quota.settle(admission, actual_tokens=0)
+            event = self._usage_event(ctx, plan, None, "failed", stream=True)
+            await self._quota.settle(admission, actual_tokens=0, event=event)
             return
         usage = relay.usage or {}
         served = int(usage.get("total_tokens") or plan.prompt_tokens_estimate + relay.completion_tokens())
         self._count_tokens(ctx, usage)
-        await self._quota.settle(admission, actual_tokens=served)
+        status = "stream_error" if ctx.stream_error else "ok" if relay.finished else "incomplete"
+        event = self._usage_event(
+            ctx,
+            plan,
+            relay.usage,
+            status,
+            fallback=(plan.prompt_tokens_estimate, relay.completion_tokens()),
+            stream=True,
+            continuations=relay.continuations,
+        )
+        await self._quota.settle(admission, actual_tokens=served, event=event)
         self.record(ctx, "stream_error" if ctx.stream_error else "200", stream=True)
+
+    def _usage_event(
+        self,
+        ctx: CallContext,
+        plan: RequestPlan,
+        usage: Mapping[str, Any] | None,
+        status: str,
+        *,
+        fallback: tuple[int, int] = (0, 0),
+        stream: bool,
+        continuations: int = 0,
+    ) -> bytes | None:
+        """The request's usage event (gateway/ledger), priced; its cost is counted here too."""
+        if self._prices is None or ctx.tenant is None:
+            return None
+        event = usage_event(
+            ctx,
+            model_requested=plan.model.name,
+            degraded=plan.degraded_from is not None,
+            usage=usage,
+            fallback_counts=fallback,
+            status=status,
+            stream=stream,
+            continuations=continuations,
+            prices=self._prices,
+            now_s=time.time(),
+            now_monotonic=time.monotonic(),
+        )
+        if event.cost_usd:
+            self._metrics.labelled(self._metrics.cost, event.tenant_id, event.model).inc(event.cost_usd)
+        return encode_event(event)
 
     # -- what the front doors read -------------------------------------------------------------
 

@@ -76,6 +76,11 @@ class StreamRelay:
     async def aclose(self) -> None:
         await self._current.aclose()
 
+    @property
+    def finished(self) -> bool:
+        """An upstream sent a finish_reason: the client got a complete answer."""
+        return self._finished
+
     def completion_tokens(self) -> int:
         """Tokens the client received: exact from usage or token ids, else one per content chunk."""
         if self.usage is not None:
