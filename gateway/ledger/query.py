@@ -155,14 +155,15 @@ def parse_buckets(kind: Kind, params: Params, *, now_s: int) -> BucketQuery:
     if (end_ms - start_ms) // span > MAX_RANGE_BUCKETS:
         raise BadUsageQuery(
             "end_time",
-            f"The range holds more than {MAX_RANGE_BUCKETS} buckets of {width}; use a wider bucket_width.",
+            f"'end_time' is too far from 'start_time': more than {MAX_RANGE_BUCKETS} buckets of {width}; "
+            "use a wider bucket_width.",,
         )
     group_by: list[str] = []
     for value in params.get("group_by", []):
         for name in (v.strip() for v in value.split(",")):
             if name not in GROUPS[kind]:
                 raise BadUsageQuery(
-                    "group_by", f"Cannot group by {name!r}. Allowed: {', '.join(sorted(GROUPS[kind]))}."
+                    "group_by", f"'group_by' cannot be {name!r}. Allowed: {', '.join(sorted(GROUPS[kind]))}."
                 )
             if name not in group_by:
                 group_by.append(name)
