@@ -156,7 +156,7 @@ def parse_buckets(kind: Kind, params: Params, *, now_s: int) -> BucketQuery:
         raise BadUsageQuery(
             "end_time",
             f"'end_time' is too far from 'start_time': more than {MAX_RANGE_BUCKETS} buckets of {width}; "
-            "use a wider bucket_width.",,
+            "use a wider bucket_width.",
         )
     group_by: list[str] = []
     for value in params.get("group_by", []):
