@@ -70,6 +70,10 @@ class FederationPlan:
         return self.state_dir / "gateway.yaml"
 
     @property
+    def ledger_file(self) -> Path:
+        return self.state_dir / "ledger.sqlite"
+
+    @property
     def log_dir(self) -> Path:
         return self.state_dir / "logs"
 
@@ -82,7 +86,16 @@ class FederationPlan:
         return self.state_dir / "models" / model.name
 
     def node_command(self, node: NodeSpec) -> list[str]:
-        command = [sys.executable, "-m", "meridian.cli", "node", "--host", node.host, "--port", str(node.port)]
+        command = [
+            sys.executable,
+            "-m",
+            "meridian.cli",
+            "node",
+            "--host",
+            node.host,
+            "--port",
+            str(node.port),
+        ]
         command += ["--node-id", node.node_id, "--region", node.region, "--jurisdiction", node.jurisdiction]
         for model in self.models:
             command += ["--model", f"{model.name}={self.checkpoint_dir(model)}:{model.tier}"]
@@ -109,8 +122,10 @@ class FederationPlan:
             "policies": str(self.policies),
             "catalog": [{"name": model.name, "tier": model.tier} for model in self.models],
             "directory": {"type": "static", "file": str(self.regions_file)},
-            # Embedded defaults: an in-process quota store, no commercial providers.
+            # Embedded defaults: an in-process quota store, no commercial providers, and the usage
+            # ledger in a SQLite file beside this config, written by a task in the gateway.
             "quota": {},
+            "ledger": {"worker": "embedded", "store": {"type": "sqlite", "path": str(self.ledger_file)}},
             "node_auth": {"token_env": "MERIDIAN_NODE_TOKEN"},
             # CPU nodes can take a while for a first token when both tiers are busy.
             "timeouts": {"stream_idle_s": 60.0, "read_s": 300.0},
