@@ -12,4 +12,5 @@ pytest_plugins: list[str] = [
     "tests.support.checkpoints",
     "tests.support.redis_server",
     "tests.support.postgres_server",
+    "tests.support.redis_cluster",
 ]
