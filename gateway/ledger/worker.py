@@ -53,19 +53,23 @@ class LedgerWorker:
         self._purge_interval_s = purge_interval_s
         self._error_backoff_s = error_backoff_s
         self._next_purge = 0.0
+        # One step at a time: the outbox has one consumer (its read peeks, its ack pops), and
+        # the usage API's catch-up drains it while the worker task may be mid-step.
+        self._stepping = asyncio.Lock()
         self.stats = WorkerStats()
 
     async def step(self, wait_s: float | None = None) -> int:
         """Read one batch, commit it, acknowledge it; the number of events read (0: none waiting)."""
-        deliveries = await self.source.read(self._batch_size, self._wait_s if wait_s is None else wait_s)
-        if not deliveries:
-            return 0
-        events = self._decode(deliveries)
-        self.stats.committed += await self.store.commit(events)
-        await self.source.ack(deliveries)
-        self.stats.batches += 1
-        self.stats.read += len(deliveries)
-        return len(deliveries)
+        async with self._stepping:
+            deliveries = await self.source.read(self._batch_size, self._wait_s if wait_s is None else wait_s)
+            if not deliveries:
+                return 0
+            events = self._decode(deliveries)
+            self.stats.committed += await self.store.commit(events)
+            await self.source.ack(deliveries)
+            self.stats.batches += 1
+            self.stats.read += len(deliveries)
+            return len(deliveries)
 
     def _decode(self, deliveries: list[Delivery]) -> list[UsageEvent]:
         events = []
@@ -96,9 +100,16 @@ class LedgerWorker:
                 await self._purge_if_due()
             except asyncio.CancelledError:
                 raise
-            except Exception:
+            except Exception as exc:
                 self.stats.failures += 1
-                logger.exception("ledger worker: batch failed; retrying in %.1fs", self._error_backoff_s)
+                # A store or Redis outage repeats every back-off: one line each, no traceback.
+                logger.warning(
+                    "ledger worker: batch failed (%s: %s); retrying in %.1fs",
+                    type(exc).__name__,
+                    exc,
+                    self._error_backoff_s,
+                    exc_info=logger.isEnabledFor(logging.DEBUG),
+                )
                 await asyncio.sleep(self._error_backoff_s)
 
     async def _purge_if_due(self) -> None:
