@@ -125,7 +125,10 @@ class FederationPlan:
             # Embedded defaults: an in-process quota store, no commercial providers, and the usage
             # ledger in a SQLite file beside this config, written by a task in the gateway.
             "quota": {},
-            "ledger": {"worker": "embedded", "store": {"type": "sqlite", "path": str(self.ledger_file)}},
+            "ledger": {
+                "worker": "embedded",
+                "store": {"type": "sqlite", "path": str(self.ledger_file.resolve())},
+            },
             "node_auth": {"token_env": "MERIDIAN_NODE_TOKEN"},
             # CPU nodes can take a while for a first token when both tiers are busy.
             "timeouts": {"stream_idle_s": 60.0, "read_s": 300.0},
