@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -138,3 +139,21 @@ async def test_concurrent_commits_of_overlapping_batches_count_each_request_once
 async def test_batches_of_any_size_commit(store: LedgerStore, count: int) -> None:
     assert await store.commit([event(f"r{i}") for i in range(count)]) == count
     assert (await totals(store))[0] == count
+
+
+async def test_an_unreachable_postgres_is_ledger_unavailable(tmp_path: Path) -> None:
+    from gateway.ledger.errors import LedgerUnavailable
+    from gateway.ledger.store.postgres import PostgresLedger
+
+    store = PostgresLedger(f"postgresql://postgres@/postgres?host={tmp_path}", timeout_s=2)
+    with pytest.raises(LedgerUnavailable):
+        await store.commit([event("r1")])
+    await store.close()
+
+
+async def test_a_postgres_store_started_late_creates_its_tables_on_first_use(postgres_dsn: str) -> None:
+    from gateway.ledger.store.postgres import PostgresLedger
+
+    store = PostgresLedger(postgres_dsn)  # start() never called: the first commit sets up
+    assert await store.commit([event("r1")]) == 1
+    await store.close()

@@ -63,9 +63,8 @@ class PostgresLedger:
         self._opening = asyncio.Lock()
 
     async def start(self) -> None:
-        async with self._connection() as conn, conn.transaction():
-            for statement in sql.SCHEMA:
-                await conn.execute(statement)
+        async with self._connection():
+            pass  # opening the pool creates the schema
 
     async def _open(self) -> None:
         import psycopg
@@ -73,13 +72,27 @@ class PostgresLedger:
         async with self._opening:
             if self._idle is not None:
                 return
+            opened: list[Any] = []
+            try:
+                for _ in range(self._pool_size):
+                    opened.append(
+                        await psycopg.AsyncConnection.connect(
+                            self._dsn, autocommit=True, connect_timeout=max(1, int(self._timeout_s))
+                        )
+                    )
+                # Here rather than only in start(): a database that was down at start-up gets
+                # its tables on the first connection that works.
+                async with opened[0].transaction():
+                    for statement in sql.SCHEMA:
+                        await opened[0].execute(statement)
+            except BaseException:
+                for conn in opened:
+                    await conn.close()
+                raise
             idle: asyncio.Queue[Any] = asyncio.Queue()
-            for _ in range(self._pool_size):
-                conn = await psycopg.AsyncConnection.connect(
-                    self._dsn, autocommit=True, connect_timeout=max(1, int(self._timeout_s))
-                )
-                self._all.append(conn)
+            for conn in opened:
                 idle.put_nowait(conn)
+            self._all = opened
             self._idle = idle
 
     @asynccontextmanager
@@ -115,7 +128,8 @@ class PostgresLedger:
             await conn.close()
             fresh = await psycopg.AsyncConnection.connect(self._dsn, autocommit=True)
         except (psycopg.Error, OSError):
-            # Shrink for now; the next _open after close() starts a full pool again.
+            if not self._all:  # every connection is gone: the next call opens a new pool
+                self._idle = None
             return
         self._all.append(fresh)
         self._idle.put_nowait(fresh)
