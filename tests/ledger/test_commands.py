@@ -105,7 +105,10 @@ EVENTS = 2000
 
 async def settle_many(redis_url: str, prefix: str) -> None:
     client = Redis.from_url(redis_url)
-    gate = StoreQuotaGate(RedisQuotaStore(client, key_prefix=prefix), fallback=MemoryQuotaStore(name="local"))
+    gate = StoreQuotaGate(
+        RedisQuotaStore(client, key_prefix=prefix, timeout_s=5.0, congested_s=10.0),
+        fallback=MemoryQuotaStore(name="local"),
+    )
     policy = TenantPolicy(tenant_id="acme", api_key_hashes=frozenset(), limits=TenantLimits())
 
     async def one(i: int) -> None:

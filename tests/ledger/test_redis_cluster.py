@@ -35,7 +35,7 @@ def policy(tenant_id: str) -> TenantPolicy:
 
 def gate_on(client: Any, outbox: LocalOutbox) -> StoreQuotaGate:
     return StoreQuotaGate(
-        RedisQuotaStore(client, key_prefix="mq", timeout_s=0.5, congested_s=2.0),
+        RedisQuotaStore(client, key_prefix="mq", timeout_s=3.0, congested_s=6.0),
         fallback=MemoryQuotaStore(name="local", outbox=outbox),
         breaker=store_breaker(0.2),
         outbox=outbox,

@@ -43,6 +43,13 @@ def prefix() -> str:
     return f"lw{uuid.uuid4().hex[:8]}"
 
 
+def patient_gate(client: Redis, prefix: str) -> StoreQuotaGate:
+    """A Redis gate whose calls never give up on a busy test box: a fallback admission would
+    settle locally, and its event would not be in the stream these tests read."""
+    store = RedisQuotaStore(client, key_prefix=prefix, timeout_s=5.0, congested_s=10.0)
+    return StoreQuotaGate(store, fallback=MemoryQuotaStore(name="local"))
+
+
 async def totals(store: LedgerStore, tenant_id: str) -> tuple[int, int]:
     rows = await store.aggregate(AggregateQuery("1d", T0_MS - DAY_MS, T0_MS + 2 * DAY_MS, tenant_id))
     return sum(r.requests for r in rows), sum(r.output_tokens for r in rows)
@@ -56,7 +63,7 @@ async def settle_events(gate: StoreQuotaGate, tenant_id: str, count: int, start:
 
 
 async def test_settlement_appends_its_event_in_the_same_single_round_trip(redis: Redis, prefix: str) -> None:
-    store = RedisQuotaStore(redis, key_prefix=prefix)
+    store = RedisQuotaStore(redis, key_prefix=prefix, timeout_s=5.0, congested_s=10.0)
     gate = StoreQuotaGate(store, fallback=MemoryQuotaStore(name="local"), breaker=store_breaker(1.0))
     admission = await gate.admit(tenant("acme"), request_id="r1", estimated_tokens=50)
     before = await redis.info("commandstats")
@@ -78,7 +85,7 @@ async def test_settlement_appends_its_event_in_the_same_single_round_trip(redis:
 
 
 async def test_a_refused_append_leaves_the_settlement_undone_too(redis: Redis, prefix: str) -> None:
-    store = RedisQuotaStore(redis, key_prefix=prefix)
+    store = RedisQuotaStore(redis, key_prefix=prefix, timeout_s=5.0, congested_s=10.0)
     outcome = await store.admit("acme", QuotaLimits.from_tenant(LIMITS), 50, "lease-1", 30_000)
     await redis.set(store.keys("acme").usage, "not a stream")  # XADD will fail: WRONGTYPE
     with pytest.raises(Exception, match="WRONGTYPE"):
@@ -90,7 +97,10 @@ async def test_a_refused_append_leaves_the_settlement_undone_too(redis: Redis, p
 async def test_worker_moves_every_tenants_stream_into_the_store(
     redis: Redis, prefix: str, tmp_path: Path
 ) -> None:
-    gate = StoreQuotaGate(RedisQuotaStore(redis, key_prefix=prefix), fallback=MemoryQuotaStore(name="local"))
+    gate = StoreQuotaGate(
+        RedisQuotaStore(redis, key_prefix=prefix, timeout_s=5.0, congested_s=10.0),
+        fallback=MemoryQuotaStore(name="local"),
+    )
     await settle_events(gate, "acme", 30)
     await settle_events(gate, "globex", 12)
     store = SqliteLedger(tmp_path / "l.sqlite")
@@ -107,7 +117,10 @@ async def test_worker_moves_every_tenants_stream_into_the_store(
 async def test_a_worker_killed_after_commit_before_ack_counts_nothing_twice(
     redis: Redis, prefix: str, tmp_path: Path
 ) -> None:
-    gate = StoreQuotaGate(RedisQuotaStore(redis, key_prefix=prefix), fallback=MemoryQuotaStore(name="local"))
+    gate = StoreQuotaGate(
+        RedisQuotaStore(redis, key_prefix=prefix, timeout_s=5.0, congested_s=10.0),
+        fallback=MemoryQuotaStore(name="local"),
+    )
     await settle_events(gate, "acme", 20)
     store = SqliteLedger(tmp_path / "l.sqlite")
     dying = RedisStreams(
@@ -131,7 +144,10 @@ async def test_a_worker_killed_after_commit_before_ack_counts_nothing_twice(
 
 
 async def test_a_worker_killed_before_commit_loses_nothing(redis: Redis, prefix: str, tmp_path: Path) -> None:
-    gate = StoreQuotaGate(RedisQuotaStore(redis, key_prefix=prefix), fallback=MemoryQuotaStore(name="local"))
+    gate = StoreQuotaGate(
+        RedisQuotaStore(redis, key_prefix=prefix, timeout_s=5.0, congested_s=10.0),
+        fallback=MemoryQuotaStore(name="local"),
+    )
     await settle_events(gate, "acme", 10)
     dying = RedisStreams(
         redis, key_prefix=prefix, tenants=lambda: ["acme"], consumer="dies", claim_idle_ms=100
