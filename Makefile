@@ -28,6 +28,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/engine_throughput.py
 	$(PY) benchmarks/quota.py
+	$(PY) benchmarks/usage_query.py
 	$(PY) benchmarks/gateway_overhead.py
 
 # Locust against a running `make up` (another terminal); MERIDIAN_API_KEY selects the tenant.

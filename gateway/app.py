@@ -25,6 +25,8 @@ from gateway.discovery.build import build_region_directory
 from gateway.discovery.interface import RegionDirectory
 from gateway.health import BreakerBoard, build_board, ejection
 from gateway.health.probes import NodeProber, ProbeResult
+from gateway.ledger.build import Ledger, build_ledger
+from gateway.ledger.outbox import LocalOutbox
 from gateway.metrics import GatewayMetrics
 from gateway.policy import PolicyStore
 from gateway.quota import build_quota_gate
@@ -61,6 +63,7 @@ class Gateway:
     pipeline: RequestPipeline
     safety: SafetyGuard  # content checks: the classifier loads in the background (see /ready)
     tracing: Tracing | None = None  # OTEL_* said to trace (telemetry/); None: off
+    ledger: Ledger | None = None  # None: `ledger.enabled: false`
 
     async def start(self) -> None:
         await self.safety.start()  # first: the classifier warms while the rest starts
@@ -70,6 +73,8 @@ class Gateway:
         start_quota = getattr(self.quota, "start", None)  # warms Redis: scripts, connections
         if start_quota is not None:
             await start_quota()
+        if self.ledger is not None:
+            await self.ledger.start()
         await self.prober.start()
         nodes = self.directory.snapshot()
         ready = sum(1 for n in nodes if (r := self.prober.result(n.node_id)) is not None and r.ready)
@@ -89,6 +94,8 @@ class Gateway:
             self.board.aclose,
             self.providers.aclose,
             self.quota.close,
+            # After the quota: the last settlements' in-process events are committed on the way out.
+            *((self.ledger.stop,) if self.ledger is not None else ()),
             self.clients.aclose,
             self.probe_client.aclose,
             self.safety.stop,
@@ -172,15 +179,27 @@ def build_gateway(
         metrics_registry=metrics.registry,
     )
     fleet = Fleet(directory, prober, board, providers, node_upstream)
+    outbox = LocalOutbox()
     if quota is None:
-        quota = build_quota_gate(config.quota)
+        quota = build_quota_gate(config.quota, outbox=outbox if config.ledger.enabled else None)
     policies = PolicyStore(config.policies, extra=extra_policies)
     # Loaded now, so a broken policy file stops start-up with its file and field named
     # (PolicyError) before any server is up; start() then only begins hot reloading.
     policies.load()
+    ledger = None
+    if config.ledger.enabled:
+        ledger = build_ledger(config, outbox, lambda: (t.tenant_id for t in policies.current()), env)
     safety = SafetyGuard(config.safety, metrics.registry)
     tracing = start_tracing(env, default_service="meridian-gateway")
-    parts = dict(config=config, policies=policies, quota=quota, fleet=fleet, metrics=metrics, safety=safety)
+    parts = dict(
+        config=config,
+        policies=policies,
+        quota=quota,
+        fleet=fleet,
+        metrics=metrics,
+        safety=safety,
+        prices=ledger.prices if ledger is not None else None,
+    )
     if tracing is None:
         forwarder = Forwarder(fleet, metrics, retry=config.retry, stream_idle_s=timeouts.stream_idle_s)
         pipeline = RequestPipeline(forwarder=forwarder, **parts)
@@ -205,6 +224,7 @@ def build_gateway(
         pipeline=pipeline,
         safety=safety,
         tracing=tracing,
+        ledger=ledger,
     )
 
 
@@ -232,6 +252,7 @@ def create_app(
             "fleet": provide(gateway.fleet),
             "metrics": provide(gateway.metrics),
             "safety": provide(gateway.safety),
+            "ledger": provide(gateway.ledger),
         },
         exception_handlers={Exception: handle_exception},
         lifespan=[gateway.lifespan],

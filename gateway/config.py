@@ -21,6 +21,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 import yaml
 
+from gateway.ledger.config import LedgerConfig, SqliteStoreConfig
+from gateway.ledger.prices import ModelPrice
 from gateway.quota.config import QuotaConfig
 from gateway.safety.config import SafetyConfig
 from gateway.upstreams.providers.config import ProvidersConfig
@@ -59,6 +61,10 @@ class CatalogEntry(_Section):
     name: str
     tier: Literal["small", "large"]
     description: str = ""
+    # USD per million tokens (gateway/ledger/prices.py); unpriced models cost 0 in the ledger.
+    price: ModelPrice | None = None
+    # By the provider's model name (an endpoint's `models:` value) when a provider serves it.
+    provider_prices: dict[str, ModelPrice] = msgspec.field(default_factory=dict)
 
     def to_model(self) -> CatalogModel:
         return CatalogModel(name=self.name, tier=self.tier, description=self.description)
@@ -192,6 +198,8 @@ class GatewayConfig(_Section):
     directory: DirectoryConfig
     listen: ListenConfig = msgspec.field(default_factory=ListenConfig)
     quota: QuotaConfig = msgspec.field(default_factory=QuotaConfig)  # defaults: the in-process store
+    ledger: LedgerConfig = msgspec.field(default_factory=LedgerConfig)  # defaults: embedded, SQLite
+    price_table_version: str = "unversioned"  # recorded with every usage event's cost
     providers: ProvidersConfig = msgspec.field(default_factory=ProvidersConfig)  # defaults: none
     node_auth: NodeAuthConfig = msgspec.field(default_factory=NodeAuthConfig)
     timeouts: TimeoutsConfig = msgspec.field(default_factory=TimeoutsConfig)
@@ -214,6 +222,10 @@ class GatewayConfig(_Section):
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
             raise ValueError(f"catalog: duplicate model names {duplicates}")
+        if self.ledger.worker == "external" and self.quota.redis_url is None:
+            raise ValueError(
+                "ledger.worker: 'external' needs quota.redis_url (the usage streams live in Redis)"
+            )
 
     def catalog_models(self) -> tuple[CatalogModel, ...]:
         return tuple(entry.to_model() for entry in self.catalog)
@@ -243,7 +255,11 @@ def _field_first(message: str) -> str:
 
 # Sections that were optional mappings before they had structs: null still means the defaults,
 # and a non-mapping is told what it always was.
-_NULLABLE_SECTIONS = {"quota": "expected a mapping", "providers": "expected a mapping with `endpoints:`"}
+_NULLABLE_SECTIONS = {
+    "quota": "expected a mapping",
+    "providers": "expected a mapping with `endpoints:`",
+    "ledger": "expected a mapping",
+}
 
 
 def _as_sections(data: dict[str, Any], source: str) -> dict[str, Any]:
@@ -255,6 +271,10 @@ def _as_sections(data: dict[str, Any], source: str) -> dict[str, Any]:
             del data[name]
         elif name in data and not isinstance(data[name], dict):
             raise ConfigError(f"{source}: $.{name}: {expected}, got {type(data[name]).__name__}")
+    ledger = data.get("ledger")
+    if isinstance(ledger, dict) and isinstance(ledger.get("store"), dict):
+        # Like the directory: a store without `type` is the embedded SQLite file.
+        data["ledger"] = {**ledger, "store": {"type": "sqlite", **ledger["store"]}}
     directory = data.get("directory")
     if isinstance(directory, dict):
         # The tagged union needs `type`; a directory without one has always been static.
@@ -284,8 +304,13 @@ def _resolve_paths(config: GatewayConfig, base: Path) -> GatewayConfig:
             safety.classifier, model_dir=resolve(safety.classifier.model_dir)
         )
         safety = msgspec.structs.replace(safety, classifier=classifier)
+    ledger = config.ledger
+    if isinstance(ledger.store, SqliteStoreConfig):
+        ledger = msgspec.structs.replace(
+            ledger, store=msgspec.structs.replace(ledger.store, path=resolve(ledger.store.path))
+        )
     return msgspec.structs.replace(
-        config, policies=resolve(config.policies), directory=directory, safety=safety
+        config, policies=resolve(config.policies), directory=directory, safety=safety, ledger=ledger
     )
 
 

@@ -64,6 +64,13 @@ class GatewayMetrics:
             ["tenant", "kind"],
             registry=r,
         )
+        self.cost = Counter(
+            "meridian_gateway_cost_usd",
+            "What served requests cost in USD, by tenant and served model, from the catalog's prices "
+            "(the same amount the usage ledger records).",
+            ["tenant", "model"],
+            registry=r,
+        )
         # Overload (gateway/admission). Shed and degraded are two counters, not one with an outcome
         # label: a shed request was refused and a degraded one was served, so alerts and
         # dashboards read them apart; and only a shed has a reason.

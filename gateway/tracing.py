@@ -249,9 +249,9 @@ class TracedPipeline(RequestPipeline):
                 span.set_attribute("meridian.route.reason", targets[0].reason)
             return targets
 
-    async def _settle(self, admission: Admission, served_tokens: int) -> None:
+    async def _settle(self, admission: Admission, served_tokens: int, event: bytes | None) -> None:
         with self._span("quota.settle"):
-            await super()._settle(admission, served_tokens)
+            await super()._settle(admission, served_tokens, event)
 
     async def _settle_stream(
         self, ctx: CallContext, plan: RequestPlan, admission: Admission, relay: StreamRelay | None

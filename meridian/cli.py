@@ -6,6 +6,8 @@
     meridian model init OUT_DIR ...       a random local checkpoint (regional_node/checkpoints)
     meridian policy hash-key KEY          the sha256:... form of an API key, for policy files
     meridian policy check [DIR]           validate a policy folder
+    meridian ledger --config FILE         the external ledger worker (usage streams -> ledger store)
+    meridian usage export --config FILE --from DATE --to DATE [--tenant T] --format csv|jsonl
 
 `node` and `model` import their packages only when chosen: the gateway never imports torch.
 """
@@ -95,6 +97,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="gateway processes sharing the port (SO_REUSEPORT; default 1). With more than one, "
         "exact quotas need quota.redis_url: the in-process store counts per worker",
     )
+    ledger = commands.add_parser(
+        "ledger", help="run the ledger worker: usage streams in Redis -> ledger store"
+    )
+    ledger.add_argument(
+        "--config", required=True, help="the gateway YAML config (quota.redis_url, ledger.store)"
+    )
+    usage = commands.add_parser("usage", help="usage ledger tools: export")
+    usage_commands = usage.add_subparsers(dest="usage_command", required=True, metavar="SUBCOMMAND")
+    export = usage_commands.add_parser("export", help="write raw usage events of [--from, --to) for billing")
+    export.add_argument("--config", required=True, help="the gateway YAML config (its ledger.store)")
+    export.add_argument(
+        "--from", dest="start", required=True, help="YYYY-MM-DD (UTC), ISO 8601 time or Unix s"
+    )
+    export.add_argument("--to", dest="end", required=True, help="exclusive; same forms as --from")
+    export.add_argument("--tenant", help="one tenant (default: all)")
+    export.add_argument("--format", choices=("csv", "jsonl"), default="csv")
+    export.add_argument("--output", "-o", help="file to write (default: stdout)")
     commands.add_parser("node", help="run a regional node (meridian node --help)", add_help=False)
     commands.add_parser("model", help="manage local checkpoints (meridian model init --help)", add_help=False)
     commands.add_parser("policy", help="policy tools: hash-key KEY, check [DIR]", add_help=False)
@@ -124,6 +143,15 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "gateway":
         return _gateway_main(args)
+    if args.command == "ledger":
+        from gateway.ledger.commands import ledger_main
+
+        _configure_gateway_logging()
+        return ledger_main(args.config)
+    if args.command == "usage":
+        from gateway.ledger.commands import export_main
+
+        return export_main(args.config, args.start, args.end, args.tenant, args.format, args.output)
     from meridian.federation.up import up_main
 
     return up_main(args)

@@ -8,4 +8,9 @@ import os
 # Only Triton reads it; no test runs compiled Triton kernels (gpu_compile.py compiles without it).
 os.environ["TRITON_INTERPRET"] = "1"
 
-pytest_plugins: list[str] = ["tests.support.checkpoints", "tests.support.redis_server"]
+pytest_plugins: list[str] = [
+    "tests.support.checkpoints",
+    "tests.support.redis_server",
+    "tests.support.postgres_server",
+    "tests.support.redis_cluster",
+]

@@ -4,10 +4,18 @@ from gateway.api.admin_routes import AdminController
 from gateway.api.anthropic_routes import AnthropicController
 from gateway.api.openai_routes import OpenAIController
 from gateway.api.openapi import OpenAPIController
+from gateway.api.quota_routes import QuotaController
 from gateway.api.usage_routes import UsageController
 
 # Every front door create_app registers by default; a new one (e.g. /v1/messages) joins here.
-FRONT_DOORS = (OpenAIController, AnthropicController, UsageController, OpenAPIController, AdminController)
+FRONT_DOORS = (
+    OpenAIController,
+    AnthropicController,
+    UsageController,
+    QuotaController,
+    OpenAPIController,
+    AdminController,
+)
 
 __all__ = [
     "FRONT_DOORS",
@@ -15,5 +23,6 @@ __all__ = [
     "AnthropicController",
     "OpenAIController",
     "OpenAPIController",
+    "QuotaController",
     "UsageController",
 ]

@@ -16,6 +16,7 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 
 from gateway.admission.errors import Overloaded
+from gateway.ledger.errors import BadUsageQuery, LedgerUnavailable
 from gateway.quota.errors import QuotaExceeded, QuotaUnavailable, RequestTooLarge
 from gateway.quota.headers import retry_after_headers
 from gateway.request.context import CallContext
@@ -58,6 +59,10 @@ def to_api_error(exc: BaseException, *, request_id: str = "-") -> APIError:
         return InvalidRequestError(exc.args[0], code="content_policy_violation")
     if isinstance(exc, SafetyUnavailable):
         return ServiceUnavailableError(exc.args[0], code="safety_unavailable")
+    if isinstance(exc, BadUsageQuery):
+        return InvalidRequestError(exc.message, param=exc.param, code="invalid_usage_query")
+    if isinstance(exc, LedgerUnavailable):
+        return ServiceUnavailableError(str(exc), code="ledger_unavailable", headers={"retry-after": "1"})
     if isinstance(exc, RequestTooLarge):
         return InvalidRequestError(exc.message, param="max_tokens", code="request_too_large")
     if isinstance(exc, ClientDisconnected):

@@ -1,5 +1,5 @@
-"""OpenAI-compatible front door: /v1/chat/completions, /v1/completions, /v1/models (/v1/usage is in
-usage_routes.py).
+"""OpenAI-compatible front door: /v1/chat/completions, /v1/completions, /v1/models (/v1/usage and
+/v1/costs are in usage_routes.py, /v1/quota in quota_routes.py).
 
 Thin on purpose: parse the body, hand it to the RequestPipeline, shape the response.
 """

@@ -114,6 +114,8 @@ _BUILT_AS_DICTS: dict[str, dict[str, Any]] = {
             ),
         }
     ),
+    "UsagePage": {"type": "object", "description": "{object: page, data: [buckets], has_more, next_page}"},
+    "CostsPage": {"type": "object", "description": "{object: page, data: [buckets], has_more, next_page}"},
     "QuotaUsage": _object(
         {
             "object": {"const": "quota.usage"},
@@ -220,6 +222,7 @@ def _listing(op_id: str, summary: str, answer: str, errors: tuple[int, ...], **e
         "content": _json(_ref("schemas", answer)),
     }
     statuses = {
+        400: "A query parameter is invalid; `param` names it.",
         401: _BODY_ERRORS[401],
         403: "A key may read only its own tenant's usage.",
         503: _BODY_ERRORS[503],
@@ -286,12 +289,34 @@ def build_document() -> dict[str, Any]:
             "/v1/models": {
                 "get": _listing("listModels", "The models this key may use.", "ModelList", (401,))
             },
-            "/v1/usage": {
+            "/v1/quota": {
                 "get": _listing(
-                    "getUsage",
+                    "getQuota",
                     "Meridian extension: the tenant's quota use in the current windows.",
                     "QuotaUsage",
                     (401, 403, 503),
+                    parameters=[tenant],
+                )
+            },
+            "/v1/usage": {
+                "get": _listing(
+                    "getUsage",
+                    "Token usage from the ledger, in time buckets (OpenAI's organization usage shape), "
+                    "or one day's totals with ?date=YYYY-MM-DD. Parameters: start_time, end_time, "
+                    "bucket_width (1m, 1h, 1d), group_by (model, region, api_key_id, tenant_id), "
+                    "limit, page, tenant, date; a bad one is a 400 naming it.",
+                    "UsagePage",
+                    (400, 401, 403, 503),
+                    parameters=[tenant],
+                )
+            },
+            "/v1/costs": {
+                "get": _listing(
+                    "getCosts",
+                    "Costs in USD from the ledger, in time buckets (OpenAI's organization costs shape). "
+                    "Parameters as /v1/usage; group_by: model, line_item, region, api_key_id, tenant_id.",
+                    "CostsPage",
+                    (400, 401, 403, 503),
                     parameters=[tenant],
                 )
             },

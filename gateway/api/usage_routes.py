@@ -1,35 +1,91 @@
-"""GET /v1/usage: the caller's quota use in the current windows (a Meridian extension).
+"""GET /v1/usage and GET /v1/costs: the usage ledger, shaped like OpenAI's organization usage and
+costs APIs (gateway/ledger/query.py), plus the simple `GET /v1/usage?date=YYYY-MM-DD`.
 
-`?tenant=` is optional; when given it must be the caller's own tenant, so a key can never read
-another tenant's usage (403 otherwise).
+A tenant's key sees only its own tenant (`?tenant=` may name it, or nothing: 403 for another).
+An operator key (`ledger.operator_keys` in the gateway config) sees every tenant, or the one
+`?tenant=` names. The quota window view is GET /v1/quota (quota_routes.py).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
+from urllib.parse import parse_qs
 
 from litestar import Controller, Request, Response, get
 
 from gateway.api.errors import failed
+from gateway.ledger.build import Ledger
+from gateway.ledger.errors import LedgerUnavailable
+from gateway.ledger.query import (
+    Kind,
+    day_body,
+    is_day_query,
+    normalise,
+    page_body,
+    parse_buckets,
+    parse_day,
+)
+from gateway.ledger.store.interface import AggregateQuery
+from gateway.request.context import CallContext
 from gateway.request.pipeline import RequestPipeline
 from protocol import PermissionDeniedError
 
 
-class UsageController(Controller):
-    path = "/v1/usage"
+def _scope(
+    pipeline: RequestPipeline, ledger: Ledger, ctx: CallContext, authorization: str | None, asked: str | None
+) -> str | None:
+    """The tenant the caller may read (None: all tenants, operators only)."""
+    scheme, _, key = (authorization or "").partition(" ")
+    if scheme.lower() == "bearer" and ledger.is_operator(key.strip()):
+        return asked
+    caller = pipeline.authenticate(ctx, authorization)
+    if asked is not None and asked != caller.tenant_id:
+        raise PermissionDeniedError(
+            "An API key can only read its own tenant's usage.", param="tenant", code="tenant_mismatch"
+        )
+    return caller.tenant_id
 
-    @get("/")
+
+async def _answer(
+    kind: Kind, request: Request[Any, Any, Any], pipeline: RequestPipeline, ledger: Ledger | None
+) -> Response[dict[str, Any]]:
+    ctx = pipeline.start_call(request.headers)
+    try:
+        if ledger is None:
+            raise LedgerUnavailable("The usage ledger is disabled on this gateway (ledger.enabled: false).")
+        params = normalise(
+            parse_qs(request.scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+        )
+        auth = request.headers.get("authorization")
+        if kind == "usage" and is_day_query(params):
+            day = parse_day(params)
+            tenant = _scope(pipeline, ledger, ctx, auth, day.tenant)
+            await ledger.catch_up()
+            rows = await ledger.store.aggregate(AggregateQuery("1d", day.start_ms, day.end_ms, tenant))
+            body = day_body(day, tenant, rows)
+        else:
+            query = parse_buckets(kind, params, now_s=int(time.time()))
+            tenant = _scope(pipeline, ledger, ctx, auth, query.tenant)
+            await ledger.catch_up()
+            store_query, next_page = query.page(tenant)
+            body = page_body(query, store_query, await ledger.store.aggregate(store_query), next_page)
+    except Exception as exc:
+        raise failed(pipeline, ctx, exc) from None
+    return Response(body, headers=ctx.headers)
+
+
+class UsageController(Controller):
+    path = "/v1"
+
+    @get("/usage")
     async def usage(
-        self, request: Request[Any, Any, Any], pipeline: RequestPipeline, tenant: str | None = None
+        self, request: Request[Any, Any, Any], pipeline: RequestPipeline, ledger: Ledger | None
     ) -> Response[dict[str, Any]]:
-        ctx = pipeline.start_call(request.headers)
-        try:
-            caller = pipeline.authenticate(ctx, request.headers.get("authorization"))
-            if tenant is not None and tenant != caller.tenant_id:
-                raise PermissionDeniedError(
-                    "An API key can only read its own tenant's usage.", param="tenant", code="tenant_mismatch"
-                )
-            usage = await pipeline.usage(caller)
-        except Exception as exc:
-            raise failed(pipeline, ctx, exc) from None
-        return Response(usage, headers=ctx.headers)
+        return await _answer("usage", request, pipeline, ledger)
+
+    @get("/costs")
+    async def costs(
+        self, request: Request[Any, Any, Any], pipeline: RequestPipeline, ledger: Ledger | None
+    ) -> Response[dict[str, Any]]:
+        return await _answer("costs", request, pipeline, ledger)

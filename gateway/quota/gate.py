@@ -28,7 +28,7 @@ from gateway.quota.headers import denial_message, rate_limit_headers
 from gateway.quota.interface import Admission
 from gateway.quota.model import QuotaLimits, Ticket
 from gateway.quota.report import usage_report
-from gateway.quota.store import QuotaStore
+from gateway.quota.store import Outbox, QuotaStore
 from gateway.quota.window import Geometry
 from router.types import TenantPolicy
 
@@ -59,9 +59,12 @@ class StoreQuotaGate:
         lease_ms: int = 30_000,
         local_share: float = 0.25,
         geometry: Geometry | None = None,
+        outbox: Outbox | None = None,
     ):
-        """`fallback` (with `breaker`) only for a store that can fail, i.e. Redis."""
+        """`fallback` (with `breaker`) only for a store that can fail, i.e. Redis. `outbox` takes the
+        usage event of a settlement that could not reach Redis (the ledger's in-process queue)."""
         self._store = store
+        self._outbox = outbox
         self._fallback = fallback
         self._breaker = breaker or store_breaker(1.0)
         self._lease_ms = lease_ms
@@ -172,7 +175,7 @@ class StoreQuotaGate:
                 "lease %s of tenant %s expired and its slot was taken", admission.lease_id, ticket.tenant_id
             )
 
-    async def settle(self, admission: Admission, *, actual_tokens: int) -> None:
+    async def settle(self, admission: Admission, *, actual_tokens: int, event: bytes | None = None) -> None:
         ticket = admission.store_state
         if ticket.settled:
             return
@@ -182,11 +185,14 @@ class StoreQuotaGate:
         store = self._store_for(ticket)
         delta = int(actual_tokens) - admission.reserved_tokens
         lease_id = admission.lease_id or ""
-        call = lambda: store.settle(ticket.tenant_id, ticket.slot, ticket.day, delta, lease_id)  # noqa: E731
+        call = lambda: store.settle(ticket.tenant_id, ticket.slot, ticket.day, delta, lease_id, event)  # noqa: E731
         try:
             await (call() if store is self._fallback else self._guarded(call))
         except QuotaStoreUnavailable as exc:
-            # Safe to drop: the reservation ages out of the window and the lease expires.
+            # Safe to drop: the reservation ages out of the window and the lease expires. The
+            # usage event is not: it goes to the in-process outbox, which the ledger drains.
+            if event is not None and self._outbox is not None:
+                self._outbox.append(ticket.tenant_id, event)
             self.dropped_settlements += 1
             logger.warning(
                 "dropped settlement of request %s (tenant %s, delta %d tokens): %s",

@@ -35,12 +35,13 @@ class QuotaGate(Protocol):
         """Extend the concurrency lease of a long-running (streaming) request."""
         ...
 
-    async def settle(self, admission: Admission, *, actual_tokens: int) -> None:
-        """Refund or charge the difference to the estimate and release the concurrency slot."""
+    async def settle(self, admission: Admission, *, actual_tokens: int, event: bytes | None = None) -> None:
+        """Refund or charge the difference to the estimate and release the concurrency slot; with
+        `event`, append the request's usage event in the same atomic store operation."""
         ...
 
     async def usage(self, policy: TenantPolicy) -> dict[str, Any]:
-        """Current window use and remaining quota, for GET /v1/usage; QuotaUnavailable as admit."""
+        """Current window use and remaining quota, for GET /v1/quota; QuotaUnavailable as admit."""
         ...
 
     async def close(self) -> None: ...

@@ -24,6 +24,7 @@ class TenantKeys:
     tokens: str  # hash: bucket index -> reserved/charged tokens
     leases: str  # sorted set: lease id -> expiry (ms, server time)
     daily: str  # hash: {day, used}
+    usage: str  # stream: the usage events the settlement script appends (gateway/ledger)
 
     @classmethod
     def for_tenant(cls, prefix: str, tenant_id: str) -> TenantKeys:
@@ -33,6 +34,7 @@ class TenantKeys:
             tokens=f"{base}:tokens",
             leases=f"{base}:leases",
             daily=f"{base}:daily",
+            usage=f"{base}:usage",
         )
 
     def all(self) -> tuple[str, str, str, str]:

@@ -10,7 +10,7 @@ import time
 
 from gateway.quota import reference
 from gateway.quota.model import AdmitOutcome, QuotaLimits, UsageReading
-from gateway.quota.store import Clock
+from gateway.quota.store import Clock, Outbox
 from gateway.quota.window import Geometry
 
 
@@ -19,8 +19,16 @@ def wall_clock_ms() -> int:
 
 
 class MemoryQuotaStore:
-    def __init__(self, *, geometry: Geometry | None = None, clock: Clock | None = None, name: str = "memory"):
+    def __init__(
+        self,
+        *,
+        geometry: Geometry | None = None,
+        clock: Clock | None = None,
+        name: str = "memory",
+        outbox: Outbox | None = None,
+    ):
         self.name = name
+        self.outbox = outbox  # where settlements put usage events (gateway/ledger/outbox.py)
         self._geo = geometry or Geometry()
         self._clock = clock or wall_clock_ms
         self._tenants: dict[str, reference.TenantState] = {}
@@ -38,8 +46,12 @@ class MemoryQuotaStore:
             self._state(tenant_id), self._clock(), limits, cost, lease_id, lease_ms, self._geo
         )
 
-    async def settle(self, tenant_id: str, slot: int, day: int, delta: int, lease_id: str) -> None:
+    async def settle(
+        self, tenant_id: str, slot: int, day: int, delta: int, lease_id: str, event: bytes | None = None
+    ) -> None:
         reference.settle(self._state(tenant_id), self._clock(), slot, day, delta, lease_id, self._geo)
+        if event is not None and self.outbox is not None:
+            self.outbox.append(tenant_id, event)
 
     async def renew(self, tenant_id: str, lease_id: str, lease_ms: int, limit: int) -> int:
         return reference.renew(self._state(tenant_id), self._clock(), lease_id, lease_ms, limit)

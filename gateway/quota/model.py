@@ -66,7 +66,7 @@ class AdmitOutcome:
 
 @dataclass(frozen=True)
 class UsageReading:
-    """What a tenant has used right now, for GET /v1/usage."""
+    """What a tenant has used right now, for GET /v1/quota."""
 
     requests_used: int
     requests_reset_ms: int

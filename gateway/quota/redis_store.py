@@ -88,7 +88,9 @@ class RedisQuotaStore:
     def _now_arg(self) -> str | int:
         return "" if self._clock is None else self._clock()
 
-    async def _run(self, script: LuaScript, keys: tuple[str, ...], args: tuple[str | int, ...]) -> Any:
+    async def _run(
+        self, script: LuaScript, keys: tuple[str, ...], args: tuple[str | int | bytes, ...]
+    ) -> Any:
         try:
             reply = await within(
                 lambda: _SCRIPTS.run(self._client, script, keys, args),
@@ -151,9 +153,17 @@ class RedisQuotaStore:
             now_ms=reply[11],
         )
 
-    async def settle(self, tenant_id: str, slot: int, day: int, delta: int, lease_id: str) -> None:
-        args = (self._now_arg(), self._geo.window_ms, self._geo.bucket_ms, slot, day, delta, lease_id)
-        await self._run(_SCRIPTS.settle, self.keys(tenant_id).all(), args)
+    async def settle(
+        self, tenant_id: str, slot: int, day: int, delta: int, lease_id: str, event: bytes | None = None
+    ) -> None:
+        keys = self.keys(tenant_id)
+        args: tuple[str | int | bytes, ...] = (
+            self._now_arg(), self._geo.window_ms, self._geo.bucket_ms, slot, day, delta, lease_id
+        )  # fmt: skip
+        if event is None:
+            await self._run(_SCRIPTS.settle, keys.all(), args)
+        else:
+            await self._run(_SCRIPTS.settle, (*keys.all(), keys.usage), (*args, event))
 
     async def renew(self, tenant_id: str, lease_id: str, lease_ms: int, limit: int) -> int:
         keys = (self.keys(tenant_id).leases,)

@@ -1,4 +1,4 @@
-"""The body of GET /v1/usage: current window use and what is left, per limit."""
+"""The body of GET /v1/quota: current window use and what is left, per limit."""
 
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ class QuotaScripts:
             await client.script_load(script.text)
 
     async def run(
-        self, client: Any, script: LuaScript, keys: tuple[str, ...], args: tuple[str | int, ...]
+        self, client: Any, script: LuaScript, keys: tuple[str, ...], args: tuple[str | int | bytes, ...]
     ) -> Any:
         """`client` is a redis.asyncio Redis or RedisCluster."""
         try:

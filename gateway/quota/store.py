@@ -12,6 +12,12 @@ from gateway.quota.model import AdmitOutcome, QuotaLimits, UsageReading
 Clock = Callable[[], int]
 
 
+class Outbox(Protocol):
+    """Where the in-process store puts usage events (gateway/ledger/outbox.py:LocalOutbox)."""
+
+    def append(self, tenant_id: str, event: bytes) -> None: ...
+
+
 class QuotaStore(Protocol):
     """One atomic operation per call; the Redis implementation makes exactly one round trip each."""
 
@@ -21,7 +27,12 @@ class QuotaStore(Protocol):
         self, tenant_id: str, limits: QuotaLimits, cost: int, lease_id: str, lease_ms: int
     ) -> AdmitOutcome: ...
 
-    async def settle(self, tenant_id: str, slot: int, day: int, delta: int, lease_id: str) -> None: ...
+    async def settle(
+        self, tenant_id: str, slot: int, day: int, delta: int, lease_id: str, event: bytes | None = None
+    ) -> None:
+        """Also appends `event` (a usage event's JSON) to the tenant's usage stream or the
+        in-process outbox, atomically with the settlement."""
+        ...
 
     async def renew(self, tenant_id: str, lease_id: str, lease_ms: int, limit: int) -> int:
         """reference.RENEWED, REACQUIRED or LOST."""

@@ -39,6 +39,10 @@ class CallContext:
     # The latency breakdown (gateway overhead, queue, TTFT, prefill, decode, total): one place.
     latency: Latency = field(default_factory=Latency)
     trace: CallTrace | None = None  # the call's spans, when tracing is on (gateway/tracing.py)
+    # For the usage event (gateway/ledger/record.py):
+    api_key_id: str = "-"  # a short hash of the caller's key
+    target: Target | None = None  # the upstream that served the call (the first, for a stream)
+    retries: int = 0  # targets that failed before `target` answered
 
     def __post_init__(self) -> None:
         self.headers["x-request-id"] = self.request_id
@@ -47,6 +51,7 @@ class CallContext:
     def served_by(self, target: Target, attempts: int, route: str | None = None) -> None:
         """`route` (default: the router's reason) is what x-meridian-route says about the target."""
         self.model, self.region = target.model, target.region
+        self.target, self.retries = target, max(0, attempts - 1)
         route = route or target.reason
         route_reason = route if attempts <= 1 else f"{route}; after {attempts - 1} failed"
         self.headers.update(

@@ -28,6 +28,9 @@ from typing import Any
 
 from gateway.admission import AdmissionController, Ticket
 from gateway.config import GatewayConfig
+from gateway.ledger.event import encode_event
+from gateway.ledger.prices import PriceTable
+from gateway.ledger.record import api_key_id, usage_event
 from gateway.metrics import GatewayMetrics
 from gateway.policy import PolicyStore
 from gateway.quota.interface import Admission, QuotaGate
@@ -65,10 +68,13 @@ class RequestPipeline:
         forwarder: Forwarder,
         metrics: GatewayMetrics,
         safety: SafetyGuard | None = None,
+        prices: PriceTable | None = None,
     ) -> None:
+        """`prices`: None when the ledger is off (no usage events are written)."""
         self._config = config
         # Without one given, no tenant's checks have a classifier or an audit file (metrics only).
         self._safety = safety or SafetyGuard(config.safety, metrics.registry)
+        self._prices = prices
         self._catalog = config.catalog_models()
         self._policies = policies
         self._quota = quota
@@ -89,6 +95,7 @@ class RequestPipeline:
         # Charged only for what was served: a request that failed on every target, or whose input
         # the classifier blocked, gets its tokens back (the request still counts against requests/min).
         served_tokens = 0
+        usage: dict[str, Any] | None = None
         try:
             targets = self._route(ctx, plan)
             async with LeaseKeeper(self._quota, admission):
@@ -118,7 +125,10 @@ class RequestPipeline:
         finally:
             ticket.release()
             safety.finish()
-            await self._settle(admission, served_tokens)
+            status = "failed" if usage is None else "ok"
+            fallback = (plan.prompt_tokens_estimate, 0) if usage == {} else (0, 0)
+            event = self._usage_event(ctx, plan, usage or None, status, fallback=fallback, stream=False)
+            await self._settle(admission, served_tokens, event)
 
     async def stream(
         self, ctx: CallContext, endpoint: Endpoint, request: ParsedRequest, body: dict[str, Any]
@@ -182,6 +192,7 @@ class RequestPipeline:
         if tenant is None:
             raise AuthenticationError("Incorrect or missing API key. Send it as 'Authorization: Bearer KEY'.")
         ctx.tenant = tenant
+        ctx.api_key_id = api_key_id(key.strip())
         return tenant
 
     def _begin_safety(self, ctx: CallContext) -> CallSafety:
@@ -303,23 +314,66 @@ class RequestPipeline:
         finally:
             ctx.latency.waited_since(since)
 
-    async def _settle(self, admission: Admission, served_tokens: int) -> None:
+    async def _settle(self, admission: Admission, served_tokens: int, event: bytes | None) -> None:
         await run_shielded(
-            lambda: self._quota.settle(admission, actual_tokens=served_tokens), what="quota settle"
+            lambda: self._quota.settle(admission, actual_tokens=served_tokens, event=event),
+            what="quota settle",
         )
 
     async def _settle_stream(
         self, ctx: CallContext, plan: RequestPlan, admission: Admission, relay: StreamRelay | None
     ) -> None:
         """Runs as the stream's exit stack unwinds, which its owner already shields."""
+        ctx.latency.finish()  # the stream is over: its usage event has the whole breakdown
         if relay is None:  # failed before the first chunk: nothing was served
-            await self._quota.settle(admission, actual_tokens=0)
+            event = self._usage_event(ctx, plan, None, "failed", stream=True)
+            await self._quota.settle(admission, actual_tokens=0, event=event)
             return
         usage = relay.usage or {}
         served = int(usage.get("total_tokens") or plan.prompt_tokens_estimate + relay.completion_tokens())
         self._count_tokens(ctx, usage)
-        await self._quota.settle(admission, actual_tokens=served)
+        status = "stream_error" if ctx.stream_error else "ok" if relay.finished else "incomplete"
+        event = self._usage_event(
+            ctx,
+            plan,
+            relay.usage,
+            status,
+            fallback=(plan.prompt_tokens_estimate, relay.completion_tokens()),
+            stream=True,
+            continuations=relay.continuations,
+        )
+        await self._quota.settle(admission, actual_tokens=served, event=event)
         self.record(ctx, "stream_error" if ctx.stream_error else "200", stream=True)
+
+    def _usage_event(
+        self,
+        ctx: CallContext,
+        plan: RequestPlan,
+        usage: Mapping[str, Any] | None,
+        status: str,
+        *,
+        fallback: tuple[int, int] = (0, 0),
+        stream: bool,
+        continuations: int = 0,
+    ) -> bytes | None:
+        """The request's usage event (gateway/ledger), priced; its cost is counted here too."""
+        if self._prices is None or ctx.tenant is None:
+            return None
+        event = usage_event(
+            ctx,
+            model_requested=plan.model.name,
+            degraded=plan.degraded_from is not None,
+            usage=usage,
+            fallback_counts=fallback,
+            status=status,
+            stream=stream,
+            continuations=continuations,
+            prices=self._prices,
+            now_s=time.time(),
+        )
+        if event.cost_usd:
+            self._metrics.labelled(self._metrics.cost, event.tenant_id, event.model).inc(event.cost_usd)
+        return encode_event(event)
 
     # -- what the front doors read -------------------------------------------------------------
 

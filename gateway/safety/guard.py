@@ -96,6 +96,11 @@ class CallSafety:
     def flagged(self) -> bool:
         return any(d.action in ("flag", "redact", "block") for d in self.decisions)
 
+    @property
+    def changed(self) -> bool:
+        """A check altered what was asked or answered (redacted or blocked): the usage event says so."""
+        return any(d.action in ("redact", "block") for d in self.decisions)
+
     # -- input ------------------------------------------------------------------------------
 
     def screen_input(self, endpoint: str, body: dict[str, Any]) -> dict[str, Any]:

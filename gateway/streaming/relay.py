@@ -95,6 +95,11 @@ class StreamRelay:
     async def aclose(self) -> None:
         await self._current.aclose()
 
+    @property
+    def finished(self) -> bool:
+        """An upstream sent a finish_reason: the client got a complete answer."""
+        return self._finished
+
     def completion_tokens(self) -> int:
         """Tokens the client received: exact from usage or token ids, else one per content chunk."""
         if self.usage is not None:
@@ -150,12 +155,17 @@ class StreamRelay:
             return usage
         prompt = max(0, int(usage.get("prompt_tokens", 0)) - carried)
         completion = int(usage.get("completion_tokens", 0)) + carried
-        return {
+        out = {
             **usage,
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
         }
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict) and int(details.get("cached_tokens") or 0) > prompt:
+            # The node's cache hits may cover carried tokens too; the client's prompt is smaller.
+            out["prompt_tokens_details"] = {**details, "cached_tokens": prompt}
+        return out
 
 
 def _choice_text(choice: dict[str, Any]) -> str:

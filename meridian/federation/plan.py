@@ -76,6 +76,10 @@ class FederationPlan:
         return self.state_dir / "gateway.yaml"
 
     @property
+    def ledger_file(self) -> Path:
+        return self.state_dir / "ledger.sqlite"
+
+    @property
     def log_dir(self) -> Path:
         return self.state_dir / "logs"
 
@@ -127,8 +131,13 @@ class FederationPlan:
             "policies": str(self.policies),
             "catalog": [{"name": model.name, "tier": model.tier} for model in self.models],
             "directory": {"type": "static", "file": str(self.regions_file)},
-            # Embedded defaults: an in-process quota store, no commercial providers.
+            # Embedded defaults: an in-process quota store, no commercial providers, and the usage
+            # ledger in a SQLite file beside this config, written by a task in the gateway.
             "quota": {},
+            "ledger": {
+                "worker": "embedded",
+                "store": {"type": "sqlite", "path": str(self.ledger_file.resolve())},
+            },
             "node_auth": {"token_env": "MERIDIAN_NODE_TOKEN"},
             # CPU nodes can take a while for a first token when both tiers are busy.
             "timeouts": {"stream_idle_s": 60.0, "read_s": 300.0},

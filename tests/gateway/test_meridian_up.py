@@ -8,6 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
@@ -65,9 +66,29 @@ def test_meridian_up_serves_the_sdk_and_stops_cleanly_on_ctrl_c(tmp_path: Path) 
         assert reply.parse().usage.completion_tokens == 8
         assert reply.headers["x-meridian-region"] in ("us-east", "eu-west")
         stream = client.chat.completions.create(
-            model="meridian-large", messages=[{"role": "user", "content": "Hi"}], max_tokens=6, stream=True
+            model="meridian-large",
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=6,
+            stream=True,
+            stream_options={"include_usage": True},
         )
-        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        chunks = list(stream)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        # The usage ledger (SQLite under the state folder) says what the client was told.
+        told = [reply.parse().usage, next(c.usage for c in chunks if c.usage)]
+        today = time.strftime("%Y-%m-%d", time.gmtime())
+        ledger = httpx.get(
+            f"http://127.0.0.1:{port}/v1/usage",
+            params={"date": today},
+            headers={"authorization": f"Bearer {DEMO_KEY}"},
+            timeout=10,
+        ).json()
+        assert (ledger["input_tokens"], ledger["output_tokens"], ledger["num_model_requests"]) == (
+            sum(u.prompt_tokens for u in told),
+            sum(u.completion_tokens for u in told),
+            2,
+        )
+        assert (tmp_path / "state" / "ledger.sqlite").exists()
         # The example EU tenant from policies/ is loaded too, and stays in the EU.
         eu = openai.OpenAI(
             base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-meridian-eu-example", max_retries=0

@@ -148,9 +148,15 @@ def test_every_public_route_is_documented_and_operator_routes_are_not(
     }
     documented = {(path, method) for path, item in document["paths"].items() for method in item}
     assert documented == served
-    assert {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/models", "/v1/usage"} <= {
-        path for path, _ in served
-    }
+    assert {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/messages",
+        "/v1/models",
+        "/v1/quota",
+        "/v1/usage",
+        "/v1/costs",
+    } <= {path for path, _ in served}
 
 
 def test_each_generation_route_names_its_request_errors_and_security(document: dict[str, Any]) -> None:
@@ -220,7 +226,7 @@ def test_optional_fields_sent_as_null_are_accepted_as_documented(
     assert response.status_code == 200, response.text
 
 
-@pytest.mark.parametrize("path", ["/v1/models", "/v1/usage"])
+@pytest.mark.parametrize("path", ["/v1/models", "/v1/quota"])
 def test_listings_answer_as_documented(gw: RunningGateway, document: dict[str, Any], path: str) -> None:
     response = httpx.get(gw.url + path, headers={"authorization": f"Bearer {GLOBAL_KEY}"}, timeout=10)
     assert response.status_code == 200, response.text

@@ -156,7 +156,7 @@ def test_other_tenants_are_refused_early_with_retry_after(gw: RunningGateway, sa
         )
     # Shed before any upstream call, and holding no quota: the tenant's usage shows no request.
     assert sum_attempts(gw) == attempts_before
-    usage = httpx.get(gw.url + "/v1/usage", headers={"authorization": "Bearer sk-strict"}, timeout=10).json()
+    usage = httpx.get(gw.url + "/v1/quota", headers={"authorization": "Bearer sk-strict"}, timeout=10).json()
     assert (usage["requests"]["used"], usage["tokens"]["used"]) == (0, 0)
 
 

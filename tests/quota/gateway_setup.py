@@ -45,6 +45,8 @@ def write_gateway_config(
         "policies": "policies",
         "directory": {"type": "static", "file": "regions.yaml"},
         "timeouts": {"probe_interval_s": 0.5},
+        # Quota tests time four gateways on two cores; the ledger's workers are tested in tests/ledger.
+        "ledger": {"enabled": False},
     }
     if quota is not None:
         config["quota"] = quota

@@ -28,4 +28,5 @@ def test_quota_benchmark_counts_one_round_trip_each(tmp_path: Path) -> None:
     assert result["sequential"]["round_trips_per_admission"] == 1.0
     assert result["sequential"]["round_trips_per_settlement"] == 1.0
     assert result["sequential"]["server_evalsha_per_request"] == 2.0
+    assert result["sequential"]["server_xadd_per_settlement"] == 1.0  # the usage event, in the same EVALSHA
     assert result["concurrent"]["admissions"] > 0

@@ -93,7 +93,7 @@ async def test_four_gateways_enforce_one_tenants_limits_exactly(redis_server: st
             stats = (await client.get(f"{node_url}/stats")).json()
             usage = (
                 await client.get(
-                    f"{gateways[1]}/v1/usage",
+                    f"{gateways[1]}/v1/quota",
                     headers={"authorization": f"Bearer {api_key(tenants['tokens']['id'])}"},
                 )
             ).json()

@@ -68,11 +68,11 @@ async def test_an_estimate_above_a_token_limit_is_a_400_naming_max_tokens(gatewa
     assert "can never be admitted" in error["message"]
 
 
-@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/usage"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/quota"])
 async def test_fail_closed_tenant_gets_503_while_the_quota_store_is_down(gateway: Client, path: str) -> None:
     quota = {"redis_url": f"redis://127.0.0.1:{free_port()}/0", "timeout_ms": 100}  # nothing listens
     async with gateway({"requests_per_minute": 10}, fail_mode="closed", quota=quota) as client:
-        if path == "/v1/usage":
+        if path == "/v1/quota":
             response = await client.get(path, headers=AUTH)
         else:
             response = await client.post(path, json=CHAT, headers=AUTH)

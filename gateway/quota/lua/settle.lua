@@ -1,8 +1,14 @@
--- Settlement: apply delta = actual - reserved tokens and release the lease, in one round trip.
--- Mirrors gateway/quota/reference.py:settle. KEYS as in admit.lua.
+-- Settlement: apply delta = actual - reserved tokens, release the lease and append the request's
+-- usage event, in one round trip and atomically (gateway/ledger).
+-- Mirrors gateway/quota/reference.py:settle. KEYS as in admit.lua, plus 5: the tenant's usage
+-- stream (same hash tag, so the same cluster slot).
 -- ARGV: 1 now ms override ('' = server TIME), 2 window ms, 3 bucket ms, 4 slot charged,
---       5 day charged, 6 delta, 7 lease id ('' = none).
+--       5 day charged, 6 delta, 7 lease id ('' = none), 8 usage event JSON (absent or '' = none).
 if redis.replicate_commands then redis.replicate_commands() end
+
+-- First: if the append fails (out of memory), the script stops before any write, so a
+-- settlement is never applied without its event, nor an event written without its settlement.
+if ARGV[8] and ARGV[8] ~= '' then redis.call('XADD', KEYS[5], '*', 'e', ARGV[8]) end
 
 local window_ms, bucket_ms = tonumber(ARGV[2]), tonumber(ARGV[3])
 local slot, day, delta, lease_id = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]

@@ -27,7 +27,7 @@ async def client(tmp_path: Path) -> AsyncIterator[AsyncTestClient]:
 
 
 async def test_usage_shows_the_callers_windows(client: AsyncTestClient) -> None:
-    response = await client.get("/v1/usage", headers={"authorization": f"Bearer {api_key('alpha')}"})
+    response = await client.get("/v1/quota", headers={"authorization": f"Bearer {api_key('alpha')}"})
     assert response.status_code == 200
     body = response.json()
     assert body["tenant"] == "alpha" and body["source"] == "memory"
@@ -37,14 +37,14 @@ async def test_usage_shows_the_callers_windows(client: AsyncTestClient) -> None:
 
 async def test_usage_of_own_tenant_by_name_is_allowed(client: AsyncTestClient) -> None:
     response = await client.get(
-        "/v1/usage?tenant=alpha", headers={"authorization": f"Bearer {api_key('alpha')}"}
+        "/v1/quota?tenant=alpha", headers={"authorization": f"Bearer {api_key('alpha')}"}
     )
     assert response.status_code == 200 and response.json()["tenant"] == "alpha"
 
 
 async def test_usage_of_another_tenant_is_forbidden(client: AsyncTestClient) -> None:
     response = await client.get(
-        "/v1/usage?tenant=beta", headers={"authorization": f"Bearer {api_key('alpha')}"}
+        "/v1/quota?tenant=beta", headers={"authorization": f"Bearer {api_key('alpha')}"}
     )
     assert response.status_code == 403
     assert response.json()["error"]["type"] == "permission_error"
@@ -52,5 +52,5 @@ async def test_usage_of_another_tenant_is_forbidden(client: AsyncTestClient) -> 
 
 
 async def test_usage_needs_an_api_key(client: AsyncTestClient) -> None:
-    response = await client.get("/v1/usage?tenant=alpha")
+    response = await client.get("/v1/quota?tenant=alpha")
     assert response.status_code == 401

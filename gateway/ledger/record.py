@@ -1,0 +1,93 @@
+"""A call's usage event, built from what the request path knows when it settles.
+
+Pure: the pipeline hands in the call context, the usage the client received and the time; the
+price table prices it. The usage is the client-facing one (after a continuation's carried tokens
+moved from prompt to completion), so the ledger adds up to exactly what clients were told.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+from gateway.ledger.event import UsageEvent
+from gateway.ledger.prices import PriceTable
+from gateway.request.context import CallContext
+
+
+def api_key_id(api_key: str) -> str:
+    """A short, stable id for a key, safe to store and show: not the key, nor the hash policies
+    match (12 hex digits of a differently prefixed SHA-256 cannot be used to find the key)."""
+    return "key_" + hashlib.sha256(b"meridian-key-id:" + api_key.encode()).hexdigest()[:12]
+
+
+def usage_counts(usage: Mapping[str, Any]) -> tuple[int, int, int]:
+    """(prompt, cached prompt, completion) from an OpenAI usage object; cached <= prompt."""
+    prompt = int(usage.get("prompt_tokens") or 0)
+    details = usage.get("prompt_tokens_details") or {}
+    cached = int(details.get("cached_tokens") or 0) if isinstance(details, Mapping) else 0
+    return prompt, min(cached, prompt), int(usage.get("completion_tokens") or 0)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 3)
+
+
+def usage_event(
+    ctx: CallContext,
+    *,
+    model_requested: str,
+    degraded: bool,
+    usage: Mapping[str, Any] | None,
+    fallback_counts: tuple[int, int] = (0, 0),
+    status: str,
+    stream: bool,
+    continuations: int,
+    prices: PriceTable,
+    now_s: float,
+) -> UsageEvent:
+    """`usage` None: no upstream usage reached the gateway; `fallback_counts` (prompt, completion)
+    are the gateway's own counts then, and the event says they are estimated."""
+    assert ctx.tenant is not None
+    if usage is not None:
+        prompt, cached, completion = usage_counts(usage)
+    else:
+        prompt, completion = fallback_counts
+        cached = 0
+    target = ctx.target
+    upstream = target.target_id if target is not None else "-"
+    served_model = target.model if target is not None else "-"
+    price = prices.price(served_model if target is not None else model_requested, upstream)
+    latency = ctx.latency  # gateway/request/latency.py: the one breakdown
+    return UsageEvent(
+        request_id=ctx.request_id,
+        ts_ms=int(now_s * 1000),
+        tenant_id=ctx.tenant.tenant_id,
+        api_key_id=ctx.api_key_id,
+        model_requested=model_requested,
+        model=served_model,
+        tier=ctx.tenant.traffic_tier,
+        region=target.region if target is not None else "-",
+        jurisdiction=target.jurisdiction if target is not None else "-",
+        upstream=upstream,
+        route_reason=target.reason if target is not None else "-",
+        status=status,
+        stream=stream,
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        completion_tokens=completion,
+        usage_estimated=usage is None and (prompt > 0 or completion > 0),
+        cost_usd=price.cost_usd(prompt, cached, completion),
+        price_version=prices.version,
+        total_ms=_ms(latency.total_s) or 0.0,
+        gateway_overhead_ms=_ms(latency.gateway_s),
+        ttft_ms=_ms(latency.ttft_s),
+        queue_wait_ms=_ms(latency.queue_s),
+        prefill_ms=_ms(latency.prefill_s),
+        decode_ms=_ms(latency.decode_s),
+        retries=ctx.retries,
+        continuations=continuations,
+        degraded=degraded,
+        safety=ctx.safety is not None and ctx.safety.changed,
+    )
