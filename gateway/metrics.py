@@ -51,6 +51,13 @@ class GatewayMetrics:
             ["target", "region", "outcome"],
             registry=r,
         )
+        self.quota_admissions = Counter(
+            "meridian_gateway_quota_admissions",
+            "Requests admitted by quota, by the store that admitted them: redis, memory, or local "
+            "(Redis unreachable: this replica's fail-open share of the tenant's limits).",
+            ["tenant", "store"],
+            registry=self.registry,
+        )
         self.failovers = Counter(
             "meridian_gateway_failovers",
             "Retries on another target before the first byte (retry) and streams continued "

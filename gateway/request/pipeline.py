@@ -231,6 +231,9 @@ class RequestPipeline:
         except BaseException:
             ticket.release()
             raise
+        self._metrics.labelled(
+            self._metrics.quota_admissions, ctx.tenant.tenant_id, admission.store_state.source
+        ).inc()
         ctx.headers.update(admission.headers)
         return admission
 

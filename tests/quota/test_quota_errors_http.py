@@ -93,3 +93,19 @@ async def test_the_messages_front_door_answers_a_refusal_in_anthropics_format(ga
     assert response.json()["type"] == "error"
     assert response.json()["error"]["type"] == "rate_limit_error"
     assert int(response.headers["retry-after"]) >= 1
+
+
+async def test_admissions_are_counted_by_the_store_that_made_them_local_when_redis_is_down(
+    gateway: Client,
+) -> None:
+    """What the MeridianQuotaOnLocalFallback alert watches (deploy/k8s/base/monitoring)."""
+    quota = {"redis_url": f"redis://127.0.0.1:{free_port()}/0", "timeout_ms": 100}  # nothing listens
+    async with gateway({"requests_per_minute": 10}, quota=quota) as client:
+        response = await client.post("/v1/chat/completions", json=CHAT, headers=AUTH)
+        assert response.headers["x-meridian-quota"] == "local"  # admitted, then no node served it
+        metrics = (await client.get("/metrics")).text
+    assert 'meridian_gateway_quota_admissions_total{store="local",tenant="alpha"} 1.0' in metrics
+    async with gateway({"requests_per_minute": 10}) as client:  # the in-process store
+        await client.post("/v1/chat/completions", json=CHAT, headers=AUTH)
+        metrics = (await client.get("/metrics")).text
+    assert 'meridian_gateway_quota_admissions_total{store="memory",tenant="alpha"} 1.0' in metrics
