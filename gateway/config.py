@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 import yaml
 
+from gateway.escalation.config import AutoConfig
 from gateway.quota.config import QuotaConfig
 from gateway.upstreams.providers.config import ProvidersConfig
 from http_server import ServerLimits
@@ -198,6 +199,8 @@ class GatewayConfig(_Section):
     ejection: EjectionConfig = msgspec.field(default_factory=EjectionConfig)
     token_estimate: TokenEstimateConfig = msgspec.field(default_factory=TokenEstimateConfig)
     admission: AdmissionConfig = msgspec.field(default_factory=AdmissionConfig)
+    # `model: "auto"`: the starting-tier rule, the confidence cascade's defaults, thrash protection.
+    auto: AutoConfig = msgspec.field(default_factory=AutoConfig)
     # What the gateway's HTTP server allows its clients (http_server/limits.py documents each).
     server: GatewayServerLimits = msgspec.field(default_factory=GatewayServerLimits)
     # Where this config came from, for error messages and resolving relative paths; not in YAML.

@@ -12,12 +12,14 @@
         allow_degrade: bool              # default false
         fail_mode: open | closed         # default open
         prefix_cache: shared | isolated  # default shared
+        escalation: {threshold, k_tokens, window}  # `auto` cascade; each default: the gateway's
 
 policies/README.md has the full table. The defaults are TenantPolicy's own.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, get_args
 
@@ -27,11 +29,14 @@ from gateway.policy.fields import (
     choice,
     mapping,
     positive_int_or_none,
+    shown,
     string,
     string_list,
 )
 from gateway.policy.keys import parse_key_hash
+from router.confidence import MAX_K_TOKENS
 from router.types import (
+    EscalationOverrides,
     FailMode,
     PrefixCacheMode,
     Residency,
@@ -49,6 +54,7 @@ TENANT_FIELDS = (
     "allow_degrade",
     "fail_mode",
     "prefix_cache",
+    "escalation",
 )
 LIMIT_FIELDS = (
     "requests_per_minute",
@@ -89,6 +95,7 @@ def parse_tenant(entry: Any, where: Where) -> TenantPolicy:
         allow_degrade=boolean(fields.get("allow_degrade", False), where.key("allow_degrade")),
         fail_mode=_pick(fields, "fail_mode", where, FailMode, defaults.fail_mode),  # type: ignore[arg-type]
         prefix_cache=_pick(fields, "prefix_cache", where, PrefixCacheMode, defaults.prefix_cache),  # type: ignore[arg-type]
+        escalation=_escalation(fields.get("escalation", {}), where.key("escalation")),
     )
 
 
@@ -147,3 +154,26 @@ def _limits(value: Any, where: Where) -> TenantLimits:
             f"max_tokens ({limits.max_tokens}) cannot exceed context_tokens ({limits.context_tokens})"
         )
     return limits
+
+
+def _escalation(value: Any, where: Where) -> EscalationOverrides:
+    fields = mapping(value, where, required=(), optional=("threshold", "k_tokens", "window"))
+    threshold = fields.get("threshold")
+    if threshold is not None and (
+        isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold)
+    ):
+        raise where.key("threshold").error(
+            f"expected a number (a mean log-probability, e.g. -2.5), got {shown(threshold)}"
+        )
+    overrides = EscalationOverrides(
+        threshold=None if threshold is None else float(threshold),
+        k_tokens=positive_int_or_none(fields.get("k_tokens"), where.key("k_tokens")),
+        window=positive_int_or_none(fields.get("window"), where.key("window")),
+    )
+    if overrides.k_tokens is not None and overrides.k_tokens > MAX_K_TOKENS:
+        raise where.key("k_tokens").error(f"at most {MAX_K_TOKENS} tokens are held back, got {overrides.k_tokens}")
+    if overrides.k_tokens and overrides.window and overrides.window > overrides.k_tokens:
+        raise where.key("window").error(
+            f"window ({overrides.window}) cannot exceed k_tokens ({overrides.k_tokens})"
+        )
+    return overrides
