@@ -6,6 +6,7 @@
     meridian model init OUT_DIR ...       a random local checkpoint (regional_node/checkpoints)
     meridian policy hash-key KEY          the sha256:... form of an API key, for policy files
     meridian policy check [DIR]           validate a policy folder
+    meridian escalation calibrate ...     pick an `auto` escalation threshold for a model pair
 
 `node` and `model` import their packages only when chosen: the gateway never imports torch.
 """
@@ -95,6 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("node", help="run a regional node (meridian node --help)", add_help=False)
     commands.add_parser("model", help="manage local checkpoints (meridian model init --help)", add_help=False)
     commands.add_parser("policy", help="policy tools: hash-key KEY, check [DIR]", add_help=False)
+    commands.add_parser(
+        "escalation",
+        help="`auto` escalation tools: calibrate (meridian escalation calibrate --help)",
+        add_help=False,
+    )
     return parser
 
 
@@ -113,6 +119,10 @@ def main(argv: list[str] | None = None) -> int:
         from gateway.policy.__main__ import main as policy_main
 
         return policy_main(argv[1:])
+    if argv and argv[0] == "escalation":
+        from meridian.escalation.cli import escalation_main
+
+        return escalation_main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "gateway":
         return _gateway_main(args)
