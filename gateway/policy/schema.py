@@ -171,7 +171,9 @@ def _escalation(value: Any, where: Where) -> EscalationOverrides:
         window=positive_int_or_none(fields.get("window"), where.key("window")),
     )
     if overrides.k_tokens is not None and overrides.k_tokens > MAX_K_TOKENS:
-        raise where.key("k_tokens").error(f"at most {MAX_K_TOKENS} tokens are held back, got {overrides.k_tokens}")
+        raise where.key("k_tokens").error(
+            f"at most {MAX_K_TOKENS} tokens are held back, got {overrides.k_tokens}"
+        )
     if overrides.k_tokens and overrides.window and overrides.window > overrides.k_tokens:
         raise where.key("window").error(
             f"window ({overrides.window}) cannot exceed k_tokens ({overrides.k_tokens})"
