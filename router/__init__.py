@@ -26,6 +26,7 @@ from router.tiers import (
     auto_tier,
     choose_tier,
     degrade_model,
+    escalation_model,
     resolve_model,
 )
 from router.types import (
@@ -87,6 +88,7 @@ __all__ = [
     "classify",
     "content_flags",
     "degrade_model",
+    "escalation_model",
     "judge",
     "next_targets",
     "node_wait_s",

@@ -89,6 +89,12 @@ def auto_family(policy: TenantPolicy, catalog: Sequence[CatalogModel]) -> str | 
     return next((m.name for m in catalog if m.tier == "small" and policy.allows_model(m.name)), None)
 
 
+def escalation_model(policy: TenantPolicy, catalog: Sequence[CatalogModel]) -> CatalogModel | None:
+    """The large-tier model an `auto` request that started small escalates to: the first the
+    tenant may use (None: it may use none, so it cannot escalate)."""
+    return next((m for m in catalog if m.tier == "large" and policy.allows_model(m.name)), None)
+
+
 def resolve_model(
     requested: str,
     policy: TenantPolicy,

@@ -29,6 +29,8 @@ class CallContext:
     region: str = "-"
     headers: dict[str, str] = field(default_factory=dict)
     stream_error: str | None = None  # why a stream ended with an error event
+    # Leads x-meridian-route for a `model: auto` request: `auto:small;classifier=0.34<1.00;`.
+    route_prefix: str = ""
 
     def __post_init__(self) -> None:
         self.headers["x-request-id"] = self.request_id
@@ -36,7 +38,7 @@ class CallContext:
     def served_by(self, target: Target, attempts: int, route: str | None = None) -> None:
         """`route` (default: the router's reason) is what x-meridian-route says about the target."""
         self.model, self.region = target.model, target.region
-        route = route or target.reason
+        route = self.route_prefix + (route or target.reason)
         route_reason = route if attempts <= 1 else f"{route}; after {attempts - 1} failed"
         self.headers.update(
             {

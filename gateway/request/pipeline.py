@@ -165,6 +165,7 @@ class RequestPipeline:
             self._metrics.labelled(
                 self._metrics.auto_decisions, tenant.tenant_id, plan.auto.tier, plan.auto.rule
             ).inc()
+            ctx.route_prefix = f"auto:{plan.auto.tier};{plan.auto.reason};"
         ctx.model = plan.model.name
         ctx.headers["x-meridian-model"] = plan.model.name
         return plan

@@ -20,7 +20,7 @@ from meridian.escalation.calibrate import (
     threshold_rows,
 )
 from router.confidence import ConfidenceRule
-from tests.gateway.conftest import GLOBAL_KEY, RunningGateway, gateway_over, running_fleet
+from tests.gateway.conftest import EU_KEY, GLOBAL_KEY, RunningGateway, gateway_over, running_fleet
 
 RULE = ConfidenceRule(k_tokens=4, window=2)
 SURE = Answer("the cat sat", (-0.1, -0.2, -0.1, -0.3), prompt_tokens=10, completion_tokens=4)
@@ -175,7 +175,32 @@ def test_auto_decisions_are_counted_by_start_tier_and_rule(gw: RunningGateway) -
     )
 
     assert response.status_code == 200 and response.headers["x-meridian-model"] == "meridian-large"
+    assert response.headers["x-meridian-route"].startswith("auto:large;classifier=")
     after = gw.metric(
         "meridian_gateway_auto_decisions_total", tenant="t-global", start_tier="large", reason="classifier"
     )
     assert after == before + 1
+
+
+def test_a_tenant_in_its_thrash_cool_down_starts_large_and_the_route_says_why(gw: RunningGateway) -> None:
+    guard = gw.gateway.pipeline.escalations
+    for _ in range(gw.gateway.config.auto.thrash.min_requests):
+        guard.record("t-eu", "meridian-small", escalated=True)
+    response = httpx.post(
+        gw.url + "/v1/chat/completions",
+        headers={"authorization": f"Bearer {EU_KEY}"},
+        json={"model": "auto", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+        timeout=30,
+    )
+
+    assert response.headers["x-meridian-model"] == "meridian-large"
+    assert response.headers["x-meridian-route"].startswith("auto:large;thrash_cooldown=rate:1.00;")
+    assert (
+        gw.metric(
+            "meridian_gateway_auto_decisions_total",
+            tenant="t-eu",
+            start_tier="large",
+            reason="thrash_cooldown",
+        )
+        == 1
+    )

@@ -17,7 +17,7 @@ from router import (
     resolve_model,
 )
 from router.classifier import ClassifierWeights, EscalationHistory, RequestFeatures
-from router.tiers import AutoPolicy, auto_family, choose_tier
+from router.tiers import AutoPolicy, auto_family, choose_tier, escalation_model
 from tests.router.builders import CATALOG, LARGE, SMALL, tenant
 
 INTERACTIVE = tenant(traffic_tier="interactive")
@@ -106,6 +106,11 @@ def test_the_auto_choice_says_when_the_tenant_lacks_the_chosen_tier() -> None:
     assert resolved.model.name == LARGE
     assert resolved.auto is not None and resolved.auto.tier == "large"
     assert resolved.auto.reason.endswith(",no_small_allowed")
+
+
+def test_an_escalation_goes_to_the_first_large_model_the_tenant_may_use() -> None:
+    assert escalation_model(INTERACTIVE, CATALOG) == CatalogModel(LARGE, "large")
+    assert escalation_model(tenant(models=(SMALL,)), CATALOG) is None
 
 
 def test_the_family_is_the_small_model_auto_starts_on() -> None:
