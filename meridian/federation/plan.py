@@ -41,12 +41,16 @@ TRAINING_REVISION = 1
 
 
 def corpus_digest() -> str:
-    """The training corpus's hash, read without importing the checkpoint package (and torch):
-    `meridian up` runs the gateway in this process, which never loads torch."""
+    """The training text's hash (the tokenizer's corpus and the extra prose), read without
+    importing the checkpoint package (and torch): `meridian up` runs the gateway in this process,
+    which never loads torch."""
     spec = importlib.util.find_spec("regional_node")
     assert spec is not None and spec.origin is not None, "regional_node is not installed"
-    corpus = Path(spec.origin).parent / "checkpoints" / "corpus.txt"
-    return hashlib.sha256(corpus.read_bytes()).hexdigest()[:12]
+    folder = Path(spec.origin).parent / "checkpoints"
+    digest = hashlib.sha256()
+    for name in ("corpus.txt", "corpus_extra.txt"):
+        digest.update((folder / name).read_bytes())
+    return digest.hexdigest()[:12]
 
 
 # (region, jurisdiction): two jurisdictions, so residency can be seen at work.

@@ -1,7 +1,7 @@
 """Brief, deterministic training of a demo checkpoint on the repository's corpus.
 
 Random checkpoints make every answer noise (and every confidence score meaningless); a few hundred
-steps on `corpus.txt` give word-like English and a large tier that is measurably better than the
+steps on `corpus.txt` and `corpus_extra.txt` give word-like English and a large tier that is measurably better than the
 small one. The model here is a plain training-mode Llama / Qwen2 (full-sequence causal attention,
 no KV cache) whose parameters carry transformers' names, so the state dict it ends with is written
 exactly as `weights.random_state_dict`'s would be.

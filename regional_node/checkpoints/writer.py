@@ -13,12 +13,12 @@ from regional_node.checkpoints.errors import CheckpointExistsError, VocabularyTo
 from regional_node.checkpoints.hf_config import generation_config, model_config
 from regional_node.checkpoints.sizes import Arch, ModelShape, shape_for, ties_embeddings
 from regional_node.checkpoints.tokenizer import (
-    CORPUS_PATH,
     END_OF_TEXT,
     IM_END,
     special_token_ids,
     tokenizer_config,
     train_tokenizer,
+    training_text,
 )
 from regional_node.checkpoints.train import Progress, TrainingPlan, TrainingResult, train_weights
 from regional_node.checkpoints.weights import random_state_dict
@@ -117,7 +117,7 @@ def write_checkpoint(
 
     result: TrainingResult | None = None
     if training is not None:
-        text = CORPUS_PATH.read_text(encoding="utf-8")
+        text = training_text()
         tokens = tokenizer.encode(text).ids
         result = train_weights(
             shape,

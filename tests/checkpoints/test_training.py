@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 from regional_node.checkpoints import write_checkpoint
 from regional_node.checkpoints.cli import model_init_main
 from regional_node.checkpoints.sizes import shape_for
-from regional_node.checkpoints.tokenizer import CORPUS_PATH, train_tokenizer
+from regional_node.checkpoints.tokenizer import train_tokenizer, training_text
 from regional_node.checkpoints.train import CausalLM, TrainingPlan, train_weights
 from regional_node.engine import LLMEngine, SamplingParams
 
@@ -25,7 +25,7 @@ SHAPE = shape_for("tiny", num_hidden_layers=1)
 
 @pytest.fixture(scope="module")
 def tokens() -> list[int]:
-    return train_tokenizer(SHAPE.vocab_size).encode(CORPUS_PATH.read_text(encoding="utf-8")).ids
+    return train_tokenizer(SHAPE.vocab_size).encode(training_text()).ids
 
 
 def train(tokens: list[int], plan: TrainingPlan = PLAN, arch: str = "llama", tied: bool = False):
