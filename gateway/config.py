@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 import yaml
 
+from gateway.escalation.config import AutoConfig
 from gateway.ledger.config import LedgerConfig, SqliteStoreConfig
 from gateway.ledger.prices import ModelPrice
 from gateway.quota.config import QuotaConfig
@@ -210,6 +211,8 @@ class GatewayConfig(_Section):
     # The safety layer's audit log and classifier model (gateway/safety/config.py); what each
     # tenant checks is in its policy.
     safety: SafetyConfig = msgspec.field(default_factory=SafetyConfig)
+    # `model: "auto"`: the starting-tier rule, the confidence cascade's defaults, thrash protection.
+    auto: AutoConfig = msgspec.field(default_factory=AutoConfig)
     # What the gateway's HTTP server allows its clients (http_server/limits.py documents each).
     server: GatewayServerLimits = msgspec.field(default_factory=GatewayServerLimits)
     # Where this config came from, for error messages and resolving relative paths; not in YAML.

@@ -116,6 +116,36 @@ class GatewayMetrics:
             ["model", "tier"],
             registry=r,
         )
+        # Tiered escalation for `model: "auto"` (router/classifier.py, router/confidence.py,
+        # gateway/escalation). Decisions are counted where the plan is made; the cascade counts
+        # escalations, the small tier's wasted tokens and the rate.
+        self.auto_decisions = Counter(
+            "meridian_gateway_auto_decisions",
+            "`auto` requests by the tier they started on and what decided it (classifier, length, "
+            "thrash_cooldown).",
+            ["tenant", "start_tier", "reason"],
+            registry=r,
+        )
+        self.auto_escalations = Counter(
+            "meridian_gateway_auto_escalations",
+            "`auto` requests the confidence cascade moved from the small tier to the large one, by "
+            "reason (low_confidence).",
+            ["tenant", "family", "reason"],
+            registry=r,
+        )
+        self.auto_wasted_tokens = Counter(
+            "meridian_gateway_auto_wasted_tokens",
+            "Tokens spent on the small tier for requests that then escalated (prompt and the judged "
+            "completion tokens), by kind.",
+            ["tenant", "family", "kind"],
+            registry=r,
+        )
+        self.auto_escalation_rate = Gauge(
+            "meridian_gateway_auto_escalation_rate",
+            "The share of a tenant's recent `auto` requests (the thrash guard's window) that escalated.",
+            ["tenant", "family"],
+            registry=r,
+        )
         self.node_ready = Gauge(
             "meridian_gateway_node_ready",
             "1 when the node's last /ready probe answered 200.",

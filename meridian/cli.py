@@ -8,6 +8,7 @@
     meridian policy check [DIR]           validate a policy folder
     meridian ledger --config FILE         the external ledger worker (usage streams -> ledger store)
     meridian usage export --config FILE --from DATE --to DATE [--tenant T] --format csv|jsonl
+    meridian escalation calibrate ...     pick an `auto` escalation threshold for a model pair
 
 `node` and `model` import their packages only when chosen: the gateway never imports torch.
 """
@@ -118,6 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("model", help="manage local checkpoints (meridian model init --help)", add_help=False)
     commands.add_parser("policy", help="policy tools: hash-key KEY, check [DIR]", add_help=False)
     commands.add_parser("safety", help="safety tools: init-model PATH, audit FILE", add_help=False)
+    commands.add_parser(
+        "escalation",
+        help="`auto` escalation tools: calibrate (meridian escalation calibrate --help)",
+        add_help=False,
+    )
     return parser
 
 
@@ -140,6 +146,10 @@ def main(argv: list[str] | None = None) -> int:
         from gateway.safety.__main__ import main as safety_main
 
         return safety_main(argv[1:])
+    if argv and argv[0] == "escalation":
+        from meridian.escalation.cli import escalation_main
+
+        return escalation_main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "gateway":
         return _gateway_main(args)

@@ -1,15 +1,38 @@
 """The router: pure functions from (request, tenant policy, fleet snapshot) to ordered targets."""
 
 from router.affinity import rendezvous_rank
+from router.classifier import (
+    NO_HISTORY,
+    ClassifierWeights,
+    EscalationHistory,
+    RequestFeatures,
+    TierChoice,
+    classify,
+    content_flags,
+)
+from router.confidence import Confidence, ConfidenceRule, judge, rule_for
 from router.errors import ModelNotAllowedError, RoutingError, UnknownModelError
 from router.overload import PoolWait, node_wait_s, pool_wait
 from router.params import DEFAULT_PARAMS, RoutingParams
 from router.retry import MAX_ATTEMPTS_BOUND, RetryPolicy, backoff_delays, next_targets
 from router.route import route
-from router.tiers import DEFAULT_AUTO_RULE, AutoRule, auto_tier, degrade_model, resolve_model
+from router.tiers import (
+    DEFAULT_AUTO,
+    DEFAULT_AUTO_RULE,
+    AutoPolicy,
+    AutoRule,
+    Resolved,
+    auto_family,
+    auto_tier,
+    choose_tier,
+    degrade_model,
+    escalation_model,
+    resolve_model,
+)
 from router.types import (
     AUTO_MODEL,
     CatalogModel,
+    EscalationOverrides,
     FleetSnapshot,
     ModelQueue,
     NodeInfo,
@@ -25,11 +48,19 @@ from router.types import (
 
 __all__ = [
     "AUTO_MODEL",
+    "DEFAULT_AUTO",
     "DEFAULT_AUTO_RULE",
     "DEFAULT_PARAMS",
     "MAX_ATTEMPTS_BOUND",
+    "NO_HISTORY",
+    "AutoPolicy",
     "AutoRule",
     "CatalogModel",
+    "ClassifierWeights",
+    "Confidence",
+    "ConfidenceRule",
+    "EscalationHistory",
+    "EscalationOverrides",
     "FleetSnapshot",
     "ModelNotAllowedError",
     "ModelQueue",
@@ -37,7 +68,9 @@ __all__ = [
     "NodeLoad",
     "PoolWait",
     "ProviderInfo",
+    "RequestFeatures",
     "Residency",
+    "Resolved",
     "RetryPolicy",
     "RouteDecision",
     "RouteRequest",
@@ -46,14 +79,22 @@ __all__ = [
     "Target",
     "TenantLimits",
     "TenantPolicy",
+    "TierChoice",
     "UnknownModelError",
+    "auto_family",
     "auto_tier",
     "backoff_delays",
+    "choose_tier",
+    "classify",
+    "content_flags",
     "degrade_model",
+    "escalation_model",
+    "judge",
     "next_targets",
     "node_wait_s",
     "pool_wait",
     "rendezvous_rank",
     "resolve_model",
     "route",
+    "rule_for",
 ]

@@ -58,6 +58,16 @@ class TenantLimits:
 
 
 @dataclass(frozen=True)
+class EscalationOverrides:
+    """A tenant's `escalation:` in its policy: replaces the gateway's `auto.escalation` defaults
+    field by field (None: the gateway's value), see router.confidence.rule_for."""
+
+    threshold: float | None = None
+    k_tokens: int | None = None
+    window: int | None = None
+
+
+@dataclass(frozen=True)
 class TenantPolicy:
     tenant_id: str
     api_key_hashes: frozenset[str]  # hex SHA-256 of each key
@@ -71,6 +81,7 @@ class TenantPolicy:
     prefix_cache: PrefixCacheMode = "shared"  # "isolated": the node salts this tenant's cache
     # Prompt and completion text may go into traces (OpenTelemetry); off, only sizes and ids do.
     trace_content: bool = False
+    escalation: EscalationOverrides = field(default_factory=EscalationOverrides)  # `auto` cascade
 
     def allows_model(self, model: str) -> bool:
         return "*" in self.models or model in self.models

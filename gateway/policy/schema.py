@@ -14,12 +14,14 @@
         prefix_cache: shared | isolated  # default shared
         safety: {...}                    # default none: no content checks (safety_schema.py)
         trace_content: bool              # default false: no prompt/completion text in traces
+        escalation: {threshold, k_tokens, window}  # `auto` cascade; each default: the gateway's
 
 policies/README.md has the full table. The defaults are TenantPolicy's own.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, get_args
 
@@ -29,13 +31,16 @@ from gateway.policy.fields import (
     choice,
     mapping,
     positive_int_or_none,
+    shown,
     string,
     string_list,
 )
 from gateway.policy.keys import parse_key_hash
 from gateway.policy.safety_schema import parse_safety
 from gateway.safety.policy import SafetyPolicy
+from router.confidence import MAX_K_TOKENS
 from router.types import (
+    EscalationOverrides,
     FailMode,
     PrefixCacheMode,
     Residency,
@@ -55,6 +60,7 @@ TENANT_FIELDS = (
     "prefix_cache",
     "safety",
     "trace_content",
+    "escalation",
 )
 LIMIT_FIELDS = (
     "requests_per_minute",
@@ -106,6 +112,7 @@ def parse_tenant(entry: Any, where: Where) -> TenantPolicy:
         fail_mode=_pick(fields, "fail_mode", where, FailMode, defaults.fail_mode),  # type: ignore[arg-type]
         prefix_cache=_pick(fields, "prefix_cache", where, PrefixCacheMode, defaults.prefix_cache),  # type: ignore[arg-type]
         trace_content=boolean(fields.get("trace_content", False), where.key("trace_content")),
+        escalation=_escalation(fields.get("escalation", {}), where.key("escalation")),
     )
 
 
@@ -164,3 +171,28 @@ def _limits(value: Any, where: Where) -> TenantLimits:
             f"max_tokens ({limits.max_tokens}) cannot exceed context_tokens ({limits.context_tokens})"
         )
     return limits
+
+
+def _escalation(value: Any, where: Where) -> EscalationOverrides:
+    fields = mapping(value, where, required=(), optional=("threshold", "k_tokens", "window"))
+    threshold = fields.get("threshold")
+    if threshold is not None and (
+        isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold)
+    ):
+        raise where.key("threshold").error(
+            f"expected a number (a mean log-probability, e.g. -2.5), got {shown(threshold)}"
+        )
+    overrides = EscalationOverrides(
+        threshold=None if threshold is None else float(threshold),
+        k_tokens=positive_int_or_none(fields.get("k_tokens"), where.key("k_tokens")),
+        window=positive_int_or_none(fields.get("window"), where.key("window")),
+    )
+    if overrides.k_tokens is not None and overrides.k_tokens > MAX_K_TOKENS:
+        raise where.key("k_tokens").error(
+            f"at most {MAX_K_TOKENS} tokens are held back, got {overrides.k_tokens}"
+        )
+    if overrides.k_tokens and overrides.window and overrides.window > overrides.k_tokens:
+        raise where.key("window").error(
+            f"window ({overrides.window}) cannot exceed k_tokens ({overrides.k_tokens})"
+        )
+    return overrides

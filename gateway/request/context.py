@@ -43,6 +43,8 @@ class CallContext:
     api_key_id: str = "-"  # a short hash of the caller's key
     target: Target | None = None  # the upstream that served the call (the first, for a stream)
     retries: int = 0  # targets that failed before `target` answered
+    # Leads x-meridian-route for a `model: auto` request: `auto:small;classifier=0.34<1.00;`.
+    route_prefix: str = ""
 
     def __post_init__(self) -> None:
         self.headers["x-request-id"] = self.request_id
@@ -52,7 +54,7 @@ class CallContext:
         """`route` (default: the router's reason) is what x-meridian-route says about the target."""
         self.model, self.region = target.model, target.region
         self.target, self.retries = target, max(0, attempts - 1)
-        route = route or target.reason
+        route = self.route_prefix + (route or target.reason)
         route_reason = route if attempts <= 1 else f"{route}; after {attempts - 1} failed"
         self.headers.update(
             {

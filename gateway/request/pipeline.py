@@ -28,6 +28,7 @@ from typing import Any
 
 from gateway.admission import AdmissionController, Ticket
 from gateway.config import GatewayConfig
+from gateway.escalation import ThrashGuard
 from gateway.ledger.event import encode_event
 from gateway.ledger.prices import PriceTable
 from gateway.ledger.record import api_key_id, usage_event
@@ -49,7 +50,7 @@ from gateway.upstreams.failover import Forwarder, OpenedStream
 from gateway.upstreams.fleet import Fleet
 from protocol import AuthenticationError, ChatCompletionRequest, CompletionRequest
 from protocol.timing import TIMINGS_FIELD, timing_from_wire
-from router import route
+from router import AUTO_MODEL, auto_family, route
 from router.types import CatalogModel, RouteRequest, Target, TenantPolicy
 
 logger = logging.getLogger(__name__)
@@ -82,6 +83,9 @@ class RequestPipeline:
         self._failover = forwarder
         self._metrics = metrics
         self.admission = AdmissionController(config.admission, fleet.snapshot, self._catalog, metrics)
+        self._auto = config.auto.to_router()
+        # Escalations per (tenant, auto family): the cascade records, planning reads.
+        self.escalations = ThrashGuard(config.auto.thrash.to_rule())
 
     # -- the two request shapes ---------------------------------------------------------------
 
@@ -206,7 +210,17 @@ class RequestPipeline:
         self, ctx: CallContext, endpoint: Endpoint, request: ParsedRequest, body: dict[str, Any]
     ) -> RequestPlan:
         assert ctx.tenant is not None, "authenticate() before planning"
-        plan = plan_request(endpoint, request, body, ctx.tenant, self._catalog, self._config.token_estimate)
+        tenant = ctx.tenant
+        family = auto_family(tenant, self._catalog) if request.model == AUTO_MODEL else None
+        history = self.escalations.history(tenant.tenant_id, family)
+        plan = plan_request(
+            endpoint, request, body, tenant, self._catalog, self._config.token_estimate, self._auto, history
+        )
+        if plan.auto is not None:
+            self._metrics.labelled(
+                self._metrics.auto_decisions, tenant.tenant_id, plan.auto.tier, plan.auto.rule
+            ).inc()
+            ctx.route_prefix = f"auto:{plan.auto.tier};{plan.auto.reason};"
         ctx.model = plan.model.name
         ctx.headers["x-meridian-model"] = plan.model.name
         return plan

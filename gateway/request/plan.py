@@ -27,7 +27,19 @@ from protocol import (
     NotFoundError,
     PermissionDeniedError,
 )
-from router import ModelNotAllowedError, UnknownModelError, resolve_model
+from router import (
+    AUTO_MODEL,
+    DEFAULT_AUTO,
+    NO_HISTORY,
+    AutoPolicy,
+    EscalationHistory,
+    ModelNotAllowedError,
+    RequestFeatures,
+    TierChoice,
+    UnknownModelError,
+    content_flags,
+    resolve_model,
+)
 from router.types import CatalogModel, Target, TenantPolicy
 
 # Fields the gateway sets itself on every forwarded body (per attempt, per target kind).
@@ -54,6 +66,8 @@ class RequestPlan:
     # The model the client asked for when admission degraded the request to `model`, the small
     # tier (gateway/admission): routing marks its targets "degraded".
     degraded_from: str | None = None
+    # How "auto" chose `model` (the classifier's tier and reason); None for a named model.
+    auto: TierChoice | None = None
 
     def body_for(self, target: Target, *, stream: bool) -> dict[str, Any]:
         """The body `target` gets. Streams always ask for usage and token ids: usage settles the
@@ -107,6 +121,37 @@ def affinity_key(request: ChatCompletionRequest | CompletionRequest) -> str:
     return text[:_AFFINITY_CHARS]
 
 
+def request_features(
+    request: ChatCompletionRequest | CompletionRequest,
+    *,
+    prompt_tokens: int,
+    max_tokens: int | None,
+    history: EscalationHistory,
+) -> RequestFeatures:
+    """What the "auto" classifier reads: the estimate already made, the conversation's shape, and
+    flags from its text (router.content_flags scans only its end)."""
+    if isinstance(request, ChatCompletionRequest):
+        texts = [m.text() for m in request.messages]
+        turns = sum(1 for m in request.messages if m.role == "user")
+    else:
+        texts = (
+            [request.prompt]
+            if isinstance(request.prompt, str)
+            else [p for p in request.prompt if isinstance(p, str)]
+        )
+        turns = 1
+    code, math_, reasoning = content_flags(texts)
+    return RequestFeatures(
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        turns=max(turns, 1),
+        has_code=code,
+        has_math=math_,
+        asks_reasoning=reasoning,
+        history=history,
+    )
+
+
 def _check_caps(policy: TenantPolicy, prompt_tokens: int, requested: int | None) -> int | None:
     """The max_tokens to forward, or a 400 when the request is over the tenant's caps."""
     limits = policy.limits
@@ -145,15 +190,21 @@ def plan_request(
     policy: TenantPolicy,
     catalog: Sequence[CatalogModel],
     estimate: TokenEstimateConfig,
+    auto: AutoPolicy = DEFAULT_AUTO,
+    history: EscalationHistory = NO_HISTORY,
 ) -> RequestPlan:
+    """`history` is the tenant's recent escalations of its "auto" family (the thrash guard's)."""
     prompt_tokens = estimate_prompt_tokens(request, estimate)
     requested = request.requested_max_tokens()
     # The model is checked before the caps, so an unknown model is a 404 whatever else is wrong.
     output_hint = requested if requested is not None else policy.limits.max_tokens
+    features = (
+        request_features(request, prompt_tokens=prompt_tokens, max_tokens=output_hint, history=history)
+        if request.model == AUTO_MODEL
+        else RequestFeatures(prompt_tokens=prompt_tokens, max_tokens=output_hint)
+    )
     try:
-        model = resolve_model(
-            request.model, policy, catalog, prompt_tokens=prompt_tokens, max_tokens=output_hint
-        )
+        resolved = resolve_model(request.model, policy, catalog, features=features, auto=auto)
     except UnknownModelError as exc:
         raise NotFoundError(exc.message, param="model") from None
     except ModelNotAllowedError as exc:
@@ -163,7 +214,7 @@ def plan_request(
     base_body = {key: value for key, value in body.items() if key not in _GATEWAY_FIELDS}
     return RequestPlan(
         endpoint=endpoint,
-        model=model,
+        model=resolved.model,
         base_body=base_body,
         stream=request.stream,
         max_tokens=max_tokens,
@@ -173,4 +224,5 @@ def plan_request(
         wants_token_ids=request.return_token_ids,
         affinity_key=affinity_key(request),
         n=request.n,
+        auto=resolved.auto,
     )

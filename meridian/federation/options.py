@@ -1,5 +1,6 @@
 """`meridian up`'s flags. Environment variables give the defaults where a flag is awkward
-(`make up` passes no flags): MERIDIAN_PORT, MERIDIAN_HOME, MERIDIAN_DEMO_API_KEY."""
+(`make up` passes no flags): MERIDIAN_PORT, MERIDIAN_HOME, MERIDIAN_DEMO_API_KEY,
+MERIDIAN_CHECKPOINTS."""
 
 from __future__ import annotations
 
@@ -25,6 +26,13 @@ def add_up_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--policies", type=Path, default=Path("policies"), help="tenant policy folder")
     parser.add_argument(
+        "--checkpoints",
+        choices=("trained", "random"),
+        default=None,
+        help="trained (default $MERIDIAN_CHECKPOINTS or trained: about a minute on first run, then "
+        "cached in the state dir) or random (instant; every answer is noise)",
+    )
+    parser.add_argument(
         "--ready-timeout", type=float, default=300.0, help="seconds to wait for the nodes to be ready"
     )
 
@@ -37,6 +45,7 @@ class UpOptions:
     policies: Path
     ready_timeout_s: float
     demo_api_key: str | None  # None: generate one
+    trained: bool = True
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> UpOptions:
@@ -49,4 +58,5 @@ class UpOptions:
             policies=args.policies.resolve(),
             ready_timeout_s=args.ready_timeout,
             demo_api_key=os.environ.get("MERIDIAN_DEMO_API_KEY") or None,
+            trained=(args.checkpoints or os.environ.get("MERIDIAN_CHECKPOINTS") or "trained") != "random",
         )

@@ -6,6 +6,8 @@ layout can be read (and tested) without starting anything.
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,14 +25,34 @@ class ModelSpec:
     tier: Literal["small", "large"]
     size: str  # regional_node.checkpoints size name
     arch: str = "llama"
+    train_steps: int = 0  # `meridian model init --train --steps N`; 0: random weights
 
 
-# Sizes that keep a two-node federation responsive on a 2-core laptop: "tiny" answers in
-# milliseconds, "small" (~13M parameters) stands in for a big model without needing a GPU.
+# Sizes that keep a two-node federation responsive on a 2-core laptop and train, side by side,
+# in about a minute on two idle cores (regional_node/checkpoints/README.md, "Training"): "tiny"
+# (0.35M parameters) and "mini" (1.3M, four layers), which reaches a lower held-out loss.
 MODELS = (
-    ModelSpec("meridian-small", "small", "tiny"),
-    ModelSpec("meridian-large", "large", "small"),
+    ModelSpec("meridian-small", "small", "tiny", train_steps=300),
+    ModelSpec("meridian-large", "large", "mini", train_steps=200),
 )
+# Bumped whenever regional_node/checkpoints/train.py changes what a given plan produces, so
+# cached checkpoints under the state dir are retrained rather than reused.
+TRAINING_REVISION = 1
+
+
+def corpus_digest() -> str:
+    """The training text's hash (the tokenizer's corpus and the extra prose), read without
+    importing the checkpoint package (and torch): `meridian up` runs the gateway in this process,
+    which never loads torch."""
+    spec = importlib.util.find_spec("regional_node")
+    assert spec is not None and spec.origin is not None, "regional_node is not installed"
+    folder = Path(spec.origin).parent / "checkpoints"
+    digest = hashlib.sha256()
+    for name in ("corpus.txt", "corpus_extra.txt"):
+        digest.update((folder / name).read_bytes())
+    return digest.hexdigest()[:12]
+
+
 # (region, jurisdiction): two jurisdictions, so residency can be seen at work.
 REGIONS = (("us-east", "us"), ("eu-west", "eu"))
 
@@ -62,6 +84,7 @@ class FederationPlan:
     policies: Path
     nodes: tuple[NodeSpec, ...]
     models: tuple[ModelSpec, ...] = MODELS
+    trained: bool = True  # False: random checkpoints (`--checkpoints random`, tests)
 
     @property
     def url(self) -> str:
@@ -89,7 +112,19 @@ class FederationPlan:
         return self.state_dir / "run.json"
 
     def checkpoint_dir(self, model: ModelSpec) -> Path:
-        return self.state_dir / "models" / model.name
+        """Random checkpoints by name; trained ones by everything that decides their weights
+        (size, steps, corpus, training code), so a rerun finds them and a changed corpus retrains."""
+        if not self.trained or model.train_steps == 0:
+            return self.state_dir / "models" / model.name
+        key = f"{model.arch}-{model.size}-{model.train_steps}steps-{corpus_digest()}-r{TRAINING_REVISION}"
+        return self.state_dir / "models" / f"{model.name}-{key}"
+
+    def init_command(self, model: ModelSpec, out_dir: Path) -> list[str]:
+        command = [sys.executable, "-m", "meridian.cli", "model", "init", str(out_dir)]
+        command += ["--arch", model.arch, "--size", model.size, "--force"]
+        if self.trained and model.train_steps:
+            command += ["--train", "--steps", str(model.train_steps)]
+        return command
 
     def node_command(self, node: NodeSpec) -> list[str]:
         command = [
@@ -167,7 +202,13 @@ class FederationPlan:
 
 
 def plan_federation(
-    *, state_dir: Path, host: str, port: int, policies: Path, pick_port: Callable[[], int] = free_port
+    *,
+    state_dir: Path,
+    host: str,
+    port: int,
+    policies: Path,
+    pick_port: Callable[[], int] = free_port,
+    trained: bool = True,
 ) -> FederationPlan:
     nodes = tuple(
         NodeSpec(
@@ -179,4 +220,6 @@ def plan_federation(
         )
         for region, jurisdiction in REGIONS
     )
-    return FederationPlan(state_dir=state_dir, host=host, port=port, policies=policies, nodes=nodes)
+    return FederationPlan(
+        state_dir=state_dir, host=host, port=port, policies=policies, nodes=nodes, trained=trained
+    )

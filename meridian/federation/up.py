@@ -12,11 +12,12 @@ import contextlib
 import json
 import logging
 import os
+import re
 import secrets
 import signal
 import socket
-import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TypeVar
 
 from gateway.app import create_app
@@ -24,7 +25,7 @@ from gateway.config import ConfigError, load_config
 from gateway.policy import PolicyError, key_digest
 from gateway.runtime.serve import GatewayServer
 from meridian.federation.options import UpOptions
-from meridian.federation.plan import FederationPlan, plan_federation
+from meridian.federation.plan import FederationPlan, ModelSpec, plan_federation
 from meridian.federation.processes import ChildProcess, run_to_completion
 from router.types import TenantPolicy
 
@@ -58,21 +59,55 @@ async def _until_stopped(work: Awaitable[T], stop: asyncio.Event) -> T:
 
 
 async def _ensure_checkpoints(plan: FederationPlan, env: dict[str, str], announce: Announce) -> None:
-    for model in plan.models:
-        target = plan.checkpoint_dir(model)
-        if (target / "config.json").exists():
-            continue
-        announce(
-            f"Creating the {model.name} checkpoint ({model.arch} {model.size}) in {target} (first run only)..."
-        )
-        partial = target.with_name(target.name + ".partial")
-        command = [sys.executable, "-m", "meridian.cli", "model", "init", str(partial)]
-        command += ["--arch", model.arch, "--size", model.size, "--force"]
-        await run_to_completion(
-            f"model init {model.name}", command, env=env, log_path=plan.log_dir / "model-init.log"
-        )
-        # Renamed only when complete, so an interrupted first run never leaves half a checkpoint.
-        os.replace(partial, target)
+    """Missing checkpoints are made side by side (training uses one core each)."""
+    missing = [m for m in plan.models if not (plan.checkpoint_dir(m) / "config.json").exists()]
+    if not missing:
+        return
+    verb = "Training" if plan.trained else "Creating"
+    names = ", ".join(f"{m.name} ({m.arch} {m.size})" for m in missing)
+    announce(f"{verb} checkpoints {names} in {plan.state_dir / 'models'} (first run only)...")
+    logs = {m.name: plan.log_dir / f"model-init-{m.name}.log" for m in missing}
+    progress = asyncio.create_task(_report_progress(logs, announce)) if plan.trained else None
+    try:
+        await asyncio.gather(*(_make_checkpoint(plan, m, env, logs[m.name]) for m in missing))
+    finally:
+        if progress is not None:
+            progress.cancel()
+    for model in missing:
+        summary = plan.checkpoint_dir(model) / "training.json"
+        if summary.exists():
+            record = json.loads(summary.read_text())
+            announce(
+                f"  {model.name}: held-out loss {record['held_out_loss']:.3f} "
+                f"({record['held_out_bits_per_byte']:.3f} bits/byte), trained in {record['seconds']:.0f}s"
+            )
+
+
+async def _make_checkpoint(plan: FederationPlan, model: ModelSpec, env: dict[str, str], log: Path) -> None:
+    target = plan.checkpoint_dir(model)
+    partial = target.with_name(target.name + ".partial")
+    await run_to_completion(
+        f"model init {model.name}", plan.init_command(model, partial), env=env, log_path=log
+    )
+    # Renamed only when complete, so an interrupted first run never leaves half a checkpoint.
+    os.replace(partial, target)
+
+
+async def _report_progress(logs: dict[str, Path], announce: Announce, every_s: float = 10.0) -> None:
+    """The training children's progress bars (the last one each drew in its log), every few seconds."""
+    while True:
+        await asyncio.sleep(every_s)
+        states = []
+        for name, log in logs.items():
+            with contextlib.suppress(OSError):
+                # Bytes, not read_text: universal newlines would turn the bar's \r into lines.
+                text = log.read_bytes().decode("utf-8", errors="replace").strip()
+                last = re.split(r"[\r\n]+", text)[-1] if text else ""
+                step = (
+                    "done" if "trained:" in last else last.split("] ", 1)[-1] if "] " in last else "starting"
+                )
+                states.append(f"{name} {step}")
+        announce("  " + "; ".join(states))
 
 
 def _port_in_use(host: str, port: int) -> bool:
@@ -124,7 +159,11 @@ async def run_up(options: UpOptions, *, announce: Announce = print) -> int:
         )
         return 1
     plan = plan_federation(
-        state_dir=options.state_dir, host=options.host, port=options.port, policies=options.policies
+        state_dir=options.state_dir,
+        host=options.host,
+        port=options.port,
+        policies=options.policies,
+        trained=options.trained,
     )
     plan.write_files()
     api_key = options.demo_api_key or f"sk-meridian-demo-{secrets.token_urlsafe(18)}"

@@ -1,4 +1,5 @@
-"""`meridian model init OUT_DIR --arch ... --size ...`: write a random local checkpoint.
+"""`meridian model init OUT_DIR --arch ... --size ... [--train [--steps N]]`: write a local
+checkpoint, random or briefly trained on the corpus.
 
 meridian/cli.py either calls `model_init_main(argv_after_model)` or mounts `add_model_commands` on
 its own subparsers; `python -m regional_node.checkpoints init ...` runs the same code.
@@ -13,6 +14,7 @@ from typing import Any
 
 from regional_node.checkpoints.errors import CheckpointError, CheckpointExistsError
 from regional_node.checkpoints.sizes import ARCHES, SIZES
+from regional_node.checkpoints.train import TrainingPlan, default_steps, stderr_progress
 from regional_node.checkpoints.writer import write_checkpoint
 
 
@@ -28,6 +30,14 @@ def configure_model_parser(parser: argparse.ArgumentParser) -> None:
     init.add_argument(
         "--force", action="store_true", help="overwrite the checkpoint files in a non-empty OUT_DIR"
     )
+    init.add_argument(
+        "--train",
+        action="store_true",
+        help="train briefly on the bundled corpus instead of writing random weights (deterministic)",
+    )
+    init.add_argument(
+        "--steps", type=int, default=None, help="training steps with --train (default: per size, see README)"
+    )
     parser.set_defaults(handler=run_model_command)
 
 
@@ -39,6 +49,16 @@ def add_model_commands(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run_model_command(args: argparse.Namespace) -> int:
+    training = None
+    if args.train:
+        steps = args.steps if args.steps is not None else default_steps(args.size)
+        if steps < 1:
+            print("meridian model init: --steps must be at least 1", file=sys.stderr)
+            return 2
+        training = TrainingPlan(steps=steps, seed=args.seed)
+    elif args.steps is not None:
+        print("meridian model init: --steps needs --train", file=sys.stderr)
+        return 2
     try:
         summary = write_checkpoint(
             args.out_dir,
@@ -47,6 +67,8 @@ def run_model_command(args: argparse.Namespace) -> int:
             seed=args.seed,
             vocab_size=args.vocab_size,
             force=args.force,
+            training=training,
+            progress=stderr_progress(f"training {args.arch}/{args.size}") if training else None,
         )
     except CheckpointExistsError as error:
         print(f"meridian model init: {error} (pass --force to overwrite)", file=sys.stderr)

@@ -39,15 +39,25 @@ class ModelShape:
         return embeddings + self.num_hidden_layers * per_layer + h
 
 
-SizeName = Literal["tiny", "small", "medium", "large"]
+SizeName = Literal["tiny", "mini", "small", "medium", "large"]
 
-# tiny: unit tests (created in well under a second); small: the engine benchmark and the demo's
-# large tier on CPU; medium and large: GPU nodes only, never created by tests.
+# tiny: unit tests (created in well under a second) and the demo's small tier; mini: the demo's
+# large tier (trained by `meridian up` in about a minute on two cores, so it shares tiny's
+# vocabulary); small: the engine benchmark; medium and large: GPU nodes only, never created by tests.
 SIZES: dict[str, ModelShape] = {
     "tiny": ModelShape(
         hidden_size=64,
         intermediate_size=176,
         num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=2048,
+        max_position_embeddings=4096,
+    ),
+    "mini": ModelShape(
+        hidden_size=128,
+        intermediate_size=352,
+        num_hidden_layers=4,
         num_attention_heads=4,
         num_key_value_heads=2,
         vocab_size=2048,

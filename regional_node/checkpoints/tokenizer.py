@@ -13,6 +13,15 @@ from typing import Any
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 CORPUS_PATH = Path(__file__).with_name("corpus.txt")
+# More English prose for `--train` only: the tokenizer is trained on corpus.txt alone, so adding
+# training text never changes a tokenizer (and every test's token ids) again.
+EXTRA_CORPUS_PATH = Path(__file__).with_name("corpus_extra.txt")
+
+
+def training_text() -> str:
+    """What `--train` trains on: the tokenizer's corpus, then the extra prose."""
+    return CORPUS_PATH.read_text(encoding="utf-8") + "\n\n" + EXTRA_CORPUS_PATH.read_text(encoding="utf-8")
+
 
 END_OF_TEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"

@@ -18,7 +18,9 @@ from regional_node.checkpoints.tokenizer import (
     special_token_ids,
     tokenizer_config,
     train_tokenizer,
+    training_text,
 )
+from regional_node.checkpoints.train import Progress, TrainingPlan, TrainingResult, train_weights
 from regional_node.checkpoints.weights import random_state_dict
 
 CHECKPOINT_FILES = (
@@ -28,6 +30,8 @@ CHECKPOINT_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
 )
+# Written next to a trained checkpoint: the training plan and its losses.
+TRAINING_FILE = "training.json"
 
 
 @dataclass(frozen=True)
@@ -38,13 +42,21 @@ class CheckpointSummary:
     shape: ModelShape
     tied: bool
     parameters: int
+    training: TrainingResult | None = None
 
     def line(self) -> str:
         s = self.shape
+        trained = ""
+        if self.training is not None:
+            t = self.training
+            trained = (
+                f", trained: loss {t.first_loss:.2f} -> {t.final_train_loss:.2f}, held-out "
+                f"{t.held_out_loss:.3f} ({t.held_out_bits_per_byte:.3f} bits/byte) in {t.seconds:.0f}s"
+            )
         return (
             f"{self.arch}/{self.size}: {self.parameters / 1e6:.2f}M params, {s.num_hidden_layers} layers, "
             f"hidden {s.hidden_size}, {s.num_attention_heads} heads / {s.num_key_value_heads} kv, "
-            f"vocab {s.vocab_size}, tied={str(self.tied).lower()} -> {self.path}"
+            f"vocab {s.vocab_size}, tied={str(self.tied).lower()}{trained} -> {self.path}"
         )
 
 
@@ -77,9 +89,13 @@ def write_checkpoint(
     seed: int = 0,
     vocab_size: int | None = None,
     force: bool = False,
+    training: TrainingPlan | None = None,
+    progress: Progress | None = None,
     **shape_overrides: int,
 ) -> CheckpointSummary:
-    """`init_checkpoint`, returning what was written."""
+    """`init_checkpoint`, returning what was written. With `training`, the weights are trained
+    on the corpus (regional_node/checkpoints/train.py) instead of random, and `training.json`
+    records the plan and the losses."""
     out_dir = Path(out_dir)
     if arch not in ("llama", "qwen2"):
         raise ValueError(f"unknown arch {arch!r}; known: llama, qwen2")
@@ -99,8 +115,23 @@ def write_checkpoint(
     bos, eos = ids[END_OF_TEXT], ids[IM_END]
     tied = ties_embeddings(arch, size)
 
+    result: TrainingResult | None = None
+    if training is not None:
+        text = training_text()
+        tokens = tokenizer.encode(text).ids
+        result = train_weights(
+            shape,
+            arch=arch,
+            tied=tied,
+            tokens=tokens,
+            bytes_per_token=len(text.encode("utf-8")) / len(tokens),
+            plan=training,
+            progress=progress,
+        )
+        weights = result.weights
+    else:
+        weights = random_state_dict(shape, arch=arch, tied=tied, seed=seed)
     out_dir.mkdir(parents=True, exist_ok=True)
-    weights = random_state_dict(shape, arch=arch, tied=tied, seed=seed)
     # Fixed metadata keeps the file byte-identical for a given seed.
     save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     _write_json(
@@ -114,8 +145,10 @@ def write_checkpoint(
     _write_json(
         out_dir / "tokenizer_config.json", tokenizer_config(model_max_length=shape.max_position_embeddings)
     )
+    if result is not None:
+        _write_json(out_dir / TRAINING_FILE, result.record())
     parameters = sum(t.numel() for t in weights.values())
-    return CheckpointSummary(out_dir, arch, size, shape, tied, parameters)
+    return CheckpointSummary(out_dir, arch, size, shape, tied, parameters, result)
 
 
 def _write_json(path: Path, content: dict[str, Any]) -> None:

@@ -38,7 +38,15 @@ def test_meridian_up_serves_the_sdk_and_stops_cleanly_on_ctrl_c(tmp_path: Path) 
     with open(log_path, "wb") as log:
         up = subprocess.Popen(
             python_command(
-                "-m", "meridian.cli", "up", "--port", str(port), "--state-dir", str(tmp_path / "state")
+                "-m",
+                "meridian.cli",
+                "up",
+                "--port",
+                str(port),
+                "--state-dir",
+                str(tmp_path / "state"),
+                "--checkpoints",
+                "random",  # trained ones take about a minute on first run
             ),
             env=env,
             cwd=REPO_ROOT,

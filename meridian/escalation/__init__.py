@@ -1,0 +1,1 @@
+"""`meridian escalation ...`: tools for the `auto` confidence cascade (calibrate a threshold)."""
