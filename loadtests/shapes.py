@@ -3,8 +3,39 @@
 from __future__ import annotations
 
 import os
+import random
+import time
+from collections.abc import Callable
+from typing import Any
 
 from locust import LoadTestShape
+
+
+def poisson_throughput(rate_per_s: float) -> Callable[[Any], float]:
+    """A locust `wait_time` for Poisson arrivals at `rate_per_s` per user: each user's requests
+    start at exponentially distributed intervals from a random phase, the way independent people
+    arrive. (`constant_throughput` keeps every user spawned in one instant on the same beat, so a
+    spike of 100 users becomes a burst of 100 requests within a millisecond every period: a
+    thundering herd, not 20x the arrival rate.) A request that runs past its slot starts the next
+    at once, as constant_throughput does, without borrowing the lost time back."""
+
+    def wait_time(user: Any) -> float:
+        now = time.monotonic()
+        due = getattr(user, "_next_arrival", None)
+        due = max(due if due is not None else now, now) + random.expovariate(rate_per_s)
+        user._next_arrival = due
+        return due - now
+
+    return wait_time
+
+
+def arrival_phase(user: Any) -> None:
+    """Call from a user's `on_start`: wait a random part of its first interval, so users spawned
+    together (the spike's) do not all send their first request in the same instant."""
+    import gevent  # locust's runtime; imported here so the module loads without it
+
+    rate = getattr(user, "arrival_rate_per_s", 1.0)
+    gevent.sleep(random.uniform(0, 1 / rate))
 
 
 class SpikeShape(LoadTestShape):

@@ -6,8 +6,9 @@
 
 Interactive users stream chat completions with the interactive key (default: the demo tenant's,
 `$MERIDIAN_DEMO_API_KEY`), mostly to meridian-large; batch users send non-streamed completions
-with the batch example tenant's key. Each user keeps a constant arrival rate, so the spike's 20x
-users are 20x the arrival rate (as long as answers come faster than the pace; shed ones do).
+with the batch example tenant's key. Each user arrives as a Poisson process at a fixed mean rate
+(shapes.poisson_throughput), so the spike's 20x users are 20x the arrival rate (as long as answers
+come faster than the pace; shed ones do).
 Every request is bounded by `--timeout`. The drill writes `drill.json` and `drill.png` to `--out`
 and exits 0 only when every criterion in loadtests/drill_report.py holds. Needs the `loadtest`
 extra (locust, matplotlib).
@@ -23,13 +24,13 @@ import sys
 import time
 from pathlib import Path
 
-from locust import HttpUser, constant_throughput, task
+from locust import HttpUser, task
 from locust.env import Environment
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loadtests.drill_report import Phases, Record, write
-from loadtests.shapes import SpikeDrillShape
+from loadtests.shapes import SpikeDrillShape, arrival_phase, poisson_throughput
 
 RECORDS: list[Record] = []
 STARTED = time.monotonic()
@@ -70,7 +71,11 @@ def _record(started: float, tier: str, response: object, **fields: object) -> Re
 
 class InteractiveUser(HttpUser):
     weight = 4
-    wait_time = constant_throughput(0.5)
+    arrival_rate_per_s = 0.5
+    wait_time = poisson_throughput(arrival_rate_per_s)
+
+    def on_start(self) -> None:
+        arrival_phase(self)
 
     @task
     def chat_stream(self) -> None:
@@ -117,7 +122,11 @@ class InteractiveUser(HttpUser):
 
 class BatchUser(HttpUser):
     weight = 1
-    wait_time = constant_throughput(0.2)
+    arrival_rate_per_s = 0.2
+    wait_time = poisson_throughput(arrival_rate_per_s)
+
+    def on_start(self) -> None:
+        arrival_phase(self)
 
     @task
     def completion(self) -> None:

@@ -59,8 +59,8 @@ REGIONS = (("us-east", "us"), ("eu-west", "eu"))
 
 # Overload (gateway/README.md, "Overload"): the interactive time-to-first-token target, and how
 # long an interactive request may wait in the gateway for it.
-INTERACTIVE_TTFT_S = 0.15
-INTERACTIVE_QUEUE_DEADLINE_S = 0.1
+INTERACTIVE_TTFT_S = 0.05
+INTERACTIVE_QUEUE_DEADLINE_S = 0.03
 
 
 @dataclass(frozen=True)
