@@ -150,6 +150,11 @@ class AdmissionConfig(_Section):
     recheck_interval_s: Positive = 0.05
     # Cap on the Retry-After a refusal carries (the estimated time until the pool is under target).
     max_retry_after_s: Annotated[int, msgspec.Meta(ge=1)] = 30
+    # After an interactive request had to wait or was refused (interactive load fills the pool),
+    # batch is not admitted for this long: batch work already running slows every step of the
+    # engines it shares, so admitting more while interactive users are being turned away would
+    # serve batch at their expense. 0: only the estimates decide.
+    batch_holdoff_s: NonNegative = 5.0
 
     def __post_init__(self) -> None:
         if self.batch.target_ttft_s < self.interactive.target_ttft_s:

@@ -9,8 +9,9 @@ estimate is router.overload.pool_wait for the request's traffic tier. With `targ
   pool's estimate is under the target; any other interactive request waits in the interactive
   queue.
 - batch: admitted only when interactive load leaves room: no interactive request waits in the
-  gateway, the pool's interactive estimate is at most the interactive target, and its batch
-  estimate at most the batch target. Otherwise it waits in the batch queue.
+  gateway or had to wait or was refused in the last `batch_holdoff_s`, the pool's interactive
+  estimate is at most the interactive target, and its batch estimate at most the batch target.
+  Otherwise it waits in the batch queue.
 - the queues: bounded (`max_queue`; one more is refused at once), each waiter refused when its
   `queue_deadline_s` passes, tenants served round-robin (queue.py). Once a tier has waiters, a
   new request joins the queue instead of overtaking them. The queues are looked at again when an
@@ -85,6 +86,8 @@ class AdmissionController:
         self._clock = clock
         self._queues = {tier: FairQueue(config.tier(tier).max_queue) for tier in TIERS}
         self._pending: Counter[tuple[str, TrafficTier]] = Counter()
+        # Until when batch is held back: interactive requests lately had to wait or were refused.
+        self._batch_held_until = -math.inf
         for tier in TIERS:
             metrics.queue_length.labels(tier).set_function(lambda q=self._queues[tier]: len(q))
             for model in self._catalog:
@@ -105,6 +108,8 @@ class AdmissionController:
             if admitted is not None:
                 return admitted
         settings = self._config.tier(tier)
+        if tier == "interactive":
+            self.interactive_pressed()
         if settings.queue_deadline_s <= 0:
             raise self._shed(tenant, model, "over_target", waited_s=None)
         if queue.full:
@@ -131,6 +136,11 @@ class AdmissionController:
             if not waiter.decided.done():
                 self.pump()
         return waiter.decided.result()
+
+    def interactive_pressed(self) -> None:
+        """An interactive request could not start at once (it queues, or it was refused here or by
+        every node): hold batch back for `batch_holdoff_s` from now."""
+        self._batch_held_until = max(self._batch_held_until, self._clock() + self._config.batch_holdoff_s)
 
     def pump(self) -> None:
         """Refuse the waiters whose deadline passed, then admit what the estimates allow, tenants
@@ -173,7 +183,7 @@ class AdmissionController:
                 if estimate is not None and estimate.wait_s <= interactive:
                     return self._admitted(tenant, small, tokens, degraded_from=model.name)
             return None
-        if self._queues["interactive"]:
+        if self._queues["interactive"] or self._clock() < self._batch_held_until:
             return None
         if not _within(self._estimate(fleet, model.name, tenant.residency, "interactive"), interactive):
             return None

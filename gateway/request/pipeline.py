@@ -126,6 +126,9 @@ class RequestPipeline:
                 for choice in result.get("choices") or []:
                     choice.pop("token_ids", None)
             return await safety.check_output(endpoint, result)
+        except UpstreamsExhausted as exc:
+            self._refused_by_upstreams(ctx, exc)
+            raise
         finally:
             ticket.release()
             safety.finish()
@@ -173,7 +176,9 @@ class RequestPipeline:
             ticket.release()  # the first chunk is here: the prompt has left the node's queue
             relay = StreamRelay(opened, plan, ctx.latency)
             owned.push_async_callback(relay.aclose)
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, UpstreamsExhausted):
+                self._refused_by_upstreams(ctx, exc)
             # Cancelled too (the client left while we failed over): the release must still run.
             await run_shielded(owned.aclose, what="release a stream that failed to open")
             raise
@@ -198,6 +203,11 @@ class RequestPipeline:
         ctx.tenant = tenant
         ctx.api_key_id = api_key_id(key.strip())
         return tenant
+
+    def _refused_by_upstreams(self, ctx: CallContext, exc: UpstreamsExhausted) -> None:
+        """Every upstream refused an interactive request for capacity: batch steps back."""
+        if exc.all_at_capacity() and ctx.tenant is not None and ctx.tenant.traffic_tier == "interactive":
+            self.admission.interactive_pressed()
 
     def _begin_safety(self, ctx: CallContext) -> CallSafety:
         """The tenant's content policy as of now (a reload mid-call does not change it)."""

@@ -228,9 +228,31 @@ async def test_batch_is_held_back_while_interactive_requests_wait() -> None:
     batch = await queued(s, tenant("b", tier="batch"), SMALL)
     s.fleet.waiting[(LARGE.name, "eu-west")] = 0
     s.controller.pump()
-
     assert (await interactive).model == LARGE
+
+    # Interactive had to wait: batch stays back for batch_holdoff_s (5 s by default) after that.
+    s.clock.now += 4.9
+    s.controller.pump()
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not batch.done()
+    s.clock.now += 0.2
+    s.controller.pump()
     assert (await batch).model == SMALL
+
+
+async def test_batch_is_held_back_after_interactive_requests_are_refused_anywhere() -> None:
+    s = setup(batch_holdoff_s=2.0)
+    # Every node refused an interactive request for capacity (the pipeline reports it).
+    s.controller.interactive_pressed()
+    batch = await queued(s, tenant("b", tier="batch"))
+    s.clock.now += 2.5
+    s.controller.pump()
+    assert (await batch).model == LARGE
+    # With no hold-off configured, only the estimates decide.
+    s = setup(batch_holdoff_s=0)
+    s.controller.interactive_pressed()
+    assert (await s.controller.admit(tenant("b", tier="batch"), LARGE, 10)).model == LARGE
 
 
 async def test_batch_waits_while_the_pool_is_over_the_interactive_target() -> None:
