@@ -1,5 +1,5 @@
 """Two real node processes on one checkpoint: one on our engine, one with `engine: vllm` (vLLM's
-AsyncLLM), token auth on both. Skipped as a package when vLLM is not installed.
+AsyncLLM), token auth on both. The tests skip when vLLM is not installed.
 
 The checkpoint is the tiny Llama with head_dim 32 (vLLM's CPU attention has no head size 16).
 vLLM's engine runs eagerly (`enforce_eager`: no torch.compile warm-up, which adds half a minute to
@@ -18,8 +18,10 @@ from tests.node.conftest import Node
 from tests.support.checkpoints import make_checkpoint
 from tests.support.processes import free_port, python_command, start_process
 
-if importlib.util.find_spec("vllm") is None:
-    pytest.skip("engine: vllm needs vLLM (the vllm extra; `make test` installs it)", allow_module_level=True)
+needs_vllm = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None,
+    reason="engine: vllm needs vLLM (the vllm extra; `make test` installs it)",
+)
 
 MODEL = "tiny"
 TOKEN = "vllm-node-token"

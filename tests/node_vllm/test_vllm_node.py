@@ -13,7 +13,9 @@ import openai
 import pytest
 
 from tests.node.conftest import Node
-from tests.node_vllm.conftest import MODEL
+from tests.node_vllm.conftest import MODEL, needs_vllm
+
+pytestmark = needs_vllm
 
 GREEDY: dict[str, Any] = {"temperature": 0, "extra_body": {"return_token_ids": True, "ignore_eos": True}}
 PROMPT = "Far across the sea"
