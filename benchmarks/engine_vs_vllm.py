@@ -54,8 +54,8 @@ MODELS: dict[str, dict[str, int]] = {
         "hidden_size": 768,
         "num_attention_heads": 12,
         "num_key_value_heads": 4,
-        "intermediate_size": 2048,
-        "vocab_size": 16384,
+        "intermediate_size": 2560,  # ~102M parameters with the local tokenizer's 8192 tokens
+        "vocab_size": 8192,
     },
 }
 # (requests, prompt range, output range) per model: the 100M model runs ~15x slower.
