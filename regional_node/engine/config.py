@@ -15,7 +15,7 @@ from regional_node.engine.errors import CheckpointError, EngineConfigError, Unsu
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 DTYPES = ("float32", "bfloat16", "float16", "auto")
-ATTENTION_BACKENDS = ("torch", "triton")
+ATTENTION_BACKENDS = ("auto", "torch", "triton", "vllm")
 
 
 @dataclass(frozen=True)

@@ -278,6 +278,7 @@ class LLMEngine:
             "finish_rate": self.drain.finish_rate(),
             "step_time_s": self.drain.step_time_s(),
             "max_num_seqs": self.engine_config.max_num_seqs,
+            "block_size": self.engine_config.block_size,
             "max_num_batched_tokens": self.engine_config.max_num_batched_tokens,
             "num_preemptions": sched.stats.num_preemptions,
             "prefix_cache_query_tokens": query,

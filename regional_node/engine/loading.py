@@ -48,7 +48,12 @@ def load_checkpoint(path: Path, config: EngineConfig) -> LoadedCheckpoint:
     tokenizer = Tokenizer.from_pretrained(path)
     eos = tokenizer.eos_token_ids if tokenizer is not None else checkpoint_eos_token_ids(path)
     model = load_model(path, model_config, dtype=torch_dtype, device=device, max_positions=max_model_len)
-    backend = create_backend(config.attention_backend, device)
+    backend = create_backend(
+        config.attention_backend,
+        device,
+        block_size=config.block_size,
+        head_dim=model_config.head_dim,
+    )
     num_blocks = plan_num_kv_blocks(
         config, model_config, max_model_len=max_model_len, dtype=torch_dtype, device=device
     )

@@ -24,7 +24,7 @@ from regional_node.server.auth import bearer_guard
 from regional_node.server.config import NodeConfig, effective_token
 from regional_node.server.errors import handle_exception
 from regional_node.server.metrics import NodeMetrics
-from regional_node.server.pool import EngineLoader, ModelPool, RunnerFactory, load_engine
+from regional_node.server.pool import EngineLoader, ModelPool, engine_loader
 from regional_node.server.routes import ROUTES
 from regional_node.server.serving import NodeState
 from regional_node.server.tracing import NodeTracer
@@ -36,11 +36,11 @@ logger = logging.getLogger(__name__)
 def create_app(
     config: NodeConfig,
     *,
-    loader: EngineLoader = load_engine,
-    runner_factory: RunnerFactory | None = None,
+    loader: EngineLoader | None = None,
 ) -> Litestar:
-    """A node app serving `config.models`. `loader`/`runner_factory` are for tests' fake engines."""
-    pool = ModelPool(config.models, loader=loader, runner_factory=runner_factory, warmup=config.warmup)
+    """A node app serving `config.models` on the engine `config.engine` names; `loader` is for
+    tests' fake engines."""
+    pool = ModelPool(config.models, loader=loader or engine_loader(config.engine), warmup=config.warmup)
     tracing = start_tracing(os.environ, default_service="meridian-node")
     tracer = NodeTracer(tracing, node_id=config.node_id, region=config.region) if tracing else None
     node = NodeState(

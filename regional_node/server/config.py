@@ -21,6 +21,9 @@ from regional_node.discovery.consul_registration import ConsulRegistrationConfig
 Tier = Literal["small", "large"]
 Dtype = Literal["float32", "float16", "bfloat16", "auto"]
 LogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
+# Which engine runs the node's models: ours (regional_node/engine) or vLLM's own (the V1 AsyncLLM,
+# regional_node/vllm_engine; needs vLLM installed). The node's API is the same either way.
+EngineKind = Literal["meridian", "vllm"]
 
 TOKEN_ENV = "MERIDIAN_NODE_TOKEN"
 
@@ -35,11 +38,13 @@ class ConfigError(Exception):
 
 
 class EngineSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """Keyword arguments for `LLMEngine.from_pretrained`; the defaults suit CPU test checkpoints."""
+    """Keyword arguments for `LLMEngine.from_pretrained` (or, with `engine: vllm`, vLLM's engine
+    arguments: see regional_node/vllm_engine); the defaults suit CPU test checkpoints."""
 
     device: str = "cpu"
     dtype: Dtype = "float32"
-    block_size: PositiveInt = 16
+    # None: the engine's own default (16 for ours; vLLM's, which is 32 on CPU, for engine: vllm).
+    block_size: PositiveInt | None = None
     # None: the engine sizes the pool from the device's free memory.
     num_kv_blocks: PositiveInt | None = None
     max_num_seqs: PositiveInt = 64
@@ -51,7 +56,8 @@ class EngineSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     def engine_kwargs(self) -> dict[str, Any]:
         kwargs = msgspec.structs.asdict(self)
-        return {**kwargs.pop("options"), **kwargs}
+        options = kwargs.pop("options")
+        return {**options, **{key: value for key, value in kwargs.items() if value is not None}}
 
 
 # Default queue bounds, in engine steps' worth of prompt tokens (multiples of
@@ -110,6 +116,7 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 class NodeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     node_id: Name = msgspec.field(default_factory=lambda: f"node-{socket.gethostname()}")
+    engine: EngineKind = "meridian"
     region: Name = "local"
     jurisdiction: Name = "local"
     host: str = "127.0.0.1"

@@ -169,7 +169,7 @@ class Generation:
             await self._stream.aclose()  # type: ignore[attr-defined]
         if not self.finished:
             with contextlib.suppress(Exception):
-                await self.request.model.runner.abort(self.request.request_id)
+                await self.request.model.engine.abort(self.request.request_id)
         self._observe(outcome)
 
     def _observe(self, outcome: str | None) -> None:
@@ -195,7 +195,7 @@ async def start_generation(request: GenerationRequest, metrics: NodeMetrics) -> 
     clock = _Clock()
     tenancy = request.tenancy
     try:
-        stream = request.model.runner.generate(
+        stream = request.model.engine.generate(
             request.prompt_ids,
             request.params,
             request_id=request.request_id,

@@ -1,4 +1,5 @@
-"""The models a node serves: one LLMEngine + AsyncEngine each, loaded off the event loop.
+"""The models a node serves: one NodeEngine each (ours, or vLLM's with `engine: vllm`), loaded off
+the event loop.
 
 `ModelPool` owns the engines' lifecycle (load, warm up, shut down) and the node's readiness;
 handlers only ever ask it for a ready model by name.
@@ -14,25 +15,48 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from protocol import NotFoundError, ServiceUnavailableError
-from regional_node.server.config import ModelConfig
+from regional_node.server.config import EngineKind, ModelConfig
+from regional_node.server.node_engine import NodeEngine
 
 if TYPE_CHECKING:
-    from regional_node.engine import AsyncEngine, LLMEngine
+    from regional_node.engine import QueueLimits
 
 logger = logging.getLogger(__name__)
 
 PoolState = Literal["loading", "ready", "failed", "stopped"]
-# Builds a model's LLMEngine (in a worker thread) and wraps it in an AsyncEngine (on the event
-# loop) with the model's queue limits. Tests inject fakes of both.
-EngineLoader = Callable[[ModelConfig], "LLMEngine"]
-RunnerFactory = Callable[["LLMEngine", ModelConfig], "AsyncEngine"]
+# Builds a model's engine, not yet started (in a worker thread: it reads the weights). Tests
+# inject fakes.
+EngineLoader = Callable[[ModelConfig], NodeEngine]
 
 
-def load_engine(model: ModelConfig) -> LLMEngine:
-    """The real loader. Imports the engine (and torch) here, so the HTTP port opens first."""
-    from regional_node.engine import LLMEngine
+def engine_loader(kind: EngineKind) -> EngineLoader:
+    """The real loader for `engine: meridian` or `engine: vllm`. The engine (and torch, and vLLM)
+    is imported only when a model loads, so the HTTP port opens first."""
+    return load_vllm_engine if kind == "vllm" else load_engine
 
-    return LLMEngine.from_pretrained(model.path, **model.engine.engine_kwargs())
+
+def load_engine(model: ModelConfig) -> NodeEngine:
+    from regional_node.engine import AsyncEngine, LLMEngine
+
+    engine = LLMEngine.from_pretrained(model.path, **model.engine.engine_kwargs())
+    return AsyncEngine(engine, queue_limits(model))
+
+
+def load_vllm_engine(model: ModelConfig) -> NodeEngine:
+    from regional_node.vllm_engine import VllmEngine
+
+    return VllmEngine.from_settings(model.path, model.engine, queue_limits(model))
+
+
+def queue_limits(model: ModelConfig) -> QueueLimits:
+    """The model's `queue` section, defaults resolved: both engines enforce it the same way."""
+    from regional_node.engine import QueueLimits
+
+    return QueueLimits(
+        max_waiting_tokens=model.queue_bounds(),
+        max_wait_s=model.queue.max_wait_s(),
+        max_retry_after_s=model.queue.max_retry_after_s,
+    )
 
 
 @dataclass
@@ -40,8 +64,7 @@ class ServedModel:
     """A loaded model and what requests need to know about it."""
 
     config: ModelConfig
-    engine: LLMEngine
-    runner: AsyncEngine
+    engine: NodeEngine
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -60,12 +83,12 @@ class ServedModel:
     def max_total_tokens(self) -> int:
         """Prompt plus output tokens one request may reach: the context window, or the KV pool
         if that is smaller (the engine refuses a request that could never fit in its pool)."""
-        pool_tokens = int(self.stats().get("kv_blocks_total", 0)) * int(self.engine.engine_config.block_size)
+        pool_tokens = int(self.stats().get("kv_blocks_total", 0)) * int(self.engine.kv_block_size)
         # The last generated token never needs a KV slot, hence + 1.
         return min(self.max_model_len, pool_tokens + 1) if pool_tokens else self.max_model_len
 
     def stats(self) -> dict[str, Any]:
-        return dict(self.runner.stats())
+        return dict(self.engine.stats())
 
 
 class ModelPool:
@@ -76,12 +99,10 @@ class ModelPool:
         models: list[ModelConfig],
         *,
         loader: EngineLoader = load_engine,
-        runner_factory: RunnerFactory | None = None,
         warmup: bool = True,
     ) -> None:
         self._configs = list(models)
         self._loader = loader
-        self._runner_factory = runner_factory or _async_engine
         self._warmup = warmup
         self._models: dict[str, ServedModel] = {}
         self.state: PoolState = "loading"
@@ -123,11 +144,14 @@ class ModelPool:
         configs = {}
         for name, model in self._models.items():
             engine = model.config.engine
+            stats = model.stats()
+            # The engine's own block size: the config may leave it to the engine (None).
+            block_size = engine.block_size if engine.block_size is not None else stats.get("block_size", "")
             configs[name] = {
-                "block_size": str(engine.block_size),
+                "block_size": str(block_size),
                 "cache_dtype": "auto",  # the KV cache takes the model's dtype, as vLLM's "auto"
                 "enable_prefix_caching": str(engine.enable_prefix_caching),
-                "num_gpu_blocks": str(model.stats().get("kv_blocks_total", "")),
+                "num_gpu_blocks": str(stats.get("kv_blocks_total", "")),
             }
         return configs
 
@@ -137,9 +161,8 @@ class ModelPool:
             for config in self._configs:
                 started = time.monotonic()
                 engine = await asyncio.to_thread(self._loader, config)
-                runner = self._runner_factory(engine, config)
-                await runner.start()
-                model = ServedModel(config=config, engine=engine, runner=runner)
+                await engine.start()
+                model = ServedModel(config=config, engine=engine)
                 self._models[config.name] = model
                 if self._warmup:
                     await _warm_up(model)
@@ -161,21 +184,10 @@ class ModelPool:
         self.state = "stopped"
         for model in list(self._models.values()):
             try:
-                await model.runner.shutdown()
+                await model.engine.shutdown()
             except Exception:
                 logger.exception("engine for %s did not shut down cleanly", model.name)
         logger.info("engines stopped")
-
-
-def _async_engine(engine: LLMEngine, config: ModelConfig) -> AsyncEngine:
-    from regional_node.engine import AsyncEngine, QueueLimits
-
-    limits = QueueLimits(
-        max_waiting_tokens=config.queue_bounds(),
-        max_wait_s=config.queue.max_wait_s(),
-        max_retry_after_s=config.queue.max_retry_after_s,
-    )
-    return AsyncEngine(engine, limits)
 
 
 async def _warm_up(model: ServedModel) -> None:
@@ -187,7 +199,7 @@ async def _warm_up(model: ServedModel) -> None:
     if not prompt:
         prompt = [0]
     params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
-    stream = model.runner.generate(
+    stream = model.engine.generate(
         prompt, params, request_id=f"warmup-{model.name}", tenant="meridian-warmup"
     )
     async for _ in stream:

@@ -57,7 +57,7 @@ def test_cuda_graphs_are_ignored_on_cpu(llama_dir: Path) -> None:
 
 
 def test_config_rejects_an_unknown_backend_and_a_non_boolean_graph_flag() -> None:
-    with pytest.raises(EngineConfigError, match="attention_backend must be one of torch, triton"):
+    with pytest.raises(EngineConfigError, match="attention_backend must be one of auto, torch, triton, vllm"):
         EngineConfig(attention_backend="flash")
     with pytest.raises(EngineConfigError, match="cuda_graphs must be true or false"):
         EngineConfig(cuda_graphs="yes")  # type: ignore[arg-type]

@@ -24,7 +24,7 @@ class FakeLLMEngine:
 
 
 class FakeRunner:
-    """AsyncEngine's surface. `script` decides each request's fate: "ok", "fail_mid", "abort"."""
+    """The NodeEngine surface. `script` decides each request's fate: "ok", "fail_mid", "abort"."""
 
     def __init__(self, engine: FakeLLMEngine, script: str = "ok", tokens: int = 4) -> None:
         self.engine = engine
@@ -33,6 +33,18 @@ class FakeRunner:
         self.aborted: list[str] = []
         self.started = False
         self.stopped = False
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def kv_block_size(self) -> int:
+        return self.engine.engine_config.block_size
 
     async def start(self) -> None:
         self.started = True

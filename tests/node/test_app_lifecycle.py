@@ -21,12 +21,13 @@ def _config() -> NodeConfig:
 
 def _app(script: str = "ok", loader: Callable[[ModelConfig], FakeLLMEngine] | None = None):  # type: ignore[no-untyped-def]
     runners: list[FakeRunner] = []
+    load = loader or (lambda _: FakeLLMEngine())
 
-    def runner_factory(engine: FakeLLMEngine, _: ModelConfig) -> FakeRunner:
-        runners.append(FakeRunner(engine, script))
+    def load_runner(config: ModelConfig) -> FakeRunner:
+        runners.append(FakeRunner(load(config), script))
         return runners[-1]
 
-    app = create_app(_config(), loader=loader or (lambda _: FakeLLMEngine()), runner_factory=runner_factory)  # type: ignore[arg-type]
+    app = create_app(_config(), loader=load_runner)  # type: ignore[arg-type]
     return app, runners
 
 

@@ -83,14 +83,23 @@ def kv_cache_bytes_per_block(
     return 2 * num_layers * block_size * num_kv_heads * head_dim * element
 
 
-def create_backend(name: str, device: torch.device) -> AttentionBackend:
+def create_backend(name: str, device: torch.device, *, block_size: int, head_dim: int) -> AttentionBackend:
+    """The backend called `name`; "auto" is the fastest one installed for this device and cache shape
+    (see `resolve_backend`)."""
     from regional_node.engine.config import ATTENTION_BACKENDS
     from regional_node.engine.errors import EngineConfigError
 
+    if name == "auto":
+        name = resolve_backend(device, block_size=block_size, head_dim=head_dim)
     if name == "torch":
         from regional_node.engine.attention.torch_backend import TorchAttentionBackend
 
         return TorchAttentionBackend()
+    if name == "vllm":
+        # Imported only here: vLLM's import alone takes seconds and pulls in torch's compiler.
+        from regional_node.engine.attention.vllm_backend import VllmAttentionBackend
+
+        return VllmAttentionBackend(device)
     if name == "triton":
         # Imported only here: a node on the torch backend never loads triton.
         try:
@@ -104,6 +113,33 @@ def create_backend(name: str, device: torch.device) -> AttentionBackend:
             ) from exc
         return TritonAttentionBackend(device)
     raise EngineConfigError(f"unknown attention_backend {name!r}; available: {', '.join(ATTENTION_BACKENDS)}")
+
+
+def resolve_backend(device: torch.device, *, block_size: int, head_dim: int) -> str:
+    """What "auto" means. CPU: vLLM's kernels when vLLM is installed and supports the cache shape
+    (block_size a multiple of 16, a head size its kernels have), else torch; measured faster than
+    torch on every shape the benchmark runs (benchmarks/engine_vs_vllm.py). CUDA: triton when
+    installed (its decode steps replay CUDA graphs), else vLLM's FlashAttention when the GPU build
+    is installed, else torch."""
+    import importlib.util
+
+    from regional_node.engine.attention.vllm_backend import unsupported_reason
+
+    has_vllm = importlib.util.find_spec("vllm") is not None
+    vllm_fits = has_vllm and unsupported_reason(device, block_size=block_size, head_dim=head_dim) is None
+    if device.type == "cuda":
+        if importlib.util.find_spec("triton") is not None:
+            return "triton"
+        return "vllm" if vllm_fits and _has_flash_attention() else "torch"
+    return "vllm" if vllm_fits else "torch"
+
+
+def _has_flash_attention() -> bool:
+    try:
+        from vllm.vllm_flash_attn import flash_attn_varlen_func  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def zeroed_kv_cache(

@@ -1,0 +1,314 @@
+"""`VllmEngine`: the node's NodeEngine over vLLM's V1 `AsyncLLM`.
+
+vLLM computes the tokens; everything the client sees of them is ours. Each request goes through
+our RequestIntake (the same validation, errors and continuation replay as our engine), vLLM
+generates token ids only (no tokenizer of its own, `skip_tokenizer_init`), and our output
+processor turns them into text, applies stop strings and decides the finish, exactly as on a node
+running our engine. So a stream broken on one engine continues on the other with identical text,
+and the gateway cannot tell them apart.
+
+What the gateway sends maps onto vLLM as: tier → priority (scheduling_policy "priority",
+interactive before batch); the tenant's cache salt → `cache_salt` (prefix-cache isolation);
+seed, temperature, top-p, top-k → vLLM's sampling (a seeded request is reproducible on vLLM, not
+across engines: the random draws differ); stop and EOS tokens → `stop_token_ids`; stop strings
+are matched here and end the vLLM request by abort; logprobs are vLLM's processed logprobs (after
+temperature and top-k/p, as ours); a continuation's tokens are appended to the prompt.
+
+The node's queue bounds (admission.py) apply unchanged: a request counts as waiting, per tier,
+from its arrival until vLLM's first output for it. /load and /metrics read vLLM's own scheduler
+stats (KV use, running and waiting requests, prefix-cache and preemption totals; stats.py).
+
+vLLM runs its engine core in a child process started with multiprocessing's spawn: the program
+that builds a VllmEngine needs the `if __name__ == "__main__"` guard.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from regional_node.engine import admission
+from regional_node.engine.admission import QueueLimits, QueueState
+from regional_node.engine.drain import DrainMeter
+from regional_node.engine.errors import EngineConfigError, EngineError, InvalidRequestError
+from regional_node.engine.kv_pool import DEFAULT_FRACTION, available_memory_bytes
+from regional_node.engine.output_processor import RequestState, append_token
+from regional_node.engine.outputs import FinishReason, RequestDelta
+from regional_node.engine.request_intake import RequestIntake
+from regional_node.engine.sampling_params import SamplingParams
+from regional_node.engine.sequence import PRIORITY_RANK
+from regional_node.engine.tokenizer import Tokenizer, checkpoint_eos_token_ids
+from regional_node.vllm_engine.stats import EngineTotals, stat_logger_factory
+
+if TYPE_CHECKING:
+    from regional_node.server.config import EngineSettings
+
+# Our engine's option names that mean something else (or nothing) to vLLM's engine.
+_OURS_ONLY = ("attention_backend", "cuda_graphs", "fairness_prompt_weight", "fairness_output_weight")
+
+
+def engine_args(path: str, settings: EngineSettings) -> dict[str, Any]:
+    """AsyncEngineArgs keyword arguments for a model's `engine:` settings. `options` are vLLM's own
+    engine arguments (tensor_parallel_size, gpu_memory_utilization, enforce_eager, ...)."""
+    options = dict(settings.options)
+    ours = sorted(set(options) & set(_OURS_ONLY))
+    if ours:
+        raise EngineConfigError(
+            f"engine option(s) {', '.join(ours)} are our engine's; with engine: vllm, vLLM picks its own kernels"
+        )
+    args: dict[str, Any] = {
+        "model": path,
+        # Prompts arrive as token ids and text is made here (our tokenizer, stop strings).
+        "skip_tokenizer_init": True,
+        "dtype": settings.dtype,
+        "max_num_seqs": settings.max_num_seqs,
+        "max_num_batched_tokens": settings.max_num_batched_tokens,
+        "enable_prefix_caching": settings.enable_prefix_caching,
+        "scheduling_policy": "priority",
+        "logprobs_mode": "processed_logprobs",
+        "disable_log_stats": False,  # the stats feed /load and /metrics
+    }
+    if settings.block_size is not None:
+        args["block_size"] = settings.block_size
+    if settings.num_kv_blocks is not None:
+        args["num_gpu_blocks_override"] = settings.num_kv_blocks
+    if settings.device == "cpu" and not {"kv_cache_memory_bytes", "gpu_memory_utilization"} & set(options):
+        # Our engine's CPU default (a share of the host's available memory). vLLM's own default
+        # reserves 92% of the host's total memory and refuses to start when less is free.
+        fraction = DEFAULT_FRACTION["cpu"]
+        args["kv_cache_memory_bytes"] = int(available_memory_bytes(torch.device("cpu")) * fraction)
+    return {**args, **options}
+
+
+class VllmEngine:
+    def __init__(
+        self,
+        llm: Any,
+        *,
+        path: Path,
+        limits: QueueLimits | None,
+        totals: EngineTotals,
+        drain: DrainMeter,
+    ) -> None:
+        """`llm`: a started vLLM AsyncLLM whose stat logger records into `totals` and `drain`
+        (see from_settings)."""
+        config = llm.vllm_config
+        self._llm = llm
+        self.limits = limits or QueueLimits()
+        self._tokenizer = Tokenizer.from_pretrained(path)
+        eos = self._tokenizer.eos_token_ids if self._tokenizer is not None else checkpoint_eos_token_ids(path)
+        self._max_model_len = int(config.model_config.max_model_len)
+        self._block_size = int(config.cache_config.block_size)
+        self._num_blocks = int(config.cache_config.num_gpu_blocks or 0)
+        self._intake = RequestIntake(
+            vocab_size=int(config.model_config.get_vocab_size()),
+            max_model_len=self._max_model_len,
+            tokenizer=self._tokenizer,
+            eos_token_ids=eos,
+            # Where a sampled request's generator would live; vLLM samples with its own.
+            device=torch.device("cpu"),
+        )
+        self.totals = totals
+        self.drain = drain
+        self._active: set[str] = set()
+        self._waiting: dict[str, int] = dict.fromkeys(PRIORITY_RANK, 0)
+        self._running = False
+        self._arrivals = itertools.count()
+
+    @classmethod
+    def from_settings(
+        cls, path: str | Path, settings: EngineSettings, limits: QueueLimits | None = None
+    ) -> VllmEngine:
+        """Start vLLM's engine for the checkpoint at `path` (blocking: loads the weights)."""
+        try:
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+        except ImportError as exc:
+            raise EngineConfigError(
+                "engine: vllm needs vLLM, which is not installed "
+                "(CPU: pip install 'meridian[vllm]'; GPU: pip install vllm)"
+            ) from exc
+        kwargs = engine_args(str(path), settings)
+        try:
+            args = AsyncEngineArgs(**kwargs)
+        except TypeError as exc:
+            raise EngineConfigError(f"engine: vllm: {exc}") from exc
+        # vLLM's stat logger exists before the VllmEngine does: both share these.
+        totals, drain = EngineTotals(), DrainMeter()
+        llm = AsyncLLM.from_engine_args(args, stat_loggers=[stat_logger_factory(totals, drain)])
+        return cls(llm, path=Path(path), limits=limits, totals=totals, drain=drain)
+
+    # -- NodeEngine -------------------------------------------------------------------------------
+    @property
+    def tokenizer(self) -> Tokenizer | None:
+        return self._tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    @property
+    def kv_block_size(self) -> int:
+        return self._block_size
+
+    async def start(self) -> None:
+        self._running = True
+
+    async def shutdown(self) -> None:
+        self._running = False
+        # Ends every request's vLLM stream (their consumers get an EngineError) and the child process.
+        self._llm.shutdown()
+
+    async def generate(
+        self,
+        prompt: list[int] | str,
+        params: SamplingParams,
+        *,
+        request_id: str | None = None,
+        tenant: str = "default",
+        priority: str = "interactive",
+        cache_salt: str | None = None,
+        continuation_token_ids: list[int] | None = None,
+    ) -> AsyncIterator[RequestDelta]:
+        if not self._running:
+            raise EngineError("the vLLM engine is not running")
+        request_id = request_id or uuid.uuid4().hex
+        if request_id in self._active:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
+        state, finish = self._intake.build(
+            request_id,
+            prompt,
+            params,
+            tenant=tenant,
+            priority=priority,
+            cache_salt=cache_salt,
+            continuation_token_ids=continuation_token_ids,
+            arrival=next(self._arrivals),
+        )
+        if finish is not None:  # the carried tokens already end it: nothing to generate
+            yield state.delta([], "", [], finish)
+            return
+        tokens = state.seq.num_prompt_tokens
+        admission.check(self.limits, self._queue_state(), priority, tokens)
+        self._active.add(request_id)
+        self._waiting[priority] += tokens
+        waiting, done = True, False
+        inputs: dict[str, Any] = {"prompt_token_ids": list(state.seq.token_ids)}
+        if cache_salt:
+            inputs["cache_salt"] = cache_salt
+        stream = self._llm.generate(inputs, _vllm_params(state), request_id, priority=PRIORITY_RANK[priority])
+        try:
+            async with contextlib.aclosing(stream):
+                async for output in stream:
+                    if waiting:
+                        self._waiting[priority] -= tokens
+                        waiting = False
+                    delta = _delta(state, output)
+                    done = delta.finished
+                    if delta.new_token_ids or done:
+                        yield delta
+                    if done:
+                        return
+        except EngineError:
+            raise
+        except Exception as exc:  # vLLM's engine died or refused the request
+            raise EngineError(f"vLLM: {exc!r}") from exc
+        finally:
+            if waiting:
+                self._waiting[priority] -= tokens
+            self._active.discard(request_id)
+            if not done:
+                with contextlib.suppress(Exception):
+                    await self._llm.abort(request_id)
+        raise EngineError("vLLM ended the request without a finish")
+
+    async def abort(self, request_id: str) -> None:
+        await self._llm.abort(request_id)
+
+    def _queue_state(self) -> QueueState:
+        # vLLM's stats come per logging interval, not per step: there is no step time to go by,
+        # so the estimate is the waiting tokens over the drain rate (admission.py's fallback).
+        return QueueState(dict(self._waiting), drain_tokens_per_s=self.drain.rate())
+
+    def stats(self) -> dict[str, Any]:
+        t = self.totals
+        drain = self.drain.rate()
+        waiting = dict(self._waiting)
+        query, hit = t.prefix_cache_query_tokens, t.prefix_cache_hit_tokens
+        return {
+            "kv_blocks_total": self._num_blocks,
+            "kv_blocks_used": round(t.kv_cache_usage * self._num_blocks),
+            "kv_cache_usage": t.kv_cache_usage,
+            "num_running": t.num_running,
+            "num_waiting": t.num_waiting,
+            "waiting_tokens": sum(waiting.values()),
+            "waiting_tokens_by_tier": waiting,
+            "drain_tokens_per_s": drain,
+            "num_preemptions": t.num_preemptions,
+            "prefix_cache_query_tokens": query,
+            "prefix_cache_hit_tokens": hit,
+            "prefix_cache_hit_rate": hit / query if query else 0.0,
+            "prompt_tokens_total": t.prompt_tokens_total,
+            "generation_tokens_total": t.generation_tokens_total,
+            "queue_bound_tokens": dict(self.limits.max_waiting_tokens),
+            "queue_wait_s": admission.estimated_wait_s(
+                sum(waiting.values()), drain, self.limits.max_retry_after_s
+            ),
+            "first_token_s_by_tier": {
+                tier: admission.first_token_s(self._queue_state(), tier, 0, self.limits.max_retry_after_s)
+                for tier in waiting
+            },
+            "block_size": self._block_size,
+        }
+
+
+def _vllm_params(state: RequestState) -> Any:
+    from vllm import SamplingParams as VllmSamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    p = state.params
+    return VllmSamplingParams(
+        max_tokens=p.max_tokens,
+        temperature=p.temperature,
+        top_p=p.top_p,
+        top_k=p.top_k,  # 0: off, in both
+        seed=p.seed,
+        # Our stop tokens (EOS unless ignore_eos, and stop_token_ids), so vLLM stops where we do.
+        ignore_eos=True,
+        stop_token_ids=sorted(state.stop_token_ids),
+        logprobs=0,
+        detokenize=False,
+        output_kind=RequestOutputKind.DELTA,
+    )
+
+
+def _delta(state: RequestState, output: Any) -> RequestDelta:
+    """vLLM's new tokens for one request, through our output processor, as one RequestDelta."""
+    completion = output.outputs[0]
+    if output.num_cached_tokens is not None:
+        state.seq.num_cached_prompt_tokens = int(output.num_cached_tokens)
+    ids: list[int] = []
+    text: list[str] = []
+    logprobs: list[float] = []
+    finish: FinishReason | None = None
+    for i, token in enumerate(completion.token_ids):
+        entry = completion.logprobs[i] if completion.logprobs else None
+        logprob = float(entry[token].logprob) if entry and token in entry else 0.0
+        step = append_token(state, token, logprob)
+        ids.extend(step.new_token_ids)
+        text.append(step.new_text)
+        logprobs.extend(step.new_logprobs)
+        if step.finished:
+            finish = step.finish_reason
+            break
+    if finish is None and output.finished:
+        # Every stop rule vLLM applies is also ours, so this is an abort (or a rule we lack).
+        reason = completion.finish_reason
+        finish = reason if reason in ("stop", "length") else "abort"
+    return state.delta(ids, "".join(text), logprobs, finish)

@@ -1,0 +1,198 @@
+"""A node with `engine: vllm` serves exactly the node API of one on our engine: the OpenAI SDK
+(streamed and not), auth, /load fed by vLLM's stats, client disconnect → abort, tenant cache salts,
+and a greedy stream broken on one engine continues on the other with identical tokens and text."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.node.conftest import Node
+from tests.node_vllm.conftest import MODEL, needs_vllm
+
+pytestmark = needs_vllm
+
+GREEDY: dict[str, Any] = {"temperature": 0, "extra_body": {"return_token_ids": True, "ignore_eos": True}}
+PROMPT = "Far across the sea"
+
+
+def completion(node: Node, max_tokens: int = 24, **extra: Any) -> tuple[list[int], str, str]:
+    with node.client() as client:
+        response = client.completions.create(
+            model=MODEL,
+            prompt=PROMPT,
+            max_tokens=max_tokens,
+            temperature=0,
+            extra_body={"return_token_ids": True, "ignore_eos": True, **extra},
+        )
+    choice = response.choices[0]
+    return choice.model_extra["token_ids"], choice.text, choice.finish_reason
+
+
+def stream_chat(
+    node: Node, max_tokens: int, headers: dict[str, str] | None = None, **extra: Any
+) -> tuple[list[tuple[list[int], str]], str | None]:
+    """(token ids, text) per content chunk, and the finish reason."""
+    chunks: list[tuple[list[int], str]] = []
+    finish = None
+    with node.client() as client:
+        for chunk in client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Tell a story"}],
+            max_tokens=max_tokens,
+            temperature=0,
+            stream=True,
+            extra_headers=headers,
+            extra_body={"return_token_ids": True, "ignore_eos": True, **extra},
+        ):
+            for choice in chunk.choices:
+                ids = (choice.model_extra or {}).get("token_ids") or []
+                if ids or choice.delta.content:
+                    chunks.append((ids, choice.delta.content or ""))
+                finish = choice.finish_reason or finish
+    return chunks, finish
+
+
+def test_sdk_completion_gives_our_engines_greedy_tokens_and_text(vllm_node: Node, our_node: Node) -> None:
+    ids, text, finish = completion(vllm_node)
+    assert (ids, text, finish) == completion(our_node)
+    assert len(ids) == 24 and finish == "length"
+
+
+def test_sdk_stream_gives_our_engines_chunks(vllm_node: Node, our_node: Node) -> None:
+    chunks, finish = stream_chat(vllm_node, 20)
+    assert finish == "length" and sum(len(ids) for ids, _ in chunks) == 20
+    ours, our_finish = stream_chat(our_node, 20)
+    assert our_finish == finish
+    assert [t for ids, _ in chunks for t in ids] == [t for ids, _ in ours for t in ids]
+    assert "".join(text for _, text in chunks) == "".join(text for _, text in ours)
+
+
+def test_stop_strings_logprobs_and_usage(vllm_node: Node, our_node: Node) -> None:
+    _, text, _ = completion(our_node)
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    with vllm_node.client() as client:
+        response = client.completions.create(
+            model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0, logprobs=1, stop=[stop]
+        )
+    choice = response.choices[0]
+    assert choice.finish_reason == "stop" and text.startswith(choice.text) and stop not in choice.text
+    assert choice.logprobs is not None and all(lp <= 0 for lp in choice.logprobs.token_logprobs)
+    assert response.usage.completion_tokens == len(choice.logprobs.token_logprobs)
+
+
+def test_a_seeded_sample_repeats_on_the_vllm_node(vllm_node: Node) -> None:
+    def sample() -> str:
+        with vllm_node.client() as client:
+            return (
+                client.completions.create(
+                    model=MODEL, prompt=PROMPT, max_tokens=12, temperature=1.0, seed=1234
+                )
+                .choices[0]
+                .text
+            )
+
+    assert sample() == sample()
+
+
+@pytest.mark.parametrize("direction", ["ours then vllm", "vllm then ours"])
+def test_a_stream_broken_on_one_engine_continues_on_the_other(
+    vllm_node: Node, our_node: Node, direction: str
+) -> None:
+    first, second = (our_node, vllm_node) if direction == "ours then vllm" else (vllm_node, our_node)
+    whole, finish = stream_chat(first, 24)
+    for k in (1, 7, len(whole) - 1):
+        carried = [t for ids, _ in whole[:k] for t in ids]
+        rest, rest_finish = stream_chat(second, 24 - len(carried), continuation_token_ids=carried)
+        assert [t for ids, _ in whole[:k] + rest for t in ids] == [t for ids, _ in whole for t in ids]
+        assert "".join(text for _, text in whole[:k] + rest) == "".join(text for _, text in whole)
+        assert rest_finish == finish == "length"
+
+
+def test_cache_salt_isolates_tenants_prefix_cache(vllm_node: Node) -> None:
+    """Same long prompt: reused within one tenant's salt, never across salts."""
+    prompt = "paged attention with block tables and prefix caching " * 8
+
+    def cached(salt: str) -> int:
+        with vllm_node.client() as client:
+            response = client.completions.create(
+                model=MODEL,
+                prompt=prompt,
+                max_tokens=2,
+                temperature=0,
+                extra_headers={"x-meridian-cache-salt": salt},
+            )
+        return response.usage.prompt_tokens_details.cached_tokens
+
+    assert cached("tenant-a") == 0
+    assert cached("tenant-b") == 0
+    assert cached("tenant-a") > 0
+
+
+def test_auth_health_and_unknown_model(vllm_node: Node) -> None:
+    assert httpx.get(f"{vllm_node.url}/health", timeout=5).status_code == 200
+    assert httpx.get(f"{vllm_node.url}/ready", timeout=5).status_code == 401
+    with openai.OpenAI(base_url=f"{vllm_node.url}/v1", api_key="wrong", max_retries=0) as client:
+        with pytest.raises(openai.AuthenticationError):
+            client.completions.create(model=MODEL, prompt="hi", max_tokens=2)
+    with vllm_node.client() as client, pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt="hi", max_tokens=2)
+
+
+async def test_load_moves_under_load_and_returns_to_idle(vllm_node: Node) -> None:
+    def busy(load: dict[str, Any]) -> bool:
+        return load["num_running"] > 0 and load["kv_blocks_used"] > 0
+
+    async def one(client: openai.AsyncOpenAI, i: int) -> None:
+        await client.completions.create(
+            model=MODEL,
+            prompt=f"{i} {PROMPT}",
+            max_tokens=200,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+
+    seen: list[dict[str, Any]] = []
+    async with vllm_node.async_client() as client:
+        requests = asyncio.gather(*(one(client, i) for i in range(6)))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (seen and busy(seen[-1])):
+            seen.append(await asyncio.to_thread(vllm_node.load))
+            await asyncio.sleep(0.05)
+        await requests
+    assert seen and busy(seen[-1]), seen[-1:]
+    model = seen[-1]["per_model"][MODEL]
+    assert 0 < model["kv_cache_usage"] <= 1 and model["kv_blocks_total"] > 0
+    idle = _wait_for(vllm_node, lambda load: load["num_running"] == 0 and load["kv_blocks_used"] == 0)
+    assert idle["per_model"][MODEL]["drain_tokens_per_s"] >= 0
+
+
+def test_client_disconnect_aborts_the_vllm_request(vllm_node: Node) -> None:
+    with httpx.Client(base_url=vllm_node.url, headers=vllm_node.headers, timeout=30) as http:
+        body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 900, "stream": True, "ignore_eos": True}
+        with http.stream("POST", "/v1/completions", json=body) as response:
+            assert response.status_code == 200
+            lines = response.iter_lines()
+            while not next(lines).startswith("data: "):
+                pass
+            _wait_for(vllm_node, lambda load: load["num_running"] == 1)
+    # Generating 900 tokens takes far longer than this: only an abort frees the request this soon.
+    idle = _wait_for(vllm_node, lambda load: load["num_running"] == 0 and load["kv_blocks_used"] == 0)
+    assert idle["num_waiting"] == 0
+    metrics = httpx.get(f"{vllm_node.url}/metrics", headers=vllm_node.headers, timeout=5).text
+    assert 'outcome="disconnected"' in metrics
+
+
+def _wait_for(node: Node, condition: Any, timeout: float = 30.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    load = node.load()
+    while not condition(load) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        load = node.load()
+    assert condition(load), load
+    return load
