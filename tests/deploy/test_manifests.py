@@ -29,6 +29,7 @@ import yaml
 from gateway.app import build_gateway
 from gateway.config import config_from_dict
 from gateway.discovery import ConsulRegionDirectory
+from gateway.ledger.config import PostgresStoreConfig
 from regional_node.cli import build_parser as node_parser
 from regional_node.server.config import convert_config
 from tests.deploy.conftest import DEPLOY, OVERLAYS, REGIONS, find, render
@@ -45,6 +46,7 @@ SECRETS = {
     "meridian-node-token": {"token"},
     "meridian-redis": {"password"},
     "meridian-consul-token": {"gateway", "node"},
+    "meridian-ledger": {"dsn"},
 }
 # Volume types the restricted Pod Security Standard allows.
 RESTRICTED_VOLUMES = {
@@ -214,15 +216,18 @@ def test_gateway_config_is_rendered_with_the_redis_password_and_builds_a_gateway
         and unquote(urlsplit(config.quota.redis_url).password or "") == password
     )
     # With the rendered tenant policies in place of the mounted ConfigMap: the gateway builds
-    # (policies load and validate, the Consul directory and the Redis quota store are built).
+    # (policies load and validate, the Consul directory, the Redis quota store and the PostgreSQL
+    # ledger are built; nothing connects yet).
     policies = tmp_path / "policies"
     policies.mkdir()
     for name, text in find(objects, "ConfigMap", "meridian-policies")["data"].items():
         (policies / name).write_text(text, encoding="utf-8")
     gateway = build_gateway(
-        msgspec.structs.replace(config, policies=str(policies)), env={"MERIDIAN_NODE_TOKEN": "t"}
+        msgspec.structs.replace(config, policies=str(policies)),
+        env={"MERIDIAN_NODE_TOKEN": "t", "MERIDIAN_LEDGER_DSN": "postgresql://ledger.invalid/meridian"},
     )
     assert isinstance(gateway.directory, ConsulRegionDirectory)
+    assert isinstance(config.ledger.store, PostgresStoreConfig) and gateway.ledger is not None
     assert {tenant.tenant_id for tenant in gateway.policies.current()} >= {"acme-eu", "initech-us"}
 
 
