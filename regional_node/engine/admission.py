@@ -15,7 +15,8 @@ The time to first token (`first_token_s`) has two parts:
   costs more as the batch grows (on a CPU above all), so this part grows with load even while
   nothing waits: that is what a spike does first, before any queue forms.
 Without a measured step time (an engine that has not stepped lately) the steps part falls back to
-the tokens ahead over the measured drain rate (drain.py).
+the tokens ahead over the measured drain rate (drain.py). An idle engine (nothing running, nothing
+waiting) estimates 0: it cannot serve a request sooner, so no limit should turn one away.
 
 The refusal carries a Retry-After: for the token bound, the seconds the engine needs, at its drain
 rate, to work the queue down far enough to admit the request; for the wait limit, the seconds the
@@ -58,6 +59,7 @@ class QueueState:
     step_tokens: int = 0  # max_num_batched_tokens; 0: unknown
     free_slots: int | None = None  # max_num_seqs minus running sequences; None: not limited
     finish_rate: float = 0.0  # requests finished per second lately (drain.py)
+    running: int = 0  # sequences running now
 
 
 def tokens_ahead(waiting: Mapping[str, int], tier: str) -> int:
@@ -80,6 +82,10 @@ def first_token_s(state: QueueState, tier: str, num_tokens: int, unknown_s: floa
     rank = PRIORITY_RANK[tier]
     requests_ahead = sum(n for other, n in state.waiting_requests.items() if PRIORITY_RANK[other] <= rank)
     ahead = tokens_ahead(state.waiting_tokens, tier)
+    if state.running == 0 and requests_ahead == 0 and ahead == 0:
+        # An idle engine: nothing to wait behind, and its first token is as fast as it gets, so
+        # no wait limit should refuse it (however slow the last steps were on a busy machine).
+        return 0.0
     slot_s = 0.0
     if state.free_slots is not None:
         short = requests_ahead + 1 - state.free_slots

@@ -207,6 +207,7 @@ class AsyncEngine:
             if max_seqs is None
             else max(int(max_seqs) - int(published.get("num_running", 0)), 0),
             finish_rate=drain.finish_rate(),
+            running=int(published.get("num_running", 0)),
         )
 
     def _num_tokens(self, tokens: list[int] | str | None) -> int:

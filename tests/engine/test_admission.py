@@ -92,19 +92,31 @@ def test_tokens_ahead_and_the_estimated_wait_follow_tier_priority() -> None:
 def test_the_time_to_first_token_is_the_step_in_progress_plus_the_prefill_steps_at_the_recent_step_time() -> (
     None
 ):
-    state = QueueState({"interactive": 0, "batch": 0}, step_s=0.05, step_tokens=256, free_slots=4)
+    state = QueueState({"interactive": 0, "batch": 0}, step_s=0.05, step_tokens=256, free_slots=4, running=2)
     # Nothing ahead: the step in progress, then one step with its prompt.
     assert first_token_s(state, "interactive", 40, 60) == pytest.approx(0.1)
     # 600 interactive tokens ahead plus its own 40: three prefill steps after the current one.
-    ahead = QueueState({"interactive": 600, "batch": 10**6}, step_s=0.05, step_tokens=256, free_slots=4)
+    ahead = QueueState(
+        {"interactive": 600, "batch": 10**6}, step_s=0.05, step_tokens=256, free_slots=4, running=2
+    )
     assert first_token_s(ahead, "interactive", 40, 60) == pytest.approx(0.2)
     # The same queue at twice the step time (a bigger batch): twice the wait, with nothing more waiting.
-    slower = QueueState({"interactive": 600, "batch": 0}, step_s=0.1, step_tokens=256, free_slots=4)
+    slower = QueueState(
+        {"interactive": 600, "batch": 0}, step_s=0.1, step_tokens=256, free_slots=4, running=2
+    )
     assert first_token_s(slower, "interactive", 40, 60) == pytest.approx(0.4)
+    # Idle (nothing running or waiting): 0, however slow the last steps were.
+    idle = QueueState({"interactive": 0, "batch": 0}, step_s=0.5, step_tokens=256, free_slots=4)
+    assert first_token_s(idle, "interactive", 40, 60) == 0.0
 
 
 def test_without_a_free_slot_a_request_also_waits_for_running_ones_to_finish() -> None:
-    base = {"waiting_tokens": {"interactive": 10, "batch": 10}, "step_s": 0.05, "step_tokens": 256}
+    base = {
+        "waiting_tokens": {"interactive": 10, "batch": 10},
+        "step_s": 0.05,
+        "step_tokens": 256,
+        "running": 4,
+    }
     # One interactive request waits and no slot is free: two must finish, at 4 per second.
     full = QueueState(**base, waiting_requests={"interactive": 1, "batch": 1}, free_slots=0, finish_rate=4.0)
     assert first_token_s(full, "interactive", 10, 60) == pytest.approx(0.5 + 0.1)
@@ -120,9 +132,9 @@ def test_without_a_free_slot_a_request_also_waits_for_running_ones_to_finish() -
 
 def test_a_wait_limit_refuses_on_the_step_time_estimate_even_with_an_empty_queue() -> None:
     limits = QueueLimits(max_wait_s={"interactive": 0.15}, max_retry_after_s=30)
-    quick = QueueState({"interactive": 0, "batch": 0}, step_s=0.05, step_tokens=256, free_slots=8)
+    quick = QueueState({"interactive": 0, "batch": 0}, step_s=0.05, step_tokens=256, free_slots=8, running=1)
     check_state(limits, quick, "interactive", 40)  # 0.1 s
-    busy = QueueState({"interactive": 0, "batch": 0}, step_s=0.1, step_tokens=256, free_slots=8)
+    busy = QueueState({"interactive": 0, "batch": 0}, step_s=0.1, step_tokens=256, free_slots=8, running=1)
     with pytest.raises(QueueFullError) as caught:
         check_state(limits, busy, "interactive", 40)  # 0.2 s: the batch has grown
     assert (caught.value.reason, caught.value.retry_after_s) == ("queue_wait", 1)

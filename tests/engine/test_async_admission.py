@@ -162,25 +162,32 @@ async def wait_idle(engine: AsyncEngine) -> None:
 async def test_a_wait_limit_refuses_on_the_recent_step_time_with_nothing_waiting(
     long_context_checkpoint: Path,
 ) -> None:
-    """Idle, the engine has no recent step to go by and admits; right after serving, the estimate
-    is at least two of its recent steps, past a limit shorter than one step: refused, taking
-    nothing, while batch (no limit) is still admitted."""
-    llm = LLMEngine.from_pretrained(long_context_checkpoint, max_num_seqs=4, num_kv_blocks=200)
+    """Idle, the engine admits whatever its last steps took; busy (a request decoding, nothing
+    waiting), the estimate is at least two of its recent steps, past a limit shorter than one
+    step: refused, taking nothing, while batch (no limit) is still admitted."""
+    llm = LLMEngine.from_pretrained(long_context_checkpoint, max_num_seqs=4, num_kv_blocks=1400)
     engine = AsyncEngine(llm, QueueLimits(max_wait_s={"interactive": 1e-6}))
     await engine.start()
     try:
         assert engine.stats()["first_token_s_by_tier"] == {"interactive": 0.0, "batch": 0.0}
         served = [d async for d in engine.generate(prompt(1), SHORT, priority="interactive")]
         assert served[-1].finished
+        # Idle again, with recent steps on record: still admitted (nothing to wait behind).
+        assert engine.stats()["first_token_s_by_tier"]["interactive"] == 0.0
+        again = [d async for d in engine.generate(prompt(2), SHORT, priority="interactive")]
+        assert again[-1].finished
 
+        holder = await hold(engine)
         stats = engine.stats()
+        assert stats["num_waiting"] == 0 and stats["num_running"] == 1
         assert stats["first_token_s_by_tier"]["interactive"] >= 2 * llm.drain.step_time_s() > 0
         with pytest.raises(QueueFullError) as caught:
-            await anext(engine.generate(prompt(2), SHORT, priority="interactive"))
+            await anext(engine.generate(prompt(3), SHORT, priority="interactive"))
         assert (caught.value.tier, caught.value.reason) == ("interactive", "queue_wait")
         assert caught.value.retry_after_s >= 1
-        assert engine.stats()["num_waiting"] == 0 and llm.prompt_tokens_total == PROMPT
-        batch = [d async for d in engine.generate(prompt(3), SHORT, priority="batch")]
+        assert engine.stats()["num_waiting"] == 0 and llm.prompt_tokens_total == 2 * PROMPT + 3
+        batch = [d async for d in engine.generate(prompt(4), SHORT, priority="batch")]
         assert batch[-1].finished
+        await holder.aclose()
     finally:
         await engine.shutdown()
