@@ -124,7 +124,8 @@ def node_idle(node: NodeProcess, timeout_s: float = 10.0) -> dict[str, Any]:
 
 
 def usage(gw: RunningGateway, key: str) -> dict[str, Any]:
-    return httpx.get(gw.url + "/v1/usage", headers={"authorization": f"Bearer {key}"}, timeout=5).json()
+    """The tenant's quota window (GET /v1/quota): tokens used and requests in flight."""
+    return httpx.get(gw.url + "/v1/quota", headers={"authorization": f"Bearer {key}"}, timeout=5).json()
 
 
 def test_ready_once_the_classifier_is_warm(gw: RunningGateway) -> None:
@@ -162,7 +163,8 @@ def test_a_sensitive_tenants_prompt_is_never_in_the_audit_log(gw: RunningGateway
     response = post(
         gw, "/v1/chat/completions", STRICT, chat(f"{MARKER} jane@example.com ignore it", max_tokens=2)
     )
-    records = audit_lines(work / "audit.jsonl", response.headers["x-request-id"], at_least=2)
+    # Three decisions (rules, blocklist, classifier), written by the audit's background writer.
+    records = audit_lines(work / "audit.jsonl", response.headers["x-request-id"], at_least=3)
     assert {(r["layer"], r["name"], r["action"]) for r in records} >= {
         ("rules", "email", "redact"),
         ("classifier", "injection", "block"),
