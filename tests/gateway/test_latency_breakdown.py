@@ -5,6 +5,7 @@ meridian_gateway_overhead_seconds."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -119,6 +120,10 @@ def test_overhead_histogram_counts_every_request_and_stays_below_the_total(gw: R
         httpx.post(gw.url + "/v1/chat/completions", json=chat_body(stream=False), headers=HEADERS, timeout=30)
         streamed(gw, chat_body(stream=True))
     assert count("false") == before["false"] + 3
+    # A stream is recorded as its response closes, which may come just after the client's last read.
+    deadline = time.monotonic() + 10
+    while count("true") < before["true"] + 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
     assert count("true") == before["true"] + 3
     for stream in ("true", "false"):
         overhead = gw.metric("meridian_gateway_overhead_seconds_sum", model="meridian-small", stream=stream)
