@@ -241,12 +241,19 @@ class VllmEngine:
         drain = self.drain.rate()
         waiting = dict(self._waiting)
         query, hit = t.prefix_cache_query_tokens, t.prefix_cache_hit_tokens
+        # vLLM sends its scheduler stats with each engine step's output, so they are as of the
+        # last step: an abort that leaves the engine idle runs no further step, and the stats
+        # would say forever that the aborted request runs. Our own in-flight requests bound them
+        # (an idle engine holds no KV blocks: freed prefix-cache blocks count as free in vLLM).
+        in_flight = len(self._active)
+        running = min(t.num_running, in_flight)
+        usage = t.kv_cache_usage if in_flight else 0.0
         return {
             "kv_blocks_total": self._num_blocks,
-            "kv_blocks_used": round(t.kv_cache_usage * self._num_blocks),
-            "kv_cache_usage": t.kv_cache_usage,
-            "num_running": t.num_running,
-            "num_waiting": t.num_waiting,
+            "kv_blocks_used": round(usage * self._num_blocks),
+            "kv_cache_usage": usage,
+            "num_running": running,
+            "num_waiting": min(t.num_waiting, in_flight - running),
             "waiting_tokens": sum(waiting.values()),
             "waiting_tokens_by_tier": waiting,
             "drain_tokens_per_s": drain,

@@ -25,7 +25,7 @@ needs_vllm = pytest.mark.skipif(
 
 MODEL = "tiny"
 TOKEN = "vllm-node-token"
-NUM_KV_BLOCKS = 64  # vLLM's CPU blocks hold 32 tokens here (its default block size is 128)
+NUM_KV_BLOCKS = 160  # vLLM's CPU blocks hold 32 tokens here (its default block size is 128)
 BLOCK_SIZE = 32
 
 
@@ -37,7 +37,8 @@ def checkpoint32(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _config(folder: Path, checkpoint: Path, port: int, engine: str) -> Path:
-    options = "{enforce_eager: true, max_model_len: 1024}" if engine == "vllm" else "{max_model_len: 1024}"
+    # Room for the disconnect test's long generation (the tiny Llama has 4096 positions).
+    options = "{enforce_eager: true, max_model_len: 4096}" if engine == "vllm" else "{max_model_len: 4096}"
     config = folder / f"{engine}.yaml"
     config.write_text(
         f"""
