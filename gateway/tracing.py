@@ -10,6 +10,8 @@ nothing per request. One trace per call:
     ├── admission             the gateway's load admission (it may queue, or degrade the model)
     ├── quota.admit
     ├── route                 meridian.route.targets
+    ├── escalation            `auto` on the small tier: its first K tokens judged (meridian.escalated,
+    │                         meridian.escalation.verdict); an escalation's route and attempts inside
     ├── attempt {target}      CLIENT, one per target tried: meridian.target, meridian.region,
     │   └── chat {model}        meridian.outcome; its traceparent goes to the node, whose span
     │       ├── queue           (regional_node/server/tracing.py) holds the engine's timings
@@ -248,6 +250,23 @@ class TracedPipeline(RequestPipeline):
             if targets:
                 span.set_attribute("meridian.route.reason", targets[0].reason)
             return targets
+
+    async def _cascade(
+        self, ctx: CallContext, plan: RequestPlan, opened: OpenedStream
+    ) -> tuple[RequestPlan, OpenedStream]:
+        call = ctx.trace
+        with self._span("escalation", ctx) as span:
+            token = (
+                _current.set((call, span)) if isinstance(call, CallTrace) and span.is_recording() else None
+            )
+            try:
+                plan, opened = await super()._cascade(ctx, plan, opened)
+            finally:
+                if token is not None:
+                    _current.reset(token)
+            span.set_attribute("meridian.escalated", ctx.escalation is not None)
+            span.set_attribute("meridian.escalation.verdict", ctx.route_prefix)
+        return plan, opened
 
     async def _settle(self, admission: Admission, served_tokens: int, event: bytes | None) -> None:
         with self._span("quota.settle"):

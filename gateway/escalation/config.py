@@ -7,6 +7,7 @@ auto:
     weights: {prompt_per_1k: 0.5, max_tokens_per_1k: 0.4, code: 0.5, math: 0.5, reasoning: 0.6, ...}
   length: {large_above_tokens: 2048, interactive_long_output: 512}
   escalation:                 # router/confidence.py; a tenant's policy `escalation:` overrides these
+    enabled: true             # the cascade (gateway/escalation/cascade.py); false: no escalation
     threshold: -2.5           # escalate when the confidence score is below this
     k_tokens: 8               # the first K tokens are judged (and held back on streams)
     window: 4                 # W of the sliding-window minimum
@@ -73,6 +74,7 @@ class LengthSection(_Section):
 
 
 class EscalationSection(_Section):
+    enabled: bool = True  # false: `auto` requests are served by the tier they start on
     threshold: float = _DEFAULT_CONFIDENCE.threshold
     k_tokens: Annotated[int, msgspec.Meta(ge=1, le=MAX_K_TOKENS)] = _DEFAULT_CONFIDENCE.k_tokens
     window: PositiveInt = _DEFAULT_CONFIDENCE.window
@@ -83,7 +85,9 @@ class EscalationSection(_Section):
             raise ValueError("window: must be at most k_tokens")
 
     def to_router(self) -> ConfidenceRule:
-        return ConfidenceRule(**msgspec.structs.asdict(self))
+        return ConfidenceRule(
+            threshold=self.threshold, k_tokens=self.k_tokens, window=self.window, mean_weight=self.mean_weight
+        )
 
 
 class ThrashSection(_Section):

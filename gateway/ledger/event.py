@@ -23,7 +23,7 @@ class UsageEvent(msgspec.Struct, kw_only=True, frozen=True):
     jurisdiction: str = "-"
     upstream: str = "-"  # node id or provider id
     route_reason: str = "-"
-    status: str  # ok | failed | stream_error | incomplete
+    status: str  # ok | failed | stream_error | incomplete | escalated (the small tier's part)
     stream: bool = False
     prompt_tokens: int = 0  # cached ones included, as OpenAI counts them
     cached_tokens: int = 0
@@ -45,12 +45,25 @@ class UsageEvent(msgspec.Struct, kw_only=True, frozen=True):
 
 _ENCODER = msgspec.json.Encoder()
 _DECODER = msgspec.json.Decoder(UsageEvent)
+# One settlement's entry: one event, or several settled together (an escalated `auto` request's
+# small-tier attempt beside its answer) as a JSON array, so they are written or lost together.
+_ENTRY_DECODER = msgspec.json.Decoder(UsageEvent | list[UsageEvent])
 
 
 def encode_event(event: UsageEvent) -> bytes:
     return _ENCODER.encode(event)
 
 
+def encode_events(events: list[UsageEvent]) -> bytes:
+    return _ENCODER.encode(events[0] if len(events) == 1 else events)
+
+
 def decode_event(data: bytes | str) -> UsageEvent:
     """msgspec.DecodeError / ValidationError for a malformed entry."""
     return _DECODER.decode(data)
+
+
+def decode_events(data: bytes | str) -> list[UsageEvent]:
+    """The events of one entry (encode_event's or encode_events'); errors as decode_event."""
+    decoded = _ENTRY_DECODER.decode(data)
+    return decoded if isinstance(decoded, list) else [decoded]

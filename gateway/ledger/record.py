@@ -11,6 +11,9 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
+import msgspec
+
+from gateway.escalation.cascade import Escalated
 from gateway.ledger.event import UsageEvent
 from gateway.ledger.prices import PriceTable
 from gateway.request.context import CallContext
@@ -71,7 +74,7 @@ def usage_event(
         region=target.region if target is not None else "-",
         jurisdiction=target.jurisdiction if target is not None else "-",
         upstream=upstream,
-        route_reason=target.reason if target is not None else "-",
+        route_reason=ctx.route_prefix + target.reason if target is not None else "-",
         status=status,
         stream=stream,
         prompt_tokens=prompt,
@@ -90,4 +93,41 @@ def usage_event(
         continuations=continuations,
         degraded=degraded,
         safety=ctx.safety is not None and ctx.safety.changed,
+    )
+
+
+# The small tier's event of an escalated request: its request id is the call's with this suffix.
+ESCALATED_SUFFIX = ":small"
+
+
+def escalated_event(served: UsageEvent, escalated: Escalated, prices: PriceTable) -> UsageEvent:
+    """What an escalated `auto` request used on the small tier before the cascade aborted it, as
+    its own event beside the large tier's `served` one (same tenant, key, time): each tier's
+    tokens and cost count on its own model. Its prompt tokens are the gateway's estimate (the
+    aborted stream reports no usage); its completion tokens are exact."""
+    target = escalated.target
+    prompt, completion = escalated.prompt_tokens, escalated.completion_tokens
+    return msgspec.structs.replace(
+        served,
+        request_id=served.request_id + ESCALATED_SUFFIX,
+        model=escalated.model,
+        region=target.region,
+        jurisdiction=target.jurisdiction,
+        upstream=target.target_id,
+        route_reason=f"auto:small->large;{escalated.reason}",
+        status="escalated",
+        prompt_tokens=prompt,
+        cached_tokens=0,
+        completion_tokens=completion,
+        usage_estimated=True,
+        cost_usd=prices.price(escalated.model, target.target_id).cost_usd(prompt, 0, completion),
+        gateway_overhead_ms=None,
+        ttft_ms=None,
+        queue_wait_ms=None,
+        prefill_ms=None,
+        decode_ms=None,
+        retries=0,
+        continuations=0,
+        degraded=False,
+        safety=False,
     )

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from gateway.ledger.event import UsageEvent, decode_event
+from gateway.ledger.event import UsageEvent, decode_events
 from gateway.ledger.source import Delivery, EventSource
 from gateway.ledger.store.interface import LedgerStore
 
@@ -75,7 +75,7 @@ class LedgerWorker:
         events = []
         for delivery in deliveries:
             try:
-                events.append(decode_event(delivery.data))
+                events.extend(decode_events(delivery.data))
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 # Acknowledged with the batch: a poison entry must not block the stream forever.
                 self.stats.malformed += 1

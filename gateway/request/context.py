@@ -11,6 +11,7 @@ from gateway.safety.guard import CallSafety
 from router.types import Target, TenantPolicy
 
 if TYPE_CHECKING:
+    from gateway.escalation.cascade import Escalated
     from gateway.tracing import CallTrace
 
 
@@ -45,6 +46,8 @@ class CallContext:
     retries: int = 0  # targets that failed before `target` answered
     # Leads x-meridian-route for a `model: auto` request: `auto:small;classifier=0.34<1.00;`.
     route_prefix: str = ""
+    # What the small tier used of an `auto` request the confidence cascade escalated.
+    escalation: Escalated | None = None
 
     def __post_init__(self) -> None:
         self.headers["x-request-id"] = self.request_id

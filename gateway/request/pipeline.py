@@ -27,11 +27,13 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 from gateway.admission import AdmissionController, Ticket
+from gateway.admission.errors import Overloaded
 from gateway.config import GatewayConfig
 from gateway.escalation import ThrashGuard
-from gateway.ledger.event import encode_event
+from gateway.escalation.cascade import Escalated, probe, release
+from gateway.ledger.event import encode_events
 from gateway.ledger.prices import PriceTable
-from gateway.ledger.record import api_key_id, usage_event
+from gateway.ledger.record import api_key_id, escalated_event, usage_event
 from gateway.metrics import GatewayMetrics
 from gateway.policy import PolicyStore
 from gateway.quota.interface import Admission, QuotaGate
@@ -41,16 +43,17 @@ from gateway.request.errors import NoRouteError
 from gateway.request.plan import RequestPlan, plan_request
 from gateway.runtime.tasks import run_shielded
 from gateway.safety.guard import CallSafety, SafetyGuard
+from gateway.streaming.collect import collect
 from gateway.streaming.continuation import Continue, Stop, decide
 from gateway.streaming.relay import StreamRelay, error_event
 from gateway.streaming.served import ServedStream
-from gateway.upstreams.base import Endpoint
+from gateway.upstreams.base import Endpoint, UpstreamError
 from gateway.upstreams.errors import UpstreamRejected, UpstreamsExhausted
 from gateway.upstreams.failover import Forwarder, OpenedStream
 from gateway.upstreams.fleet import Fleet
 from protocol import AuthenticationError, ChatCompletionRequest, CompletionRequest
 from protocol.timing import TIMINGS_FIELD, timing_from_wire
-from router import AUTO_MODEL, auto_family, route
+from router import AUTO_MODEL, auto_family, escalation_model, judge, route, rule_for
 from router.types import CatalogModel, RouteRequest, Target, TenantPolicy
 
 logger = logging.getLogger(__name__)
@@ -103,23 +106,18 @@ class RequestPipeline:
         try:
             targets = self._route(ctx, plan)
             async with LeaseKeeper(self._quota, admission):
-                since = time.monotonic()
-                try:
-                    target, result, attempts = await safety.while_checking_input(
-                        self._failover.complete(
-                            targets,
-                            endpoint,
-                            lambda t: plan.body_for(t, stream=False),
-                            self._node_headers(ctx),
-                        )
+                if plan.cascade is not None:
+                    plan, target, result, attempts = await safety.while_checking_input(
+                        self._complete_by_stream(ctx, plan, targets)
                     )
-                finally:
-                    ctx.latency.waited_since(since)
+                else:
+                    target, result, attempts = await safety.while_checking_input(
+                        self._complete_once(ctx, plan, targets)
+                    )
                 await safety.input_verdict()
-            ctx.latency.answered(timing_from_wire(result.pop(TIMINGS_FIELD, None)))
             ctx.served_by(target, attempts, self._fleet.route_label(target))
             usage = result.get("usage") or {}
-            served_tokens = int(usage.get("total_tokens") or plan.estimated_tokens)
+            served_tokens = int(usage.get("total_tokens") or plan.estimated_tokens) + _wasted(ctx)
             self._count_tokens(ctx, usage)
             result["model"] = target.model
             if not plan.wants_token_ids:
@@ -135,7 +133,7 @@ class RequestPipeline:
             status = "failed" if usage is None else "ok"
             fallback = (plan.prompt_tokens_estimate, 0) if usage == {} else (0, 0)
             event = self._usage_event(ctx, plan, usage or None, status, fallback=fallback, stream=False)
-            await self._settle(admission, served_tokens, event)
+            await self._settle(admission, served_tokens or _wasted(ctx), event)
 
     async def stream(
         self, ctx: CallContext, endpoint: Endpoint, request: ParsedRequest, body: dict[str, Any]
@@ -158,22 +156,15 @@ class RequestPipeline:
             owned.push_async_callback(settle)
             owned.callback(ticket.release)
             await owned.enter_async_context(LeaseKeeper(self._quota, admission))
-            targets = self._route(ctx, plan)
-            since = time.monotonic()
-            try:
-                opened = await safety.while_checking_input(
-                    self._failover.open_stream(
-                        targets, endpoint, lambda t: plan.body_for(t, stream=True), self._node_headers(ctx)
-                    )
-                )
-            finally:
-                ctx.latency.waited_since(since)
+            opened = await safety.while_checking_input(self._open(ctx, plan, self._route(ctx, plan)))
             try:
                 await safety.input_verdict()  # no byte reaches the client before the input passed
             except BaseException:
                 await opened.aclose()  # the node aborts the request and frees its KV blocks
                 raise
             ticket.release()  # the first chunk is here: the prompt has left the node's queue
+            if plan.cascade is not None:
+                plan, opened = await self._cascade(ctx, plan, opened)
             relay = StreamRelay(opened, plan, ctx.latency)
             owned.push_async_callback(relay.aclose)
         except BaseException as exc:
@@ -231,9 +222,134 @@ class RequestPipeline:
                 self._metrics.auto_decisions, tenant.tenant_id, plan.auto.tier, plan.auto.rule
             ).inc()
             ctx.route_prefix = f"auto:{plan.auto.tier};{plan.auto.reason};"
+            plan = self._with_cascade(plan, tenant)
         ctx.model = plan.model.name
         ctx.headers["x-meridian-model"] = plan.model.name
         return plan
+
+    def _with_cascade(self, plan: RequestPlan, tenant: TenantPolicy) -> RequestPlan:
+        """An `auto` request that starts on the small tier is judged on its first tokens, if the
+        cascade is on, the tenant may use a large model, and it asks for one answer (n = 1)."""
+        settings = self._config.auto.escalation
+        if not settings.enabled or plan.auto is None or plan.model.tier != "small" or plan.n != 1:
+            return plan
+        large = escalation_model(tenant, self._catalog)
+        if large is None:
+            return plan
+        rule = rule_for(settings.to_router(), tenant.escalation)
+        return dataclasses.replace(plan, cascade=rule, escalate_to=large)
+
+    async def _cascade(
+        self, ctx: CallContext, plan: RequestPlan, opened: OpenedStream
+    ) -> tuple[RequestPlan, OpenedStream]:
+        """The confidence cascade (gateway/escalation/cascade.py): the small model's first K tokens
+        are read and held; it keeps the request (the held tokens go out first), or the large model
+        serves it from the start and the small request is aborted. The large model is only asked
+        when its pool admits the request and an upstream opens: else the small answer stands."""
+        assert ctx.tenant is not None and plan.cascade is not None and plan.escalate_to is not None
+        tenant, family, large = ctx.tenant.tenant_id, plan.model.name, plan.escalate_to
+        try:
+            found = await probe(opened, plan.cascade.k_tokens)
+        except BaseException:
+            await run_shielded(opened.aclose, what="close the small tier's stream")
+            raise
+        if not found.judgeable:
+            # A break is continued by the relay as usual; an upstream without logprobs keeps it.
+            unjudged = "unjudged=upstream_broke" if found.error is not None else "unjudged=no_logprobs"
+            ctx.route_prefix += f"{unjudged};"
+            return plan, release(opened, found)
+        verdict = judge(found.logprobs, plan.cascade)
+        self.escalations.record(tenant, family, escalated=verdict.escalate)
+        metrics = self._metrics
+        metrics.labelled(metrics.auto_escalation_rate, tenant, family).set(
+            self.escalations.history(tenant, family).rate
+        )
+        if not verdict.escalate:
+            ctx.route_prefix += f"{verdict.reason};"
+            return plan, release(opened, found)
+        escalated = dataclasses.replace(plan, model=large, cascade=None, escalate_to=None)
+        try:
+            served = await self._open_large(ctx, escalated)
+        except (Overloaded, NoRouteError, UpstreamsExhausted, UpstreamRejected) as exc:
+            # The small model's answer is better than none.
+            metrics.labelled(metrics.auto_escalations, tenant, family, "large_unavailable").inc()
+            ctx.route_prefix += f"{verdict.reason};escalation_failed={type(exc).__name__};"
+            return plan, release(opened, found)
+        except BaseException:
+            await run_shielded(opened.aclose, what="close the small tier's stream")
+            raise
+        await run_shielded(opened.aclose, what="abort the small tier's request")
+        ctx.escalation = Escalated(
+            model=family,
+            target=opened.target,
+            prompt_tokens=plan.prompt_tokens_estimate,
+            completion_tokens=found.tokens,
+            reason=verdict.reason,
+        )
+        metrics.labelled(metrics.auto_escalations, tenant, family, "low_confidence").inc()
+        metrics.labelled(metrics.auto_wasted_tokens, tenant, family, "prompt").inc(
+            plan.prompt_tokens_estimate
+        )
+        metrics.labelled(metrics.auto_wasted_tokens, tenant, family, "completion").inc(found.tokens)
+        ctx.route_prefix = f"auto:small->large;{verdict.reason};"
+        ctx.model = large.name
+        ctx.headers["x-meridian-model"] = large.name
+        return escalated, served
+
+    async def _open_large(self, ctx: CallContext, plan: RequestPlan) -> OpenedStream:
+        """The escalated request's stream: admitted on the large pool (a degraded admission means
+        the large tier is over its target: no escalation), routed with the tenant's residency."""
+        assert ctx.tenant is not None
+        admitted = await self.admission.admit(ctx.tenant, plan.model, plan.prompt_tokens_estimate)
+        try:
+            if admitted.degraded_from is not None:
+                raise Overloaded(
+                    model=plan.model.name, tier=ctx.tenant.traffic_tier, reason="over_target", retry_after_s=1
+                )
+            return await self._open(ctx, plan, self._route(ctx, plan))
+        finally:
+            admitted.ticket.release()
+
+    async def _open(self, ctx: CallContext, plan: RequestPlan, targets: tuple[Target, ...]) -> OpenedStream:
+        since = time.monotonic()
+        try:
+            return await self._failover.open_stream(
+                targets, plan.endpoint, lambda t: plan.body_for(t, stream=True), self._node_headers(ctx)
+            )
+        finally:
+            ctx.latency.waited_since(since)
+
+    async def _complete_once(
+        self, ctx: CallContext, plan: RequestPlan, targets: tuple[Target, ...]
+    ) -> tuple[Target, dict[str, Any], int]:
+        since = time.monotonic()
+        try:
+            target, result, attempts = await self._failover.complete(
+                targets, plan.endpoint, lambda t: plan.body_for(t, stream=False), self._node_headers(ctx)
+            )
+        finally:
+            ctx.latency.waited_since(since)
+        ctx.latency.answered(timing_from_wire(result.pop(TIMINGS_FIELD, None)))
+        return target, result, attempts
+
+    async def _complete_by_stream(
+        self, ctx: CallContext, plan: RequestPlan, targets: tuple[Target, ...]
+    ) -> tuple[RequestPlan, Target, dict[str, Any], int]:
+        """A non-streamed request the cascade judges: streamed from the small model so that an
+        escalation aborts it after K tokens, not after the whole answer; collected into one
+        response (a break mid-way continues elsewhere, as for a client's stream)."""
+        plan, opened = await self._cascade(ctx, plan, await self._open(ctx, plan, targets))
+        relay = StreamRelay(opened, plan, ctx.latency)
+        try:
+            chunks = [chunk async for chunk in self._relay(ctx, plan, relay)]
+        finally:
+            await run_shielded(relay.aclose, what="close a collected stream")
+        if ctx.stream_error is not None:
+            raise UpstreamsExhausted(
+                plan.model.name, [(relay.target, UpstreamError(ctx.stream_error, status_code=502))]
+            )
+        result = collect(plan.endpoint, [c for c in chunks if "error" not in c], relay.usage)
+        return plan, opened.target, result, opened.attempts
 
     async def _admit_load(self, ctx: CallContext, plan: RequestPlan) -> tuple[RequestPlan, Ticket]:
         """Admission against the tier's target (may wait in the gateway queue; raises Overloaded).
@@ -354,10 +470,11 @@ class RequestPipeline:
         ctx.latency.finish()  # the stream is over: its usage event has the whole breakdown
         if relay is None:  # failed before the first chunk: nothing was served
             event = self._usage_event(ctx, plan, None, "failed", stream=True)
-            await self._quota.settle(admission, actual_tokens=0, event=event)
+            await self._quota.settle(admission, actual_tokens=_wasted(ctx), event=event)
             return
         usage = relay.usage or {}
         served = int(usage.get("total_tokens") or plan.prompt_tokens_estimate + relay.completion_tokens())
+        served += _wasted(ctx)
         self._count_tokens(ctx, usage)
         status = "stream_error" if ctx.stream_error else "ok" if relay.finished else "incomplete"
         event = self._usage_event(
@@ -398,9 +515,13 @@ class RequestPipeline:
             prices=self._prices,
             now_s=time.time(),
         )
-        if event.cost_usd:
-            self._metrics.labelled(self._metrics.cost, event.tenant_id, event.model).inc(event.cost_usd)
-        return encode_event(event)
+        events = [event]
+        if ctx.escalation is not None:
+            events.append(escalated_event(event, ctx.escalation, self._prices))
+        for each in events:
+            if each.cost_usd:
+                self._metrics.labelled(self._metrics.cost, each.tenant_id, each.model).inc(each.cost_usd)
+        return encode_events(events)
 
     # -- what the front doors read -------------------------------------------------------------
 
@@ -442,3 +563,9 @@ class RequestPipeline:
             # The node mixes the salt into its prefix-cache hashes: no cross-tenant cache hits.
             headers["x-meridian-cache-salt"] = ctx.tenant.tenant_id
         return headers
+
+
+def _wasted(ctx: CallContext) -> int:
+    """Tokens an escalated request used on the small tier: charged with the large tier's."""
+    escalated = ctx.escalation
+    return 0 if escalated is None else escalated.prompt_tokens + escalated.completion_tokens

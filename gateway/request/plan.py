@@ -40,6 +40,7 @@ from router import (
     content_flags,
     resolve_model,
 )
+from router.confidence import ConfidenceRule
 from router.types import CatalogModel, Target, TenantPolicy
 
 # Fields the gateway sets itself on every forwarded body (per attempt, per target kind).
@@ -68,6 +69,16 @@ class RequestPlan:
     degraded_from: str | None = None
     # How "auto" chose `model` (the classifier's tier and reason); None for a named model.
     auto: TierChoice | None = None
+    # Set on an "auto" request that starts on the small tier and may escalate (the pipeline's
+    # cascade stage): the rule that judges the small model's first tokens, and the large model.
+    cascade: ConfidenceRule | None = None
+    escalate_to: CatalogModel | None = None
+
+    @property
+    def wants_logprobs(self) -> bool:
+        """The client asked for logprobs itself (the cascade's own are not passed on)."""
+        asked = self.base_body.get("logprobs")
+        return asked is not None and asked is not False
 
     def body_for(self, target: Target, *, stream: bool) -> dict[str, Any]:
         """The body `target` gets. Streams always ask for usage and token ids: usage settles the
@@ -80,6 +91,9 @@ class RequestPlan:
             body["stream_options"] = {"include_usage": True}
         if stream or self.wants_token_ids:
             body["return_token_ids"] = True
+        if self.cascade is not None and not self.wants_logprobs:
+            # The small model's confidence is read from its own logprobs.
+            body["logprobs"] = True if self.endpoint == "chat" else 0
         return body
 
 

@@ -17,7 +17,7 @@ into the call's Latency; the usage chunk the client gets carries the gateway's w
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from gateway.request.latency import Latency
@@ -124,7 +124,9 @@ class StreamRelay:
             ids = choice.pop("token_ids", None)
             if ids and self._plan.wants_token_ids:
                 choice["token_ids"] = ids
-            text = _choice_text(choice)
+            if self._plan.cascade is not None and not self._plan.wants_logprobs:
+                choice.pop("logprobs", None)  # asked for by the confidence cascade, not the client
+            text = choice_text(choice)
             if ids:
                 self.emitted.extend(ids)
             if text:
@@ -168,7 +170,7 @@ class StreamRelay:
         return out
 
 
-def _choice_text(choice: dict[str, Any]) -> str:
+def choice_text(choice: Mapping[str, Any]) -> str:
     delta = choice.get("delta")
     if isinstance(delta, dict):
         return delta.get("content") or ""

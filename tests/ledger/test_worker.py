@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
-from gateway.ledger.event import decode_event, encode_event
+from gateway.ledger.event import decode_event, encode_event, encode_events
 from gateway.ledger.outbox import LocalOutbox
 from gateway.ledger.store.interface import AggregateQuery, LedgerStore
 from gateway.ledger.store.sqlite import SqliteLedger
@@ -111,6 +111,25 @@ async def test_worker_moves_every_tenants_stream_into_the_store(
     assert await totals(store, "acme") == (30, 30)
     assert await totals(store, "globex") == (12, 12)
     assert await redis.xlen(source.stream_key("acme")) == 0  # acknowledged entries are deleted
+    await store.close()
+
+
+async def test_one_settlement_may_carry_several_events_written_together(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    """An escalated `auto` request settles once with its small tier's event beside its own."""
+    gate = patient_gate(redis, prefix)
+    admission = await gate.admit(tenant("acme"), request_id="r1", estimated_tokens=50)
+    both = [
+        event("acme-1", tenant_id="acme", completion_tokens=5),
+        event("acme-1:small", tenant_id="acme", completion_tokens=2),
+    ]
+    await gate.settle(admission, actual_tokens=30, event=encode_events(both))
+    await settle_events(gate, "acme", 1, start=2)  # a one-event entry beside it
+    store = SqliteLedger(tmp_path / "l.sqlite")
+    worker = LedgerWorker(RedisStreams(redis, key_prefix=prefix, tenants=lambda: ["acme"]), store)
+    await worker.drain()
+    assert await totals(store, "acme") == (3, 8)
     await store.close()
 
 
