@@ -128,8 +128,9 @@ class GatewayMetrics:
         )
         self.auto_escalations = Counter(
             "meridian_gateway_auto_escalations",
-            "`auto` requests the confidence cascade moved from the small tier to the large one, by "
-            "reason (low_confidence).",
+            "`auto` requests the confidence cascade judged too doubtful for the small tier, by reason: "
+            "low_confidence (the large tier served them), large_unavailable (it could not: the small "
+            "answer stood).",
             ["tenant", "family", "reason"],
             registry=r,
         )

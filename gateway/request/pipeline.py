@@ -1,6 +1,6 @@
 """The request path every front door shares, top to bottom:
 
-    authenticate → plan → admission → quota → route → failover → relay → settle
+    authenticate → plan → admission → quota → route → failover → (cascade) → relay → settle
 
 Front doors (gateway/api) parse their wire format into the protocol's request structs and call
 `complete` or `stream`; they get OpenAI response dicts or a `ServedStream` of chunk dicts back,
@@ -10,9 +10,10 @@ before the quota and any upstream call, so a request it sheds costs almost nothi
 reservation; it may also degrade the request to the small tier. Errors are raised as they are
 (protocol APIErrors for invalid requests, domain errors for quota and routing); the API edge maps
 them to HTTP once. Quota is settled exactly once per admitted request, with real usage, however
-the request ends. Every call's latency breakdown is kept in `CallContext.latency`. With tracing on,
+the request ends. An `auto` request that starts on the small tier passes the confidence cascade
+between failover and relay (`_cascade`): it may be served by the large tier instead. Every call's latency breakdown is kept in `CallContext.latency`. With tracing on,
 gateway/tracing.py's TracedPipeline subclasses this class and wraps its stages (authenticate,
-_plan, _admit_load, _admit_quota, _route, _continue, _settle, _settle_stream, record) in spans: a
+_plan, _admit_load, _admit_quota, _route, _cascade, _continue, _settle, _settle_stream, record) in spans: a
 new stage gets its span there.
 """
 

@@ -68,9 +68,7 @@ def gw(
     env = tracing_env(
         receiver, "meridian-gateway", OTEL_EXPORTER_OTLP_HEADERS="x-collector-key=secret%20value"
     )
-    policies = write_policies(
-        tmp_path_factory.mktemp("policies"), {"t-safety": (SAFETY_KEY, SAFETY_POLICY)}
-    )
+    policies = write_policies(tmp_path_factory.mktemp("policies"), {"t-safety": (SAFETY_KEY, SAFETY_POLICY)})
     config = gateway_config(regions, policies=str(policies))
     with run_gateway(config, tenants=(*TEST_TENANTS, CONTENT_TENANT), env=env) as running:
         yield running
@@ -213,7 +211,9 @@ def test_each_content_check_is_a_span_under_the_request_without_the_text_it_chec
     root = gateway_root(receiver, response.headers["x-request-id"])
     spans = whole_trace(receiver, root)
     checks = [s for s in children(spans, root) if s.name.startswith("safety ")]
-    by_where = {(s.attributes["meridian.safety.where"], s.attributes["meridian.safety.action"]) for s in checks}
+    by_where = {
+        (s.attributes["meridian.safety.where"], s.attributes["meridian.safety.action"]) for s in checks
+    }
     # The e-mail in the prompt was redacted on input; the output was checked too.
     assert ("input", "redact") in by_where and any(where == "output" for where, _ in by_where)
     redacted = next(s for s in checks if s.attributes["meridian.safety.action"] == "redact")
@@ -362,3 +362,18 @@ def test_a_stream_continued_after_its_node_is_killed_shows_both_attempts_and_the
     assert resumed.attributes["meridian.outcome"] == "ok"
     (node_span,) = children(spans, resumed)
     assert node_span.attributes["meridian.node"] == survivor.node_id
+
+
+def test_the_cascade_is_a_span_with_its_verdict(
+    gw: RunningGateway, fleet: list[NodeProcess], receiver: OTLPReceiver
+) -> None:
+    response = post(gw, {**body("Judge me", max_tokens=12), "model": "auto"})
+    route = response.headers["x-meridian-route"]
+    assert response.json()["model"] == "meridian-small" and route.startswith("auto:small;")
+    root = gateway_root(receiver, response.headers["x-request-id"])
+    spans = whole_trace(receiver, root)
+    (cascade,) = [s for s in children(spans, root) if s.name == "escalation"]
+    verdict = cascade.attributes["meridian.escalation.verdict"]
+    # This random small model is sure of itself, or the large tier (no node serves it here) failed.
+    assert cascade.attributes["meridian.escalated"] is False and route.startswith(verdict)
+    assert "confident=score:" in verdict or "escalation_failed=NoRouteError" in verdict
