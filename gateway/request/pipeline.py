@@ -11,10 +11,11 @@ reservation; it may also degrade the request to the small tier. Errors are raise
 (protocol APIErrors for invalid requests, domain errors for quota and routing); the API edge maps
 them to HTTP once. Quota is settled exactly once per admitted request, with real usage, however
 the request ends. An `auto` request that starts on the small tier passes the confidence cascade
-between failover and relay (`_cascade`): it may be served by the large tier instead. Every call's latency breakdown is kept in `CallContext.latency`. With tracing on,
-gateway/tracing.py's TracedPipeline subclasses this class and wraps its stages (authenticate,
-_plan, _admit_load, _admit_quota, _route, _cascade, _continue, _settle, _settle_stream, record) in spans: a
-new stage gets its span there.
+between failover and relay (`_cascade`): it may be served by the large tier instead. Every call's
+latency breakdown is kept in `CallContext.latency`. With tracing on, gateway/tracing.py's
+TracedPipeline subclasses this class and wraps its stages (authenticate, _plan, _admit_load,
+_admit_quota, _route, _cascade, _continue, _settle, _settle_stream, record) in spans: a new stage
+gets its span there.
 """
 
 from __future__ import annotations
