@@ -32,6 +32,7 @@ from gateway.policy import PolicyStore
 from gateway.quota import build_quota_gate
 from gateway.quota.interface import QuotaGate
 from gateway.request.pipeline import RequestPipeline
+from gateway.responses import ResponseStore
 from gateway.safety.guard import SafetyGuard
 from gateway.tracing import TracedForwarder, TracedPipeline
 from gateway.upstreams.failover import Forwarder
@@ -64,6 +65,11 @@ class Gateway:
     safety: SafetyGuard  # content checks: the classifier loads in the background (see /ready)
     tracing: Tracing | None = None  # OTEL_* said to trace (telemetry/); None: off
     ledger: Ledger | None = None  # None: `ledger.enabled: false`
+    responses: ResponseStore | None = None  # the Responses API's runs; None: built from config
+
+    def __post_init__(self) -> None:
+        if self.responses is None:
+            self.responses = ResponseStore(self.config.responses)
 
     async def start(self) -> None:
         await self.safety.start()  # first: the classifier warms while the rest starts
@@ -87,7 +93,9 @@ class Gateway:
 
     async def stop(self) -> None:
         # Each step runs even if an earlier one fails: a half-stopped gateway leaks tasks.
+        assert self.responses is not None
         for step in (
+            self.responses.stop,  # first: its runs' streams close while the clients are up
             self.prober.stop,
             self.directory.stop,
             self.policies.stop,
@@ -253,6 +261,7 @@ def create_app(
             "metrics": provide(gateway.metrics),
             "safety": provide(gateway.safety),
             "ledger": provide(gateway.ledger),
+            "responses": provide(gateway.responses),
         },
         exception_handlers={Exception: handle_exception},
         lifespan=[gateway.lifespan],

@@ -25,6 +25,7 @@ from gateway.escalation.config import AutoConfig
 from gateway.ledger.config import LedgerConfig, SqliteStoreConfig
 from gateway.ledger.prices import ModelPrice
 from gateway.quota.config import QuotaConfig
+from gateway.responses.config import ResponsesConfig
 from gateway.safety.config import SafetyConfig
 from gateway.upstreams.providers.config import ProvidersConfig
 from http_server import ServerLimits
@@ -220,6 +221,8 @@ class GatewayConfig(_Section):
     auto: AutoConfig = msgspec.field(default_factory=AutoConfig)
     # What the gateway's HTTP server allows its clients (http_server/limits.py documents each).
     server: GatewayServerLimits = msgspec.field(default_factory=GatewayServerLimits)
+    # The Responses API's stored responses (in memory; gateway/responses/store.py).
+    responses: ResponsesConfig = msgspec.field(default_factory=ResponsesConfig)
     # Where this config came from, for error messages and resolving relative paths; not in YAML.
     source: str = "<memory>"
 

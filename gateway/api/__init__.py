@@ -5,12 +5,14 @@ from gateway.api.anthropic_routes import AnthropicController
 from gateway.api.openai_routes import OpenAIController
 from gateway.api.openapi import OpenAPIController
 from gateway.api.quota_routes import QuotaController
+from gateway.api.responses_routes import ResponsesController
 from gateway.api.usage_routes import UsageController
 
 # Every front door create_app registers by default; a new one (e.g. /v1/messages) joins here.
 FRONT_DOORS = (
     OpenAIController,
     AnthropicController,
+    ResponsesController,
     UsageController,
     QuotaController,
     OpenAPIController,
@@ -24,5 +26,6 @@ __all__ = [
     "OpenAIController",
     "OpenAPIController",
     "QuotaController",
+    "ResponsesController",
     "UsageController",
 ]

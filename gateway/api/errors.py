@@ -22,6 +22,7 @@ from gateway.quota.headers import retry_after_headers
 from gateway.request.context import CallContext
 from gateway.request.errors import NoRouteError
 from gateway.request.pipeline import RequestPipeline
+from gateway.responses.errors import ResponsesBusy
 from gateway.safety.errors import ContentBlocked, SafetyUnavailable
 from gateway.upstreams.errors import UpstreamRejected, UpstreamsExhausted
 from http_server import ClientDisconnected
@@ -63,6 +64,8 @@ def to_api_error(exc: BaseException, *, request_id: str = "-") -> APIError:
         return InvalidRequestError(exc.message, param=exc.param, code="invalid_usage_query")
     if isinstance(exc, LedgerUnavailable):
         return ServiceUnavailableError(str(exc), code="ledger_unavailable", headers={"retry-after": "1"})
+    if isinstance(exc, ResponsesBusy):
+        return RateLimitError(exc.message, code="responses_busy", headers={"retry-after": "1"})
     if isinstance(exc, RequestTooLarge):
         return InvalidRequestError(exc.message, param="max_tokens", code="request_too_large")
     if isinstance(exc, ClientDisconnected):

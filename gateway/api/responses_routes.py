@@ -1,0 +1,189 @@
+"""Responses API front door (text subset): `POST /v1/responses`, `GET /v1/responses/{id}`,
+`POST /v1/responses/{id}/cancel`, `DELETE /v1/responses/{id}`.
+
+Like /v1/messages, a request is translated to a chat request and served by the same pipeline
+(policy, residency, quotas, usage, routing). Every response, foreground or background, is a run
+the ResponseStore owns and drives in its own task, reading the pipeline's stream: so a cancel by
+id, from any connection, cancels that task, which closes the node stream (the node aborts the
+request and frees its KV blocks). A foreground request waits for its run (or streams its
+events) and cancels it if the client goes away; a background one returns at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from litestar import Controller, Request, Response, delete, get, post
+from litestar.response import Stream
+from litestar.response.base import ASGIResponse
+from litestar.types import Receive, Scope, Send
+
+from gateway.api.body import request_body
+from gateway.api.errors import failed
+from gateway.request.context import CallContext
+from gateway.request.pipeline import RequestPipeline
+from gateway.responses import ResponseStore, Run, parse_request
+from gateway.runtime.tasks import run_shielded
+from protocol import ChatCompletionRequest, InvalidRequestError
+from protocol.errors import NotFoundError
+from protocol.sse import encode_event
+
+_SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+async def _drive(
+    pipeline: RequestPipeline, ctx: CallContext, run: Run, parsed: ChatCompletionRequest, body: dict[str, Any]
+) -> None:
+    """The run's task: the pipeline's stream, read to its end into the run."""
+    try:
+        try:
+            stream = await pipeline.stream(ctx, "chat", parsed, body)
+        except Exception as exc:
+            error = failed(pipeline, ctx, exc)
+            run.failed_to_open({"code": error.code or error.error_type, "message": error.message}, error)
+            return
+        try:
+            await run.started(ctx.model)
+            async for chunk in stream.chunks:
+                await run.feed(chunk)
+            run.ended()
+        finally:
+            await stream.aclose()
+    except asyncio.CancelledError:
+        run.cancelled()
+        raise
+
+
+class _CancelOnEnd:
+    """An ASGI app: the streamed response, then the run cancelled if it is still going (the
+    client left mid-stream: its foreground run has no one to answer)."""
+
+    def __init__(self, inner: ASGIResponse, store: ResponseStore, run: Run) -> None:
+        self._inner = inner
+        self._store = store
+        self._run = run
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self._inner(scope, receive, send)
+        finally:
+            await run_shielded(lambda: self._store.cancel(self._run), what="cancel an abandoned response")
+
+
+class _EventStream(Stream):
+    def __init__(self, store: ResponseStore, run: Run, headers: dict[str, str]) -> None:
+        self._store = store
+        self._run = run
+        super().__init__(_frames(run), media_type="text/event-stream", headers={**_SSE_HEADERS, **headers})
+
+    def to_asgi_response(self, *args: Any, **kwargs: Any) -> ASGIResponse:
+        inner = super().to_asgi_response(*args, **kwargs)
+        return _CancelOnEnd(inner, self._store, self._run)  # type: ignore[return-value]
+
+
+async def _frames(run: Run) -> AsyncGenerator[bytes, None]:
+    assert run.events is not None
+    async for name, payload in run.events:
+        yield encode_event(name, payload)
+
+
+def _owned(store: ResponseStore, response_id: str, tenant_id: str) -> Run:
+    run = store.get(response_id, tenant_id)
+    if run is None:
+        raise NotFoundError(
+            f"No response found with id '{response_id}'.", param="response_id", code="not_found"
+        )
+    return run
+
+
+class ResponsesController(Controller):
+    path = "/v1/responses"
+
+    @post("/", status_code=200)
+    async def create(
+        self, request: Request[Any, Any, Any], pipeline: RequestPipeline, responses: ResponseStore
+    ) -> Response[Any]:
+        ctx = pipeline.start_call(request.headers)
+        try:
+            tenant = pipeline.authenticate(ctx, request.headers.get("authorization"))
+            wanted, body, parsed = parse_request(await request_body(request))
+            response_id = "resp_" + os.urandom(16).hex()
+            ctx.headers["x-meridian-response-id"] = response_id
+            run = Run(response_id, tenant.tenant_id, wanted, stream=wanted.stream)
+            responses.start(run, _drive(pipeline, ctx, run, parsed, body))
+        except Exception as exc:
+            raise failed(pipeline, ctx, exc) from None
+        if wanted.background:
+            return Response(run.to_object(), headers=ctx.headers, status_code=200)
+        # Errors before the first token are HTTP errors, as for chat: the APIError _drive made,
+        # with this call's headers.
+        await run.opened
+        if run.events is not None:
+            return _EventStream(responses, run, ctx.headers)
+        try:
+            await run.done.wait()
+        finally:
+            if not run.finished:  # this request was cancelled: nobody else will read the run
+                await run_shielded(lambda: responses.cancel(run), what="cancel an abandoned response")
+        return Response(run.to_object(), headers=ctx.headers, status_code=200)
+
+    @get("/{response_id:str}")
+    async def retrieve(
+        self,
+        request: Request[Any, Any, Any],
+        response_id: str,
+        pipeline: RequestPipeline,
+        responses: ResponseStore,
+    ) -> Response[Any]:
+        ctx = pipeline.start_call(request.headers)
+        try:
+            tenant = pipeline.authenticate(ctx, request.headers.get("authorization"))
+            if request.query_params.get("stream") in ("true", "1"):
+                raise InvalidRequestError("Streaming a stored response is not supported.", param="stream")
+            run = _owned(responses, response_id, tenant.tenant_id)
+        except Exception as exc:
+            raise failed(pipeline, ctx, exc) from None
+        return Response(run.to_object(), headers=ctx.headers)
+
+    @post("/{response_id:str}/cancel", status_code=200)
+    async def cancel(
+        self,
+        request: Request[Any, Any, Any],
+        response_id: str,
+        pipeline: RequestPipeline,
+        responses: ResponseStore,
+    ) -> Response[Any]:
+        ctx = pipeline.start_call(request.headers)
+        try:
+            tenant = pipeline.authenticate(ctx, request.headers.get("authorization"))
+            run = _owned(responses, response_id, tenant.tenant_id)
+            if run.finished and run.status != "cancelled":
+                raise InvalidRequestError(
+                    f"Response '{response_id}' is already {run.status}: only a running response can be cancelled.",
+                    param="response_id",
+                    code="response_not_cancellable",
+                )
+            await responses.cancel(run)
+        except Exception as exc:
+            raise failed(pipeline, ctx, exc) from None
+        return Response(run.to_object(), headers=ctx.headers)
+
+    @delete("/{response_id:str}", status_code=200)
+    async def remove(
+        self,
+        request: Request[Any, Any, Any],
+        response_id: str,
+        pipeline: RequestPipeline,
+        responses: ResponseStore,
+    ) -> Response[Any]:
+        ctx = pipeline.start_call(request.headers)
+        try:
+            tenant = pipeline.authenticate(ctx, request.headers.get("authorization"))
+            run = _owned(responses, response_id, tenant.tenant_id)
+            await responses.delete(run)
+        except Exception as exc:
+            raise failed(pipeline, ctx, exc) from None
+        return Response({"id": response_id, "object": "response", "deleted": True}, headers=ctx.headers)

@@ -1,0 +1,252 @@
+"""One response's run: its state as the pipeline's chat chunks arrive, the Responses API object
+it is read as, and (for a foreground stream) the Responses event stream it writes as it goes.
+
+The run is fed by one task (the gateway's, see store.py) and read by any number of requests:
+retrieve reads `to_object()`, a foreground stream reads `events`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from gateway.responses.translate import ResponsesRequest
+
+Status = Literal["queued", "in_progress", "completed", "failed", "cancelled", "incomplete"]
+FINISHED: frozenset[str] = frozenset({"completed", "failed", "cancelled", "incomplete"})
+# Chat finish reasons that end a response short of its natural end, as the Responses API says it.
+_INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
+Event = tuple[str, dict[str, Any]]
+
+
+class EventFeed:
+    """Events from the run to one streaming client. At most `limit` wait unread: the run then
+    waits for the client (backpressure, as the chat relay has); the last event never waits."""
+
+    def __init__(self, limit: int = 32) -> None:
+        self._events: deque[Event] = deque()
+        self._limit = limit
+        self._changed = asyncio.Event()
+        self._room = asyncio.Event()
+        self._closed = False
+
+    async def put(self, event: Event) -> None:
+        while len(self._events) >= self._limit and not self._closed:
+            self._room.clear()
+            await self._room.wait()
+        self._events.append(event)
+        self._changed.set()
+
+    def close_with(self, events: list[Event]) -> None:
+        if self._closed:
+            return
+        self._events.extend(events)
+        self._closed = True
+        self._changed.set()
+
+    async def __aiter__(self) -> AsyncIterator[Event]:
+        while True:
+            while self._events:
+                yield self._events.popleft()
+                self._room.set()
+            if self._closed:
+                return
+            self._changed.clear()
+            await self._changed.wait()
+
+
+class Run:
+    def __init__(self, response_id: str, tenant_id: str, request: ResponsesRequest, *, stream: bool) -> None:
+        self.id = response_id
+        self.tenant_id = tenant_id
+        self.request = request
+        self.model = request.model  # the served model once the pipeline planned it
+        self.created_at = time.time()
+        self.completed_at: float | None = None
+        self.status: Status = "queued" if request.background else "in_progress"
+        self.error: dict[str, Any] | None = None
+        self.incomplete_reason: str | None = None
+        self.usage: dict[str, Any] | None = None
+        self.events = EventFeed() if stream else None
+        self.task: asyncio.Task[None] | None = None
+        # Set once the pipeline's stream opened or failed to: a foreground request answers
+        # errors before the first token as HTTP errors.
+        self.opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.done = asyncio.Event()
+        self._text: list[str] = []
+        self._sequence = 0
+        self._item_id = "msg_" + response_id.removeprefix("resp_")
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINISHED
+
+    @property
+    def text(self) -> str:
+        return "".join(self._text)
+
+    # -- fed by the run's task ------------------------------------------------------------------
+
+    async def started(self, model: str) -> None:
+        """The pipeline's stream opened (the first token is in)."""
+        self.model = model
+        self.status = "in_progress"
+        if not self.opened.done():
+            self.opened.set_result(None)
+        await self._emit(
+            ("response.created", {"response": self._snapshot("in_progress", with_output=False)}),
+            ("response.in_progress", {"response": self._snapshot("in_progress", with_output=False)}),
+            ("response.output_item.added", {"output_index": 0, "item": self._message("in_progress", "")}),
+            (
+                "response.content_part.added",
+                {"item_id": self._item_id, "output_index": 0, "content_index": 0, "part": _part("")},
+            ),
+        )
+
+    async def feed(self, chunk: dict[str, Any]) -> None:
+        """One chat chunk from the pipeline's stream."""
+        error = chunk.get("error")
+        if isinstance(error, dict):
+            self._end("failed", error={"code": "server_error", "message": str(error.get("message") or error)})
+            return
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = _usage(chunk["usage"])
+        for choice in chunk.get("choices") or ():
+            delta = (choice.get("delta") or {}).get("content")
+            if delta:
+                self._text.append(delta)
+                await self._emit(
+                    (
+                        "response.output_text.delta",
+                        {
+                            "item_id": self._item_id,
+                            "output_index": 0,
+                            "content_index": 0,
+                            "delta": delta,
+                            "logprobs": [],
+                        },
+                    )
+                )
+            reason = choice.get("finish_reason")
+            if reason in _INCOMPLETE:
+                self.incomplete_reason = _INCOMPLETE[reason]
+
+    def ended(self) -> None:
+        """The stream ended of itself."""
+        if self.finished:
+            return
+        self._end("incomplete" if self.incomplete_reason else "completed")
+
+    def failed_to_open(self, error: dict[str, Any], exc: BaseException) -> None:
+        self._end("failed", error=error)
+        if not self.opened.done():
+            self.opened.set_exception(exc)
+
+    def cancelled(self) -> None:
+        if self.finished:
+            return
+        self._end("cancelled")
+        if not self.opened.done():
+            self.opened.set_result(None)  # a foreground request answers the cancelled object
+
+    # -- read by requests -----------------------------------------------------------------------
+
+    def to_object(self) -> dict[str, Any]:
+        return self._snapshot(self.status, with_output=True)
+
+    def _end(self, status: Status, *, error: dict[str, Any] | None = None) -> None:
+        self.status = status
+        self.error = error
+        self.completed_at = time.time()
+        self.done.set()
+        if self.events is None:
+            return
+        text = self.text
+        closing: list[Event] = []
+        if status in ("completed", "incomplete"):
+            item_status = "completed" if status == "completed" else "incomplete"
+            where = {"item_id": self._item_id, "output_index": 0, "content_index": 0}
+            closing = [
+                ("response.output_text.done", {**where, "text": text, "logprobs": []}),
+                ("response.content_part.done", {**where, "part": _part(text)}),
+                ("response.output_item.done", {"output_index": 0, "item": self._message(item_status, text)}),
+            ]
+        final = {"completed": "response.completed", "incomplete": "response.incomplete"}.get(
+            status, "response.failed"
+        )
+        closing.append((final, {"response": self.to_object()}))
+        self.events.close_with([self._numbered(event) for event in closing])
+
+    async def _emit(self, *events: Event) -> None:
+        if self.events is not None:
+            for event in events:
+                await self.events.put(self._numbered(event))
+
+    def _numbered(self, event: Event) -> Event:
+        name, payload = event
+        numbered = {"type": name, "sequence_number": self._sequence, **payload}
+        self._sequence += 1
+        return name, numbered
+
+    def _message(self, status: str, text: str) -> dict[str, Any]:
+        return {
+            "type": "message",
+            "id": self._item_id,
+            "status": status,
+            "role": "assistant",
+            "content": [_part(text)] if text or status != "in_progress" else [],
+        }
+
+    def _snapshot(self, status: Status, *, with_output: bool) -> dict[str, Any]:
+        request = self.request
+        output: list[dict[str, Any]] = []
+        if with_output and (self._text or status in ("completed", "incomplete")):
+            item_status = {"completed": "completed", "in_progress": "in_progress"}.get(status, "incomplete")
+            output = [self._message(item_status, self.text)]
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": int(self.created_at),
+            "completed_at": int(self.completed_at) if self.completed_at is not None else None,
+            "status": status,
+            "background": request.background,
+            "error": self.error,
+            "incomplete_details": {"reason": self.incomplete_reason}
+            if status == "incomplete" and self.incomplete_reason
+            else None,
+            "instructions": request.instructions,
+            "max_output_tokens": request.max_output_tokens,
+            "metadata": request.metadata,
+            "model": self.model,
+            "output": output,
+            "parallel_tool_calls": False,
+            "temperature": request.temperature,
+            "top_p": request.top_p,
+            "tool_choice": "none",
+            "tools": [],
+            "text": {"format": {"type": "text"}},
+            "truncation": "disabled",
+            "store": request.store,
+            "usage": self.usage if with_output else None,
+            "user": request.user,
+        }
+
+
+def _part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def _usage(usage: dict[str, Any]) -> dict[str, Any]:
+    prompt = int(usage.get("prompt_tokens") or 0)
+    completion = int(usage.get("completion_tokens") or 0)
+    cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    return {
+        "input_tokens": prompt,
+        "input_tokens_details": {"cached_tokens": cached},
+        "output_tokens": completion,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": int(usage.get("total_tokens") or prompt + completion),
+    }

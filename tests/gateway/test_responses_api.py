@@ -1,0 +1,251 @@
+"""The Responses API (text subset) end to end: real node processes, the official `openai` SDK."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.gateway.conftest import (
+    AUTH,
+    EU_KEY,
+    GLOBAL_KEY,
+    NodeProcess,
+    RunningGateway,
+    gateway_over,
+    running_fleet,
+)
+
+LONG = 3000  # output tokens of a generation that is still running when the test cancels it
+
+
+@pytest.fixture(scope="module")
+def node(llama_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+    models = {"meridian-small": (llama_checkpoint, "small")}
+    with running_fleet(
+        [("eu-west-1", "eu-west", "eu")], models, tmp_path_factory.mktemp("node-logs")
+    ) as fleet:
+        yield fleet[0]
+
+
+@pytest.fixture(scope="module")
+def gw(node: NodeProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
+    with gateway_over([node], tmp_path_factory.mktemp("gw")) as running:
+        yield running
+
+
+def sdk(gw: RunningGateway, key: str = GLOBAL_KEY) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0, timeout=60)
+
+
+def node_idle(node: NodeProcess) -> dict[str, Any]:
+    """The node's /load once nothing runs and no KV block is held (bounded wait), else the last."""
+    deadline = time.monotonic() + 15
+    while True:
+        load = httpx.get(node.url + "/load", headers=AUTH, timeout=5).json()
+        if (load["num_running"] == 0 and load["kv_blocks_used"] == 0) or time.monotonic() > deadline:
+            return load
+        time.sleep(0.05)
+
+
+def aborted(node: NodeProcess) -> float:
+    """Chat requests the node aborted because their client (the gateway) went away."""
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(node.metrics())
+        if family.name == "meridian_node_requests"
+        for sample in family.samples
+        if sample.name.endswith("_total") and sample.labels.get("outcome") == "disconnected"
+    )
+
+
+def busy(node: NodeProcess) -> bool:
+    load = httpx.get(node.url + "/load", headers=AUTH, timeout=5).json()
+    return bool(load["num_running"] == 1 and load["kv_blocks_used"] > 0)
+
+
+def wait_for(predicate: Any, what: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_create_answers_a_chat_completions_greedy_text(gw: RunningGateway) -> None:
+    client = sdk(gw)
+    chat = client.chat.completions.create(
+        model="meridian-small",
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour"}],
+        max_tokens=12,
+        temperature=0,
+    )
+    response = client.responses.create(
+        model="meridian-small",
+        instructions="Be brief.",
+        input="Name a colour",
+        max_output_tokens=12,
+        temperature=0,
+    )
+    assert response.id.startswith("resp_") and response.object == "response"
+    assert response.output_text == chat.choices[0].message.content
+    assert response.status == ("incomplete" if chat.choices[0].finish_reason == "length" else "completed")
+    assert response.usage is not None and chat.usage is not None
+    assert response.usage.input_tokens == chat.usage.prompt_tokens
+    assert response.usage.output_tokens == chat.usage.completion_tokens
+    # The same input as a list of messages with input_text parts.
+    again = client.responses.create(
+        model="meridian-small",
+        input=[
+            {"role": "developer", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "input_text", "text": "Name a colour"}]},
+        ],
+        max_output_tokens=12,
+        temperature=0,
+        metadata={"case": "parts"},
+    )
+    assert again.output_text == response.output_text and again.metadata == {"case": "parts"}
+    assert client.responses.retrieve(response.id).output_text == response.output_text
+
+
+def test_stream_sends_the_events_in_order_with_the_same_text(gw: RunningGateway) -> None:
+    client = sdk(gw)
+    plain = client.responses.create(
+        model="meridian-small", input="Tell me a story", max_output_tokens=16, temperature=0
+    )
+    events = list(
+        client.responses.create(
+            model="meridian-small", input="Tell me a story", max_output_tokens=16, temperature=0, stream=True
+        )
+    )
+    kinds = [event.type for event in events]
+    deltas = kinds.count("response.output_text.delta")
+    assert deltas >= 1
+    ending = "response.completed" if plain.status == "completed" else "response.incomplete"
+    assert kinds == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        *["response.output_text.delta"] * deltas,
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        ending,
+    ]
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    text = "".join(event.delta for event in events if event.type == "response.output_text.delta")
+    assert text == plain.output_text == events[-4].text  # output_text.done
+    final = events[-1].response
+    assert final.output_text == text and final.status == plain.status
+    assert final.usage is not None and final.usage.output_tokens == plain.usage.output_tokens  # type: ignore[union-attr]
+
+
+def test_background_runs_detached_and_is_retrieved_when_done(gw: RunningGateway) -> None:
+    client = sdk(gw)
+    expected = client.responses.create(
+        model="meridian-small", input="Count", max_output_tokens=24, temperature=0
+    )
+    started = client.responses.create(
+        model="meridian-small", input="Count", max_output_tokens=24, temperature=0, background=True
+    )
+    assert started.status in ("queued", "in_progress") and started.background
+    state: dict[str, Any] = {}
+
+    def done() -> bool:
+        state["r"] = client.responses.retrieve(started.id)
+        return state["r"].status not in ("queued", "in_progress")
+
+    wait_for(done, "the background response did not finish")
+    assert state["r"].status == expected.status and state["r"].output_text == expected.output_text
+    client.responses.delete(started.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(started.id)
+
+
+def test_cancel_a_background_run_aborts_the_node_request(gw: RunningGateway, node: NodeProcess) -> None:
+    client = sdk(gw)
+    started = client.responses.create(
+        model="meridian-small", input="Go on and on", max_output_tokens=LONG, temperature=0, background=True
+    )
+    before = aborted(node)
+    wait_for(lambda: client.responses.retrieve(started.id).output_text, "no output yet")
+    assert busy(node)  # generating, its KV blocks held
+    cancelled = client.responses.cancel(started.id)
+    assert cancelled.status == "cancelled"
+    assert client.responses.retrieve(started.id).status == "cancelled"
+    load = node_idle(node)
+    assert load["num_running"] == 0 and load["kv_blocks_used"] == 0, load
+    assert aborted(node) == before + 1
+    # A cancelled response stays cancelled: its generation did not run to the end.
+    assert len(client.responses.retrieve(started.id).output_text) < LONG
+
+
+def test_cancel_an_in_flight_foreground_request_by_its_id(gw: RunningGateway, node: NodeProcess) -> None:
+    """A foreground stream's id is in its first event; a cancel from another connection ends it."""
+    client = sdk(gw)
+    events = client.responses.create(
+        model="meridian-small", input="Go on and on", max_output_tokens=LONG, temperature=0, stream=True
+    )
+    before = aborted(node)
+    seen = []
+    for event in events:
+        seen.append(event)
+        if event.type == "response.created":  # sent once the first token is in
+            assert sdk(gw).responses.cancel(seen[0].response.id).status == "cancelled"
+    assert seen[0].type == "response.created"
+    assert seen[-1].type == "response.failed" and seen[-1].response.status == "cancelled"
+    assert sum(e.type == "response.output_text.delta" for e in seen) < LONG
+    load = node_idle(node)
+    assert load["num_running"] == 0 and load["kv_blocks_used"] == 0, load
+    assert aborted(node) == before + 1
+
+
+def test_another_tenants_response_is_not_found(gw: RunningGateway) -> None:
+    response = sdk(gw).responses.create(model="meridian-small", input="Hi", max_output_tokens=4)
+    other = sdk(gw, EU_KEY)
+    with pytest.raises(openai.NotFoundError):
+        other.responses.retrieve(response.id)
+    with pytest.raises(openai.NotFoundError):
+        other.responses.cancel(response.id)
+    with pytest.raises(openai.NotFoundError):
+        other.responses.delete(response.id)
+    assert sdk(gw).responses.retrieve(response.id).id == response.id
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
+        ({"reasoning": {"effort": "low"}}, "reasoning"),
+        ({"previous_response_id": "resp_x"}, "previous_response_id"),
+        (
+            {
+                "input": [
+                    {"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}
+                ]
+            },
+            "input[0].content[0]",
+        ),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "file-1"}]}]},
+            "input[0].content[0]",
+        ),
+        ({"input": [{"type": "function_call_output", "call_id": "c", "output": "{}"}]}, "input[0]"),
+        ({"text": {"format": {"type": "json_object"}}}, "text"),
+        ({"max_output_tokens": 0}, "max_output_tokens"),
+    ],
+)
+def test_unsupported_features_are_a_400_naming_the_param(
+    gw: RunningGateway, extra: dict[str, Any], param: str
+) -> None:
+    body = {"model": "meridian-small", "input": "Hi", **extra}
+    with pytest.raises(openai.BadRequestError) as raised:
+        sdk(gw).responses.create(**body)
+    assert raised.value.status_code == 400
+    assert raised.value.param == param, raised.value.body  # type: ignore[attr-defined]
