@@ -89,6 +89,26 @@ _BUILT_AS_DICTS: dict[str, dict[str, Any]] = {
         {"message": _STRING, "type": _STRING, "param": _NULLABLE_STRING, "code": _NULLABLE_STRING}
     ),
     "ErrorResponse": _object({"error": _ref("schemas", "Error")}),
+    "ResponsesRequest": _object(
+        {
+            "model": _STRING,
+            "input": {"description": "A string, or messages with string or input_text content."},
+            "instructions": _STRING,
+            "max_output_tokens": _INTEGER,
+            "stream": {"type": "boolean"},
+            "background": {"type": "boolean"},
+        }
+    ),
+    "Response": _object(
+        {
+            "id": _STRING,
+            "object": {"const": "response"},
+            "status": _STRING,
+            "model": _STRING,
+            "output": {"type": "array", "items": {"type": "object"}},
+            "usage": {"type": ["object", "null"]},
+        }
+    ),
     "AnthropicError": _object(
         {"type": {"const": "error"}, "error": _object({"type": _STRING, "message": _STRING})}
     ),
@@ -236,6 +256,12 @@ def _listing(op_id: str, summary: str, answer: str, errors: tuple[int, ...], **e
 
 
 _OPENAI_EVENTS = "`data:` events, each a {chunk} in JSON (see components), then `data: [DONE]`."
+_RESPONSES_EVENTS = (
+    "The Responses event sequence (`event:` named, with sequence_number): response.created, "
+    "response.in_progress, response.output_item.added, response.content_part.added, "
+    "response.output_text.delta..., response.output_text.done, response.content_part.done, "
+    "response.output_item.done, response.completed (or response.incomplete / response.failed)."
+)
 _ANTHROPIC_EVENTS = (
     "Anthropic's event sequence: message_start, content_block_start, content_block_delta..., "
     "content_block_stop, message_delta, message_stop; an `error` event if the stream breaks."
@@ -286,6 +312,22 @@ def build_document() -> dict[str, Any]:
                 )
             },
             "/v1/messages": {"post": anthropic},
+            "/v1/responses": {
+                "post": _generation(
+                    "createResponse",
+                    "OpenAI Responses API, text subset (gateway/README.md); `background: true` returns at once.",
+                    "ResponsesRequest",
+                    "Response",
+                    _RESPONSES_EVENTS,
+                )
+            },
+            "/v1/responses/{response_id}": {
+                "get": _listing("getResponse", "A stored response of this key's tenant.", "Response", (401,)),
+                "delete": _listing("deleteResponse", "Cancels and forgets a response.", "Response", (401,)),
+            },
+            "/v1/responses/{response_id}/cancel": {
+                "post": _listing("cancelResponse", "Cancels a running response.", "Response", (400, 401))
+            },
             "/v1/models": {
                 "get": _listing("listModels", "The models this key may use.", "ModelList", (401,))
             },

@@ -4,6 +4,7 @@ bodies its schemas accept are served, bodies they reject are 400s."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
@@ -141,7 +142,8 @@ def test_every_public_route_is_documented_and_operator_routes_are_not(
 ) -> None:
     app = create_app(gw.gateway.config, gateway=gw.gateway)
     served = {
-        (route.path, method.lower())
+        # Litestar's path parameters carry their type (`{id:str}`); OpenAPI's do not.
+        (re.sub(r":\w+}", "}", route.path), method.lower())
         for route in app.routes
         if isinstance(route, HTTPRoute) and route.path not in OPERATOR_PATHS | {"/openapi.json"}
         for method in route.methods - {"OPTIONS", "HEAD"}
