@@ -76,6 +76,7 @@ class Gateway:
         if self.ledger is not None:
             await self.ledger.start()
         await self.prober.start()
+        await self.pipeline.rollouts.start()
         nodes = self.directory.snapshot()
         ready = sum(1 for n in nodes if (r := self.prober.result(n.node_id)) is not None and r.ready)
         logger.info(
@@ -88,6 +89,7 @@ class Gateway:
     async def stop(self) -> None:
         # Each step runs even if an earlier one fails: a half-stopped gateway leaks tasks.
         for step in (
+            self.pipeline.rollouts.stop,
             self.prober.stop,
             self.directory.stop,
             self.policies.stop,
