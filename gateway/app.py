@@ -82,6 +82,7 @@ class Gateway:
         if self.ledger is not None:
             await self.ledger.start()
         await self.prober.start()
+        await self.pipeline.rollouts.start()
         nodes = self.directory.snapshot()
         ready = sum(1 for n in nodes if (r := self.prober.result(n.node_id)) is not None and r.ready)
         logger.info(
@@ -96,6 +97,7 @@ class Gateway:
         assert self.responses is not None
         for step in (
             self.responses.stop,  # first: its runs' streams close while the clients are up
+            self.pipeline.rollouts.stop,
             self.prober.stop,
             self.directory.stop,
             self.policies.stop,

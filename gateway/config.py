@@ -33,7 +33,7 @@ from http_server.limits import KeepAliveSeconds
 from protocol.consul.advertisement import SERVICE_NAME
 from protocol.consul.client import ConsulConfig, resolve_tls_paths
 from router import MAX_ATTEMPTS_BOUND
-from router.types import CatalogModel
+from router.types import CatalogModel, Rollout
 
 
 class ConfigError(Exception):
@@ -59,6 +59,23 @@ class ListenConfig(_Section):
     port: int = 8080
 
 
+class RolloutConfig(_Section):
+    """`rollout: {versions: {v2: 10, v1: 90}}`: each request's sticky key draws a version by
+    weight (router/rollout.py). The first version listed owns the bottom of the range, so put the
+    canary first: growing its weight then only moves sessions onto it."""
+
+    versions: dict[str, Annotated[int, msgspec.Meta(ge=0)]]
+
+    def __post_init__(self) -> None:
+        if not self.versions:
+            raise ValueError("versions: at least one version is required")
+        if sum(self.versions.values()) <= 0:
+            raise ValueError("versions: the weights must sum to more than 0")
+
+    def to_rollout(self) -> Rollout:
+        return Rollout(tuple(self.versions.items()))
+
+
 class CatalogEntry(_Section):
     name: str
     tier: Literal["small", "large"]
@@ -67,6 +84,15 @@ class CatalogEntry(_Section):
     price: ModelPrice | None = None
     # By the provider's model name (an endpoint's `models:` value) when a provider serves it.
     provider_prices: dict[str, ModelPrice] = msgspec.field(default_factory=dict)
+    # The model's known versions (what nodes advertise: their `version:`); a rollout names only these.
+    versions: list[str] = msgspec.field(default_factory=list)
+    rollout: RolloutConfig | None = None
+
+    def __post_init__(self) -> None:
+        if self.rollout is not None:
+            unknown = sorted(set(self.rollout.versions) - set(self.versions))
+            if unknown:
+                raise ValueError(f"rollout.versions: {unknown} not in the model's versions {self.versions}")
 
     def to_model(self) -> CatalogModel:
         return CatalogModel(name=self.name, tier=self.tier, description=self.description)
@@ -240,6 +266,10 @@ class GatewayConfig(_Section):
 
     def catalog_models(self) -> tuple[CatalogModel, ...]:
         return tuple(entry.to_model() for entry in self.catalog)
+
+    def rollouts(self) -> dict[str, Rollout]:
+        """The rollout plan of each catalog model that has one."""
+        return {entry.name: entry.rollout.to_rollout() for entry in self.catalog if entry.rollout is not None}
 
 
 _AT = re.compile(r" - at `\$([^`]*)`$")

@@ -242,10 +242,15 @@ class TracedPipeline(RequestPipeline):
             return await super()._admit_quota(ctx, plan, ticket)
 
     def _route(
-        self, ctx: CallContext, plan: RequestPlan, exclude: frozenset[str] = frozenset()
+        self,
+        ctx: CallContext,
+        plan: RequestPlan,
+        exclude: frozenset[str] = frozenset(),
+        *,
+        version: str | None = None,
     ) -> tuple[Target, ...]:
         with self._span("route", ctx) as span:
-            targets = super()._route(ctx, plan, exclude)
+            targets = super()._route(ctx, plan, exclude, version=version)
             span.set_attribute("meridian.route.targets", [t.target_id for t in targets])
             if targets:
                 span.set_attribute("meridian.route.reason", targets[0].reason)
@@ -331,11 +336,11 @@ class TracedPipeline(RequestPipeline):
         return served
 
     async def _continue(
-        self, ctx: CallContext, plan: RequestPlan, step: Continue, *, exclude: frozenset[str]
+        self, ctx: CallContext, plan: RequestPlan, step: Continue, *, exclude: frozenset[str], version: str
     ) -> OpenedStream:
         call = ctx.trace
         if not isinstance(call, CallTrace):
-            return await super()._continue(ctx, plan, step, exclude=exclude)
+            return await super()._continue(ctx, plan, step, exclude=exclude, version=version)
         attributes = {
             "meridian.continuation.carried_tokens": step.carried,
             "meridian.continuation.excluded": sorted(exclude),
@@ -349,7 +354,7 @@ class TracedPipeline(RequestPipeline):
         with span:
             token = _current.set((call, span if span.is_recording() else root))
             try:
-                return await super()._continue(ctx, plan, step, exclude=exclude)
+                return await super()._continue(ctx, plan, step, exclude=exclude, version=version)
             finally:
                 _current.reset(token)
 

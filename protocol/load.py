@@ -17,6 +17,10 @@ class ModelEntry(msgspec.Struct, kw_only=True):
 class ModelLoad(msgspec.Struct, kw_only=True):
     tier: str = ""
     loaded: bool = False
+    # The version the node serves this model as ("": unversioned) and a short hash of the
+    # checkpoint it loaded (regional_node/server/checkpoint.py), for rollouts and drift checks.
+    version: str = ""
+    checkpoint: str = ""
     max_model_len: int | None = None
     kv_cache_usage: float = 0.0
     kv_blocks_total: int = 0

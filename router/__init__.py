@@ -15,6 +15,7 @@ from router.errors import ModelNotAllowedError, RoutingError, UnknownModelError
 from router.overload import PoolWait, node_wait_s, pool_wait
 from router.params import DEFAULT_PARAMS, RoutingParams
 from router.retry import MAX_ATTEMPTS_BOUND, RetryPolicy, backoff_delays, next_targets
+from router.rollout import checkpoint_drift, choose_version, node_version, rollout_point
 from router.route import route
 from router.tiers import (
     DEFAULT_AUTO,
@@ -35,10 +36,12 @@ from router.types import (
     EscalationOverrides,
     FleetSnapshot,
     ModelQueue,
+    ModelVersion,
     NodeInfo,
     NodeLoad,
     ProviderInfo,
     Residency,
+    Rollout,
     RouteDecision,
     RouteRequest,
     Target,
@@ -64,6 +67,7 @@ __all__ = [
     "FleetSnapshot",
     "ModelNotAllowedError",
     "ModelQueue",
+    "ModelVersion",
     "NodeInfo",
     "NodeLoad",
     "PoolWait",
@@ -72,6 +76,7 @@ __all__ = [
     "Residency",
     "Resolved",
     "RetryPolicy",
+    "Rollout",
     "RouteDecision",
     "RouteRequest",
     "RoutingError",
@@ -84,17 +89,21 @@ __all__ = [
     "auto_family",
     "auto_tier",
     "backoff_delays",
+    "checkpoint_drift",
     "choose_tier",
+    "choose_version",
     "classify",
     "content_flags",
     "degrade_model",
     "escalation_model",
     "judge",
     "next_targets",
+    "node_version",
     "node_wait_s",
     "pool_wait",
     "rendezvous_rank",
     "resolve_model",
+    "rollout_point",
     "route",
     "rule_for",
 ]

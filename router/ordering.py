@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from router.affinity import rendezvous_rank
 from router.load import describe_load, is_saturated, load_band
 from router.params import RoutingParams
+from router.rollout import node_version
 from router.types import NodeInfo, ProviderInfo, Target
 
 PREFERENCE_WORDS = ("same-region", "same-jurisdiction", "other-region")
@@ -96,6 +97,7 @@ def order_nodes(
                 jurisdiction=node.jurisdiction,
                 model=model,
                 reason=reason_prefix + ";".join(parts),
+                version=served.version if (served := node_version(node, model)) is not None else "",
             )
         )
     return tuple(targets)

@@ -7,22 +7,31 @@ providers when the policy allows them. A request admission already degraded (`de
 pool was over its tier's target, gateway/admission) is routed to the small model it names, every
 target marked "degraded". Every target on every list is inside the tenant's residency
 (router.candidates screens before anything else looks).
+
+Versions (router.rollout): a model with a rollout plan is served only by nodes advertising the
+version the request's sticky key draws, and never by a provider (whose version is unknown); a
+request pinned to a version (a stream continuation) only by targets of that version. No fallback
+to another version: a session that moved versions mid-conversation, or a canary that silently
+took the stable version's traffic, is what a rollout exists to prevent; the unavailable reason
+names the version instead. A model without a plan is served by any version.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from router.candidates import Screening, screen_nodes, screen_providers
 from router.load import is_saturated
 from router.ordering import order_nodes, order_providers, preferred_jurisdiction
 from router.params import DEFAULT_PARAMS, RoutingParams
+from router.rollout import choose_version, node_version
 from router.tiers import degrade_model
 from router.types import (
     CatalogModel,
     FleetSnapshot,
     NodeInfo,
     ProviderInfo,
+    Rollout,
     RouteDecision,
     RouteRequest,
     Target,
@@ -37,13 +46,16 @@ def route(
     *,
     catalog: Sequence[CatalogModel] = (),
     params: RoutingParams = DEFAULT_PARAMS,
+    rollouts: Mapping[str, Rollout] | None = None,
 ) -> RouteDecision:
     """Ordered targets for `request.model` (already resolved from "auto").
 
     `catalog` is only needed for degrading (it says which model is the small tier); without it,
-    no request is degraded. With no target at all, `targets` is empty and `unavailable_reason`
-    says why in words a client can act on.
+    no request is degraded. `rollouts`: the rollout plan of each model that has one. With no
+    target at all, `targets` is empty and `unavailable_reason` says why in words a client can
+    act on.
     """
+    rollouts = rollouts or {}
     preferred_region = request.client_region or request.home_region
     where = {
         "preferred_region": preferred_region,
@@ -51,8 +63,12 @@ def route(
     }
     affinity_key = _affinity_key(request, policy)
     screen = {"residency": policy.residency, "exclude": request.exclude}
+    sticky_key = request.session_key or affinity_key
+    version = request.version
+    if version is None and request.model in rollouts:
+        version = choose_version(rollouts[request.model], sticky_key)
 
-    nodes = screen_nodes(fleet.nodes, model=request.model, **screen)
+    nodes = screen_nodes(_of_version(fleet.nodes, request.model, version), model=request.model, **screen)
     primary = order_nodes(
         nodes.admitted,
         model=request.model,
@@ -67,7 +83,10 @@ def route(
     no_capacity = all(is_saturated(n.load, params) for n in nodes.admitted)
     small_nodes: Screening[NodeInfo] | None = None
     if small is not None and no_capacity:
-        small_nodes = screen_nodes(fleet.nodes, model=small.name, **screen)
+        small_version = choose_version(rollouts[small.name], sticky_key) if small.name in rollouts else None
+        small_nodes = screen_nodes(
+            _of_version(fleet.nodes, small.name, small_version), model=small.name, **screen
+        )
         # A node serving both tiers is already on the list (and saturated): trying it again
         # under another model name would only queue behind the same full cache.
         taken = {n.node_id for n in nodes.admitted}
@@ -80,7 +99,10 @@ def route(
             **where,
         )
 
-    providers = screen_providers(fleet.providers, model=request.model, **screen)
+    # A provider's version is unknown: it serves only requests no version is asked of (or a
+    # continuation of a stream that began on an unknown version).
+    versionless = version is None or version == ""
+    providers = screen_providers(fleet.providers if versionless else (), model=request.model, **screen)
     commercial = (
         order_providers(providers.admitted, model=request.model, **where) if policy.allow_commercial else ()
     )
@@ -91,13 +113,35 @@ def route(
             targets=(),
             reason=f"model={request.model}; no target",
             unavailable_reason=_unavailable_reason(
-                request.model, policy, nodes, providers, small, small_nodes
+                _described(request.model, version), policy, nodes, providers, small, small_nodes
             ),
+            version=version,
         )
     return RouteDecision(
         targets=targets,
-        reason=_decision_reason(request, policy, preferred_region, primary, degraded, commercial, small),
+        reason=_decision_reason(request, policy, preferred_region, primary, degraded, commercial, small)
+        + (f"; version={version}" if version else ""),
+        version=version,
     )
+
+
+def _of_version(nodes: Sequence[NodeInfo], model: str, version: str | None) -> Sequence[NodeInfo]:
+    """The fleet with the nodes serving `model` at another version (or an unknown one, when a
+    version is asked for) left out; None asks for no version. "" asks for the unknown version."""
+    if version is None:
+        return nodes
+
+    def keeps(node: NodeInfo) -> bool:
+        if model not in node.models:
+            return True
+        served = node_version(node, model)
+        return (served.version if served is not None else "") == version
+
+    return [node for node in nodes if keeps(node)]
+
+
+def _described(model: str, version: str | None) -> str:
+    return f"version '{version}' of '{model}'" if version else f"'{model}'"
 
 
 def _affinity_key(request: RouteRequest, policy: TenantPolicy) -> str:
@@ -138,7 +182,7 @@ def _decision_reason(
 
 
 def _unavailable_reason(
-    model: str,
+    model: str,  # as the reason names it: 'name', or version 'v' of 'name'
     policy: TenantPolicy,
     nodes: Screening[NodeInfo],
     providers: Screening[ProviderInfo],
@@ -149,9 +193,9 @@ def _unavailable_reason(
     limited = where != "anywhere"
     where = f"in {where}" if limited else where
     if nodes.serving == 0:
-        parts = [f"no node in the fleet serves '{model}'"]
+        parts = [f"no node in the fleet serves {model}"]
     else:
-        parts = [f"no healthy node serving '{model}' {where}"]
+        parts = [f"no healthy node serving {model} {where}"]
         parts += _turned_away(nodes, "node", limited=limited)
     if small is not None and small_nodes is not None:
         parts.append(f"degrading to '{small.name}' found no node for it {where} either")

@@ -97,6 +97,28 @@ class CatalogModel:
 
 
 @dataclass(frozen=True)
+class ModelVersion:
+    """The version of a model a node serves, and a hash of the checkpoint it loaded."""
+
+    version: str
+    checkpoint: str = ""  # "" when the node did not say
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """A catalog model's rollout plan: (version, weight) pairs in the order the config lists them.
+
+    router.rollout.choose_version reads it; weights are relative (they need not sum to 100).
+    """
+
+    weights: tuple[tuple[str, int], ...]
+
+    @property
+    def total(self) -> int:
+        return sum(weight for _, weight in self.weights)
+
+
+@dataclass(frozen=True)
 class ModelQueue:
     """One model's queue on a node (the per-model entry of `/load`), as admission reads it."""
 
@@ -117,6 +139,7 @@ class NodeLoad:
     num_running: int = 0
     num_waiting: int = 0
     models: Mapping[str, ModelQueue] = field(default_factory=dict)  # by logical model name
+    versions: Mapping[str, ModelVersion] = field(default_factory=dict)  # by model; empty: not reported
 
 
 @dataclass(frozen=True)
@@ -130,6 +153,9 @@ class NodeInfo:
     models: frozenset[str]  # logical model names it serves
     healthy: bool = True
     load: NodeLoad | None = None
+    # By model, as the directory states it (regions file, Consul meta); the node's own /load
+    # report wins where it has one (router.rollout.node_version).
+    versions: Mapping[str, ModelVersion] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -162,6 +188,10 @@ class RouteRequest:
     # Set when admission sent the request to `model` (the small tier) because the pool of this
     # model, the one it asked for, was over its traffic tier's target: reasons say "degraded".
     degraded_from: str | None = None
+    # The rollout's sticky key: the request's `user` or session header; empty: the affinity key.
+    session_key: str = ""
+    # Set on a stream continuation: only targets serving this version of `model` (never mixed).
+    version: str | None = None
 
 
 @dataclass(frozen=True)
@@ -173,6 +203,7 @@ class Target:
     jurisdiction: str
     model: str
     reason: str  # why it is in this position, for x-meridian-route and traces
+    version: str = ""  # the model version the target advertises; "" when unknown (providers)
 
 
 @dataclass(frozen=True)
@@ -182,3 +213,4 @@ class RouteDecision:
     targets: tuple[Target, ...]
     reason: str
     unavailable_reason: str | None = None
+    version: str | None = None  # the rollout version chosen for the model; None: no rollout

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from gateway.config import ConsulDirectoryConfig
 from protocol.consul.advertisement import MetaError, node_from_entry
 from protocol.consul.client import ConsulClient, ConsulError, HealthResult, next_blocking_index
-from router.types import NodeInfo
+from router.types import ModelVersion, NodeInfo
 
 logger = logging.getLogger(__name__)
 
@@ -170,6 +170,7 @@ class ConsulRegionDirectory:
                     region=advert.region,
                     jurisdiction=advert.jurisdiction,
                     models=advert.models,
+                    versions={t.name: ModelVersion(t.version, t.checkpoint) for t in advert.versions},
                 )
             )
         return tuple(nodes)

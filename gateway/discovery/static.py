@@ -7,7 +7,10 @@ nodes:
     region: us-east
     jurisdiction: us
     models: [meridian-small, meridian-large]
+    versions: {meridian-large: v2}   # optional: the version of each model it serves (rollouts)
 ```
+
+A node's own /load report of its versions wins over the file's once the gateway has probed it.
 
 The file is re-read when its modification time changes (checked every `poll_interval_s`), so
 nodes can be added without restarting the gateway; a file that turns invalid is reported and the
@@ -25,7 +28,7 @@ import yaml
 
 from gateway.config import ConfigError
 from gateway.runtime.tasks import cancel_and_wait
-from router.types import NodeInfo
+from router.types import ModelVersion, NodeInfo
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +39,7 @@ class _NodeEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     region: str
     jurisdiction: str
     models: list[str]
+    versions: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 class _RegionsFile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -59,6 +63,9 @@ def parse_regions(text: str, *, source: str) -> tuple[NodeInfo, ...]:
     for index, entry in enumerate(parsed.nodes):
         if not entry.url.startswith(("http://", "https://")):
             raise ConfigError(f"{source}: $.nodes[{index}].url: expected an http(s) URL, got {entry.url!r}")
+        unserved = sorted(set(entry.versions) - set(entry.models))
+        if unserved:
+            raise ConfigError(f"{source}: $.nodes[{index}].versions: not in its models: {unserved}")
     return tuple(
         NodeInfo(
             node_id=entry.node_id,
@@ -66,6 +73,7 @@ def parse_regions(text: str, *, source: str) -> tuple[NodeInfo, ...]:
             region=entry.region,
             jurisdiction=entry.jurisdiction,
             models=frozenset(entry.models),
+            versions={model: ModelVersion(version) for model, version in entry.versions.items()},
         )
         for entry in parsed.nodes
     )

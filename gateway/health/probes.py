@@ -23,7 +23,7 @@ from gateway.discovery.interface import RegionDirectory
 from gateway.runtime.tasks import cancel_and_wait
 from gateway.upstreams.http1 import ConnectionPool, TransportError, split_url
 from protocol.load import LoadReport
-from router.types import ModelQueue, NodeInfo, NodeLoad
+from router.types import ModelQueue, ModelVersion, NodeInfo, NodeLoad
 
 logger = logging.getLogger(__name__)
 
@@ -150,5 +150,10 @@ class NodeProber:
                     first_token_s_by_tier=m.first_token_s_by_tier,
                 )
                 for name, m in report.per_model.items()
+            },
+            versions={
+                name: ModelVersion(m.version, m.checkpoint)
+                for name, m in report.per_model.items()
+                if m.version
             },
         )

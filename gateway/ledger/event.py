@@ -41,6 +41,7 @@ class UsageEvent(msgspec.Struct, kw_only=True, frozen=True):
     continuations: int = 0  # stream continuations on another upstream after a break
     degraded: bool = False  # admission served it from the small tier
     safety: bool = False  # a content check redacted or blocked something (gateway/safety)
+    model_version: str = ""  # the version of `model` that served it (rollouts); "": unversioned
 
 
 _ENCODER = msgspec.json.Encoder()

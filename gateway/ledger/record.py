@@ -93,6 +93,7 @@ def usage_event(
         continuations=continuations,
         degraded=degraded,
         safety=ctx.safety is not None and ctx.safety.changed,
+        model_version=target.version if target is not None else "",
     )
 
 
@@ -115,6 +116,7 @@ def escalated_event(served: UsageEvent, escalated: Escalated, prices: PriceTable
         jurisdiction=target.jurisdiction,
         upstream=target.target_id,
         route_reason=f"auto:small->large;{escalated.reason}",
+        model_version=target.version,
         status="escalated",
         prompt_tokens=prompt,
         cached_tokens=0,

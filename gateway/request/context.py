@@ -24,12 +24,19 @@ def header_safe(value: str) -> str:
     return printable[:512]
 
 
+# A client's conversation id: the sticky key that keeps it on one model version in a rollout
+# (router/rollout.py); without it, the request's `user` field, else its prefix affinity key.
+SESSION_HEADER = "x-meridian-session"
+
+
 @dataclass
 class CallContext:
     """One client call: who it is for and the headers its response (or error) carries."""
 
     request_id: str
     client_region: str | None
+    # x-meridian-session: keeps a conversation on one model version during a rollout.
+    session_key: str = ""
     started: float = field(default_factory=time.monotonic)
     tenant: TenantPolicy | None = None
     model: str = "-"

@@ -40,9 +40,10 @@ from gateway.metrics import GatewayMetrics
 from gateway.policy import PolicyStore
 from gateway.quota.interface import Admission, QuotaGate
 from gateway.quota.lease import LeaseKeeper
-from gateway.request.context import CallContext, header_safe
+from gateway.request.context import SESSION_HEADER, CallContext, header_safe
 from gateway.request.errors import NoRouteError
 from gateway.request.plan import RequestPlan, plan_request
+from gateway.request.rollouts import RolloutPlans
 from gateway.runtime.tasks import run_shielded
 from gateway.safety.guard import CallSafety, SafetyGuard
 from gateway.streaming.collect import collect
@@ -88,6 +89,10 @@ class RequestPipeline:
         self._failover = forwarder
         self._metrics = metrics
         self.admission = AdmissionController(config.admission, fleet.snapshot, self._catalog, metrics)
+        # Reloaded from the config file while running (instant rollback); the app starts its watch.
+        self.rollouts = RolloutPlans(
+            config, fleet.snapshot, metrics.registry, interval_s=config.timeouts.probe_interval_s
+        )
         self._auto = config.auto.to_router()
         # Escalations per (tenant, auto family): the cascade records, planning reads.
         self.escalations = ThrashGuard(config.auto.thrash.to_rule())
@@ -122,6 +127,8 @@ class RequestPipeline:
             served_tokens = int(usage.get("total_tokens") or plan.estimated_tokens) + _wasted(ctx)
             self._count_tokens(ctx, usage)
             result["model"] = target.model
+            if target.version:
+                result["system_fingerprint"] = target.version
             if not plan.wants_token_ids:
                 for choice in result.get("choices") or []:
                     choice.pop("token_ids", None)
@@ -186,6 +193,7 @@ class RequestPipeline:
         return CallContext(
             request_id=f"req_{os.urandom(16).hex()}",  # uuid4's randomness, without the UUID object
             client_region=headers.get("x-meridian-client-region") or None,
+            session_key=headers.get(SESSION_HEADER, ""),
         )
 
     def authenticate(self, ctx: CallContext, authorization: str | None) -> TenantPolicy:
@@ -380,10 +388,17 @@ class RequestPipeline:
         return admission
 
     def _route(
-        self, ctx: CallContext, plan: RequestPlan, exclude: frozenset[str] = frozenset()
+        self,
+        ctx: CallContext,
+        plan: RequestPlan,
+        exclude: frozenset[str] = frozenset(),
+        *,
+        version: str | None = None,
     ) -> tuple[Target, ...]:
+        """`version`: only targets serving that version of the model (a continuation's pin)."""
         assert ctx.tenant is not None
         model = plan.model.name
+        user = plan.base_body.get("user")
         request = RouteRequest(
             model=model,
             home_region=self._config.home_region,
@@ -391,8 +406,17 @@ class RequestPipeline:
             affinity_key=plan.affinity_key,
             exclude=exclude,
             degraded_from=plan.degraded_from,
+            # The rollout's sticky key: the session header, else the OpenAI `user` field.
+            session_key=ctx.session_key or (user if isinstance(user, str) else ""),
+            version=version,
         )
-        decision = route(request, ctx.tenant, self._fleet.snapshot(), catalog=self._catalog)
+        decision = route(
+            request,
+            ctx.tenant,
+            self._fleet.snapshot(),
+            catalog=self._catalog,
+            rollouts=self.rollouts.current(),
+        )
         if not decision.targets:
             ctx.headers["x-meridian-route"] = header_safe(decision.reason)
             raise NoRouteError(model, decision.unavailable_reason or decision.reason)
@@ -406,6 +430,8 @@ class RequestPipeline:
         failed: set[str] = set()
         while True:
             async for chunk in relay.chunks():
+                if relay.target.version:
+                    chunk["system_fingerprint"] = relay.target.version
                 yield chunk
             report = relay.broken
             if report is None:
@@ -421,7 +447,9 @@ class RequestPipeline:
             if isinstance(step, Continue):
                 broke = f"The stream from {report.target.target_id} broke ({report.error.message})"
                 try:
-                    opened = await self._continue(ctx, plan, step, exclude=frozenset(failed))
+                    opened = await self._continue(
+                        ctx, plan, step, exclude=frozenset(failed), version=report.target.version
+                    )
                 except NoRouteError as exc:
                     step = Stop("error", f"{broke} and no other upstream could continue it: {exc.why}.")
                 except (UpstreamsExhausted, UpstreamRejected) as exc:
@@ -436,16 +464,17 @@ class RequestPipeline:
             return
 
     async def _continue(
-        self, ctx: CallContext, plan: RequestPlan, step: Continue, *, exclude: frozenset[str]
+        self, ctx: CallContext, plan: RequestPlan, step: Continue, *, exclude: frozenset[str], version: str
     ) -> OpenedStream:
         """A continuation: routed afresh (fresh health, same residency, the upstreams this stream
-        broke on excluded), to upstreams of the same model that can take a token-exact
-        continuation. NoRouteError says why there is none."""
+        broke on excluded), to upstreams of the same model and the same `version` (the stream's;
+        "": unversioned) that can take a token-exact continuation. NoRouteError says why there is
+        none."""
         model = plan.model.name
         targets = [
             t
-            for t in self._route(ctx, plan, exclude)
-            if t.model == model and self._fleet.upstream_for(t).token_exact
+            for t in self._route(ctx, plan, exclude, version=version)
+            if t.model == model and t.version == version and self._fleet.upstream_for(t).token_exact
         ]
         if not targets:
             raise NoRouteError(

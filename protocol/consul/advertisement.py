@@ -2,7 +2,8 @@
 
 Both sides import this one module, so the encoding cannot drift. Consul's service metadata is a flat
 map of strings (keys [A-Za-z0-9_-], values <= 512 characters), so the node's models and their tiers
-are one value: `models=meridian-small:small,meridian-large:large`.
+are one value: `models=meridian-small:small,meridian-large:large`. Versioned models add
+`versions=meridian-large=v2@1f2e3d4c5b6a7980` (model=version@checkpoint hash; the hash may be empty).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ META_REGION = "region"
 META_JURISDICTION = "jurisdiction"
 META_MODELS = "models"
 META_SCHEME = "scheme"  # the node's URL scheme: http or https
+META_VERSIONS = "versions"  # the versions of its models, for rollouts (absent: none versioned)
 
 
 class MetaError(ValueError):
@@ -32,12 +34,39 @@ class NodeAdvertisement:
     region: str
     jurisdiction: str
     models: frozenset[str]  # logical model names
+    versions: tuple[ModelVersionTag, ...] = ()
 
 
 @dataclass(frozen=True)
 class ModelTag:
     name: str
     tier: str
+
+
+@dataclass(frozen=True)
+class ModelVersionTag:
+    name: str
+    version: str
+    checkpoint: str = ""
+
+
+def encode_versions(versions: list[ModelVersionTag] | tuple[ModelVersionTag, ...]) -> str:
+    for tag in versions:
+        parts = (tag.name, tag.version, tag.checkpoint)
+        if not tag.name or not tag.version or any(c in part for part in parts for c in ",=@"):
+            raise MetaError(f"version {tag.version!r} of {tag.name!r} cannot be encoded in Consul meta")
+    return ",".join(f"{t.name}={t.version}@{t.checkpoint}" for t in versions)
+
+
+def decode_versions(value: str) -> tuple[ModelVersionTag, ...]:
+    tags = []
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        name, sep, rest = item.partition("=")
+        version, _, checkpoint = rest.partition("@")
+        if not sep or not name or not version:
+            raise MetaError(f"meta {META_VERSIONS}: {item!r} is not model=version@checkpoint")
+        tags.append(ModelVersionTag(name, version, checkpoint))
+    return tuple(tags)
 
 
 def encode_models(models: list[ModelTag] | tuple[ModelTag, ...]) -> str:
@@ -82,4 +111,5 @@ def node_from_entry(entry: ServiceEntry) -> NodeAdvertisement:
         region=meta[META_REGION],
         jurisdiction=meta[META_JURISDICTION],
         models=frozenset(model.name for model in decode_models(meta[META_MODELS])),
+        versions=decode_versions(meta.get(META_VERSIONS, "")),
     )

@@ -22,9 +22,12 @@ from protocol.consul.advertisement import (
     META_NODE_ID,
     META_REGION,
     META_SCHEME,
+    META_VERSIONS,
     SERVICE_NAME,
     ModelTag,
+    ModelVersionTag,
     encode_models,
+    encode_versions,
 )
 from protocol.consul.client import ConsulClient, ConsulConfig, ConsulError, ConsulNotFound
 from protocol.consul.wire import ServiceCheck, ServiceRegistration, go_duration, meta_problems
@@ -63,8 +66,10 @@ def build_registration(
     host: str,
     port: int,
     models: Sequence[tuple[str, str]],
+    versions: Sequence[ModelVersionTag] = (),
 ) -> ServiceRegistration:
-    """The service definition for one node; `models` are (name, tier) pairs."""
+    """The service definition for one node; `models` are (name, tier) pairs, `versions` those
+    of its models that are versioned."""
     address = config.advertise_address if config.advertise_address is not None else host
     address = "" if address in _WILDCARD_HOSTS else address
     meta = {
@@ -74,6 +79,8 @@ def build_registration(
         META_MODELS: encode_models(tuple(ModelTag(name, tier) for name, tier in models)),
         META_SCHEME: config.url_scheme,
     }
+    if versions:
+        meta[META_VERSIONS] = encode_versions(tuple(versions))
     problems = meta_problems(meta)
     if problems:
         raise RegistrationError("Consul would reject this node's metadata: " + "; ".join(problems))

@@ -6,6 +6,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Protocol
 
+from protocol.consul.advertisement import ModelVersionTag
 from protocol.consul.client import ConsulClient
 from regional_node.discovery.consul_registration import (
     ConsulRegistration,
@@ -39,6 +40,9 @@ async def consul_presence(config: NodeConfig, readiness: Callable[[], bool]) -> 
         raise RegistrationError(
             "consul: registration needs a fixed port (port 0 is only known after binding)"
         )
+    # Here, not at the top: regional_node.server imports this package (as for NodeConfig above).
+    from regional_node.server.checkpoint import checkpoint_hash
+
     registration = build_registration(
         consul,
         node_id=config.node_id,
@@ -47,6 +51,11 @@ async def consul_presence(config: NodeConfig, readiness: Callable[[], bool]) -> 
         host=config.host,
         port=config.port,
         models=[(model.name, model.tier) for model in config.models],
+        versions=[
+            ModelVersionTag(model.name, model.version, checkpoint_hash(model.path))
+            for model in config.models
+            if model.version is not None
+        ],
     )
     async with ConsulClient(consul) as client:
         presence = ConsulRegistration(client, registration, readiness, retry_max_s=consul.retry_max_s)

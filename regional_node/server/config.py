@@ -106,6 +106,9 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     name: Name
     path: str
     tier: Tier = "small"
+    # The version of `name` this checkpoint is (e.g. "v2"), advertised in /load and Consul meta so
+    # the gateway can route a rollout by it; None: unversioned (only served without a rollout).
+    version: Name | None = None
     engine: EngineSettings = msgspec.field(default_factory=EngineSettings)
     queue: QueueSettings = msgspec.field(default_factory=QueueSettings)
 

@@ -8,6 +8,8 @@ Overload (per model): the waiting prompt tokens per traffic tier, each tier's bo
 model's `queue` config, whether or not it is loaded yet), the engine's drain rate, and the
 estimated time to first token of a new request per tier (regional_node/engine/admission.py, the
 same estimate the node admits by). The report's `queue_wait_s` is the largest over the models.
+
+Each model also carries the version it is configured as and its checkpoint's hash.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from protocol.load import LoadReport, ModelEntry, ModelLoad
+from regional_node.server.checkpoint import checkpoint_hash
 from regional_node.server.config import ModelConfig, NodeConfig
 from regional_node.server.pool import ModelPool
 
@@ -56,6 +59,8 @@ def _model_load(config: ModelConfig, stats: Mapping[str, Any], max_model_len: in
     return ModelLoad(
         tier=config.tier,
         loaded=bool(stats),
+        version=config.version or "",
+        checkpoint=checkpoint_hash(config.path),
         max_model_len=max_model_len,
         kv_cache_usage=float(stats.get("kv_cache_usage", 0.0) or 0.0),
         kv_blocks_total=_int(stats, "kv_blocks_total"),

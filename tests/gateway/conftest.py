@@ -21,7 +21,7 @@ import httpx
 import yaml
 
 from gateway.app import Gateway, build_gateway, create_app
-from gateway.config import config_from_dict
+from gateway.config import config_from_dict, load_config
 from gateway.runtime.serve import uvicorn_config
 from router.types import Residency, TenantLimits, TenantPolicy
 from tests.support.processes import REPO_ROOT, free_port, python_command, stop_process, wait_http_ok
@@ -202,12 +202,18 @@ def run_gateway(
     config: dict[str, Any],
     tenants: Sequence[TenantPolicy] = TEST_TENANTS,
     env: Mapping[str, str] | None = None,
+    path: Path | None = None,
 ) -> Iterator[RunningGateway]:
     """A gateway on a free port, served from a background thread with its own event loop.
-    `env` adds environment variables the gateway reads (e.g. providers' API keys)."""
+    `env` adds environment variables the gateway reads (e.g. providers' API keys). With `path`,
+    the config is written there as YAML and loaded from the file (what reloads re-read)."""
     import uvicorn
 
-    parsed = config_from_dict(config, source="test-gateway.yaml")
+    if path is not None:
+        path.write_text(yaml.safe_dump(config), encoding="utf-8")
+        parsed = load_config(path)
+    else:
+        parsed = config_from_dict(config, source="test-gateway.yaml")
     gateway = build_gateway(
         parsed, extra_policies=tenants, env={"MERIDIAN_NODE_TOKEN": NODE_TOKEN, **(env or {})}
     )

@@ -3,6 +3,8 @@ its safety flag from the call's content checks."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from gateway.ledger.prices import ModelPrice, PriceTable
@@ -74,3 +76,11 @@ def test_the_safety_flag_says_whether_a_check_redacted_or_blocked() -> None:
     assert event_of(ctx).safety is False  # flagged only: the request went through unchanged
     ctx.safety.decisions.append(Decision("output", "rules", "email", "redact"))
     assert event_of(ctx).safety is True
+
+
+def test_the_event_records_the_version_that_served() -> None:
+    ctx = served_call()
+    assert event_of(ctx).model_version == ""
+    assert ctx.target is not None
+    ctx.target = dataclasses.replace(ctx.target, version="v2")
+    assert event_of(ctx).model_version == "v2"

@@ -157,3 +157,50 @@ async def test_a_postgres_store_started_late_creates_its_tables_on_first_use(pos
     store = PostgresLedger(postgres_dsn)  # start() never called: the first commit sets up
     assert await store.commit([event("r1")]) == 1
     await store.close()
+
+
+_OLD_ROW = (
+    "INSERT INTO usage_events (request_id, ts_ms, tenant_id, api_key_id, model_requested, model, tier,"
+    " region, jurisdiction, upstream, route_reason, status, stream, prompt_tokens, cached_tokens,"
+    " completion_tokens, usage_estimated, cost_usd, price_version, total_ms, retries, continuations,"
+    " degraded, safety) VALUES ('old', %s, 'acme', 'k', 'm', 'm', 'interactive', 'eu-west', 'eu', 'n',"
+    " '-', 'ok', false, 1, 0, 1, false, 0, 'test', 1, 0, 0, false, false)"
+)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_a_database_from_before_model_versions_gets_the_column(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A usage_events table made by the first schema (no model_version) is upgraded in place: its
+    rows read back unversioned and new events keep their version."""
+    from gateway.ledger.store import sql
+    from gateway.ledger.store.postgres import PostgresLedger
+    from gateway.ledger.store.sqlite import SqliteLedger
+
+    store: LedgerStore
+    if kind == "sqlite":
+        import sqlite3
+
+        path = tmp_path / "old.sqlite"
+        with sqlite3.connect(path) as db:
+            for statement in sql.SCHEMA:
+                db.execute(statement)
+            db.execute(_OLD_ROW.replace("%s", "?").replace("false", "0"), (T0_MS,))
+        store = SqliteLedger(path)
+    else:
+        import psycopg
+
+        dsn = request.getfixturevalue("postgres_dsn")
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            for statement in sql.SCHEMA:
+                await conn.execute(statement)
+            await conn.execute(_OLD_ROW, (T0_MS,))
+        store = PostgresLedger(dsn, pool_size=1)
+    await store.start()
+    try:
+        assert await store.commit([event("new", model_version="v2")]) == 1
+        got = await store.events(T0_MS, T0_MS + DAY_MS, "acme", after=None, limit=10)
+        assert {e.request_id: e.model_version for e in got} == {"new": "v2", "old": ""}
+    finally:
+        await store.close()

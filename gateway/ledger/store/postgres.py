@@ -28,7 +28,7 @@ _PG_TYPES = {
     "gateway_overhead_ms": "double precision", "ttft_ms": "double precision",
     "queue_wait_ms": "double precision", "prefill_ms": "double precision",
     "decode_ms": "double precision", "retries": "integer", "continuations": "integer",
-    "degraded": "boolean", "safety": "boolean",
+    "degraded": "boolean", "safety": "boolean", "model_version": "text",
 }  # fmt: skip
 _ROLLUP_TYPES = (
     "text", "bigint", "text", "text", "text", "text",
@@ -85,6 +85,10 @@ class PostgresLedger:
                 async with opened[0].transaction():
                     for statement in sql.SCHEMA:
                         await opened[0].execute(statement)
+                    for column, kind in sql.ADDED_COLUMNS:
+                        await opened[0].execute(
+                            f"ALTER TABLE usage_events ADD COLUMN IF NOT EXISTS {column} {kind}"
+                        )
             except BaseException:
                 for conn in opened:
                     await conn.close()

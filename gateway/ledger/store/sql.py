@@ -66,6 +66,11 @@ SCHEMA = (
     "CREATE INDEX IF NOT EXISTS usage_rollups_all ON usage_rollups (width, bucket_ms)",
 )
 
+# Columns added to usage_events after its first release, with their type: each store adds the
+# ones an existing database lacks when it opens (SQLite has no ADD COLUMN IF NOT EXISTS, so the
+# stores check in their own way). A new database gets them the same way, so there is one path.
+ADDED_COLUMNS: tuple[tuple[str, str], ...] = (("model_version", "TEXT NOT NULL DEFAULT ''"),)
+
 INSERT_EVENT = (
     f"INSERT INTO usage_events ({', '.join(EVENT_COLUMNS)}) "
     f"VALUES ({', '.join(['%s'] * len(EVENT_COLUMNS))}) ON CONFLICT (request_id) DO NOTHING"

@@ -54,6 +54,14 @@ class SqliteLedger:
         db.execute("PRAGMA synchronous=FULL")  # a committed batch survives a power cut; then it is acked
         for statement in sql.SCHEMA:
             db.execute(statement)
+        present = {row[1] for row in db.execute("PRAGMA table_info(usage_events)")}
+        for column, kind in sql.ADDED_COLUMNS:
+            if column not in present:
+                try:
+                    db.execute(f"ALTER TABLE usage_events ADD COLUMN {column} {kind}")
+                except sqlite3.OperationalError as exc:
+                    if "duplicate column" not in str(exc):  # another process added it first
+                        raise
         return db
 
     async def start(self) -> None:
