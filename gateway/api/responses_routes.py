@@ -138,14 +138,10 @@ class ResponsesController(Controller):
         pipeline: RequestPipeline,
         responses: ResponseStore,
     ) -> Response[Any]:
-        ctx = pipeline.start_call(request.headers)
-        try:
-            tenant = pipeline.authenticate(ctx, request.headers.get("authorization"))
-            if request.query_params.get("stream") in ("true", "1"):
-                raise InvalidRequestError("Streaming a stored response is not supported.", param="stream")
-            run = _owned(responses, response_id, tenant.tenant_id)
-        except Exception as exc:
-            raise failed(pipeline, ctx, exc) from None
+        ctx, run = _authorized(request, pipeline, responses, response_id)
+        if request.query_params.get("stream") in ("true", "1"):
+            unsupported = InvalidRequestError("Streaming a stored response is not supported.", param="stream")
+            raise failed(pipeline, ctx, unsupported)
         return Response(run.to_object(), headers=ctx.headers)
 
     @post("/{response_id:str}/cancel", status_code=200)
@@ -156,10 +152,8 @@ class ResponsesController(Controller):
         pipeline: RequestPipeline,
         responses: ResponseStore,
     ) -> Response[Any]:
-        ctx = pipeline.start_call(request.headers)
+        ctx, run = _authorized(request, pipeline, responses, response_id)
         try:
-            tenant = pipeline.authenticate(ctx, request.headers.get("authorization"))
-            run = _owned(responses, response_id, tenant.tenant_id)
             if run.finished and run.status != "cancelled":
                 raise InvalidRequestError(
                     f"Response '{response_id}' is already {run.status}: only a running response can be cancelled.",
@@ -179,11 +173,21 @@ class ResponsesController(Controller):
         pipeline: RequestPipeline,
         responses: ResponseStore,
     ) -> Response[Any]:
-        ctx = pipeline.start_call(request.headers)
+        ctx, run = _authorized(request, pipeline, responses, response_id)
         try:
-            tenant = pipeline.authenticate(ctx, request.headers.get("authorization"))
-            run = _owned(responses, response_id, tenant.tenant_id)
             await responses.delete(run)
         except Exception as exc:
             raise failed(pipeline, ctx, exc) from None
         return Response({"id": response_id, "object": "response", "deleted": True}, headers=ctx.headers)
+
+
+def _authorized(
+    request: Request[Any, Any, Any], pipeline: RequestPipeline, responses: ResponseStore, response_id: str
+) -> tuple[CallContext, Run]:
+    """The caller's call context and its own stored response (another tenant's is a 404)."""
+    ctx = pipeline.start_call(request.headers)
+    try:
+        tenant = pipeline.authenticate(ctx, request.headers.get("authorization"))
+        return ctx, _owned(responses, response_id, tenant.tenant_id)
+    except Exception as exc:
+        raise failed(pipeline, ctx, exc) from None
