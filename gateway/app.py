@@ -12,6 +12,7 @@ import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from litestar import Litestar
@@ -19,13 +20,15 @@ from litestar.di import Provide
 from litestar.types import ControllerRouterHandler
 
 from gateway.api import FRONT_DOORS
-from gateway.api.errors import handle_exception
+from gateway.api.errors import handle_exception, to_api_error
+from gateway.batches.batches import Batches, build_batches
 from gateway.config import GatewayConfig
 from gateway.discovery.build import build_region_directory
 from gateway.discovery.interface import RegionDirectory
 from gateway.health import BreakerBoard, build_board, ejection
 from gateway.health.probes import NodeProber, ProbeResult
 from gateway.ledger.build import Ledger, build_ledger
+from gateway.ledger.config import SqliteStoreConfig
 from gateway.ledger.outbox import LocalOutbox
 from gateway.metrics import GatewayMetrics
 from gateway.policy import PolicyStore
@@ -66,6 +69,7 @@ class Gateway:
     tracing: Tracing | None = None  # OTEL_* said to trace (telemetry/); None: off
     ledger: Ledger | None = None  # None: `ledger.enabled: false`
     responses: ResponseStore | None = None  # the Responses API's runs; None: built from config
+    batches: Batches | None = None  # the Files and Batches APIs; None: `batches.enabled: false`
 
     def __post_init__(self) -> None:
         if self.responses is None:
@@ -83,6 +87,8 @@ class Gateway:
             await self.ledger.start()
         await self.prober.start()
         await self.pipeline.rollouts.start()
+        if self.batches is not None:
+            await self.batches.start()  # last: its runner sends requests down the pipeline
         nodes = self.directory.snapshot()
         ready = sum(1 for n in nodes if (r := self.prober.result(n.node_id)) is not None and r.ready)
         logger.info(
@@ -96,6 +102,7 @@ class Gateway:
         # Each step runs even if an earlier one fails: a half-stopped gateway leaks tasks.
         assert self.responses is not None
         for step in (
+            *((self.batches.stop,) if self.batches is not None else ()),  # its lines' leases lapse
             self.responses.stop,  # first: its runs' streams close while the clients are up
             self.pipeline.rollouts.stop,
             self.prober.stop,
@@ -219,6 +226,12 @@ def build_gateway(
             fleet, metrics, retry=config.retry, stream_idle_s=timeouts.stream_idle_s, tracer=tracing.tracer
         )
         pipeline = TracedPipeline(tracer=tracing.tracer, forwarder=forwarder, **parts)
+    batches = None
+    if config.batches.enabled:
+        assert isinstance(config.ledger.store, SqliteStoreConfig)  # GatewayConfig checks it
+        batches = build_batches(
+            config.batches, Path(config.ledger.store.path), pipeline, policies, to_api_error
+        )
     return Gateway(
         config=config,
         policies=policies,
@@ -235,6 +248,7 @@ def build_gateway(
         safety=safety,
         tracing=tracing,
         ledger=ledger,
+        batches=batches,
     )
 
 
@@ -264,6 +278,7 @@ def create_app(
             "safety": provide(gateway.safety),
             "ledger": provide(gateway.ledger),
             "responses": provide(gateway.responses),
+            "batches": provide(gateway.batches),
         },
         exception_handlers={Exception: handle_exception},
         lifespan=[gateway.lifespan],

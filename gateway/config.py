@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 import yaml
 
+from gateway.batches.config import BatchesConfig
 from gateway.escalation.config import AutoConfig
 from gateway.ledger.config import LedgerConfig, SqliteStoreConfig
 from gateway.ledger.prices import ModelPrice
@@ -249,6 +250,8 @@ class GatewayConfig(_Section):
     server: GatewayServerLimits = msgspec.field(default_factory=GatewayServerLimits)
     # The Responses API's stored responses (in memory; gateway/responses/store.py).
     responses: ResponsesConfig = msgspec.field(default_factory=ResponsesConfig)
+    # The Files and Batches APIs (gateway/batches/); their state is in the ledger's database.
+    batches: BatchesConfig = msgspec.field(default_factory=BatchesConfig)
     # Where this config came from, for error messages and resolving relative paths; not in YAML.
     source: str = "<memory>"
 
@@ -263,6 +266,8 @@ class GatewayConfig(_Section):
             raise ValueError(
                 "ledger.worker: 'external' needs quota.redis_url (the usage streams live in Redis)"
             )
+        if self.batches.enabled and not isinstance(self.ledger.store, SqliteStoreConfig):
+            raise ValueError("batches.enabled: the batch store is only built on SQLite so far (ledger.store)")
 
     def catalog_models(self) -> tuple[CatalogModel, ...]:
         return tuple(entry.to_model() for entry in self.catalog)
@@ -350,8 +355,14 @@ def _resolve_paths(config: GatewayConfig, base: Path) -> GatewayConfig:
         ledger = msgspec.structs.replace(
             ledger, store=msgspec.structs.replace(ledger.store, path=resolve(ledger.store.path))
         )
+    batches = msgspec.structs.replace(config.batches, storage_dir=resolve(config.batches.storage_dir))
     return msgspec.structs.replace(
-        config, policies=resolve(config.policies), directory=directory, safety=safety, ledger=ledger
+        config,
+        policies=resolve(config.policies),
+        directory=directory,
+        safety=safety,
+        ledger=ledger,
+        batches=batches,
     )
 
 

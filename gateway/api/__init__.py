@@ -2,6 +2,7 @@
 
 from gateway.api.admin_routes import AdminController
 from gateway.api.anthropic_routes import AnthropicController
+from gateway.api.batches_routes import BatchesController, FilesController
 from gateway.api.openai_routes import OpenAIController
 from gateway.api.openapi import OpenAPIController
 from gateway.api.quota_routes import QuotaController
@@ -13,6 +14,8 @@ FRONT_DOORS = (
     OpenAIController,
     AnthropicController,
     ResponsesController,
+    FilesController,
+    BatchesController,
     UsageController,
     QuotaController,
     OpenAPIController,
@@ -23,6 +26,8 @@ __all__ = [
     "FRONT_DOORS",
     "AdminController",
     "AnthropicController",
+    "BatchesController",
+    "FilesController",
     "OpenAIController",
     "OpenAPIController",
     "QuotaController",

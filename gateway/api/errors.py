@@ -16,6 +16,7 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 
 from gateway.admission.errors import Overloaded
+from gateway.batches.errors import BatchInputError, BatchNotFound, BatchStoreUnavailable, FileTooLarge
 from gateway.ledger.errors import BadUsageQuery, LedgerUnavailable
 from gateway.quota.errors import QuotaExceeded, QuotaUnavailable, RequestTooLarge
 from gateway.quota.headers import retry_after_headers
@@ -33,7 +34,7 @@ from protocol import (
     RateLimitError,
     ServiceUnavailableError,
 )
-from protocol.errors import ClientClosedRequestError, error_for_status
+from protocol.errors import ClientClosedRequestError, NotFoundError, PayloadTooLargeError, error_for_status
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,14 @@ def to_api_error(exc: BaseException, *, request_id: str = "-") -> APIError:
         return InvalidRequestError(exc.message, param=exc.param, code="invalid_usage_query")
     if isinstance(exc, LedgerUnavailable):
         return ServiceUnavailableError(str(exc), code="ledger_unavailable", headers={"retry-after": "1"})
+    if isinstance(exc, FileTooLarge):
+        return PayloadTooLargeError(exc.message, param=exc.param, code=exc.code)
+    if isinstance(exc, BatchInputError):
+        return InvalidRequestError(exc.message, param=exc.param, code=exc.code)
+    if isinstance(exc, BatchNotFound):
+        return NotFoundError(exc.message, param=exc.param, code="not_found")
+    if isinstance(exc, BatchStoreUnavailable):
+        return ServiceUnavailableError(str(exc), code="batch_store_unavailable", headers={"retry-after": "1"})
     if isinstance(exc, ResponsesBusy):
         return RateLimitError(exc.message, code="responses_busy", headers={"retry-after": "1"})
     if isinstance(exc, RequestTooLarge):

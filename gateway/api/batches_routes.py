@@ -1,0 +1,214 @@
+"""Files and Batches front door (OpenAI-compatible): `/v1/files` and `/v1/batches`.
+
+Thin: authenticate, parse, call `Batches` (gateway/batches/), shape the object. Every id is the
+caller's tenant's or a 404; errors are mapped once, in errors.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import msgspec
+from litestar import Controller, Request, Response, delete, get, post
+from litestar._multipart import parse_multipart_form
+from litestar.datastructures import UploadFile
+
+from gateway.api.body import request_body
+from gateway.api.errors import failed
+from gateway.batches import BatchInputError
+from gateway.batches.batches import Batches
+from gateway.batches.objects import batch_list, batch_object, file_object
+from gateway.request.context import CallContext
+from gateway.request.pipeline import RequestPipeline
+from protocol.errors import NotFoundError
+from router.types import TenantPolicy
+
+
+class _CreateBatch(msgspec.Struct, forbid_unknown_fields=True):
+    input_file_id: str
+    endpoint: str
+    completion_window: str
+    metadata: dict[str, str] | None = None
+    callback_url: str | None = None
+
+
+def _caller(
+    request: Request[Any, Any, Any], pipeline: RequestPipeline, batches: Batches | None
+) -> tuple[CallContext, TenantPolicy, Batches]:
+    ctx = pipeline.start_call(request.headers)
+    try:
+        tenant = pipeline.authenticate(ctx, request.headers.get("authorization"))
+        if batches is None:
+            raise NotFoundError(
+                "The Files and Batches APIs are not enabled on this gateway.", code="not_enabled"
+            )
+    except Exception as exc:
+        raise failed(pipeline, ctx, exc) from None
+    return ctx, tenant, batches
+
+
+async def _one_chunk(data: bytes) -> AsyncGenerator[bytes, None]:
+    yield data
+
+
+async def _upload_form(request: Request[Any, Any, Any]) -> tuple[str, str, bytes]:
+    """(filename, purpose, content) of a multipart upload, read within the server's body limits."""
+    kind, _, params = request.headers.get("content-type", "").partition(";")
+    boundary = next(
+        (
+            v.strip().strip('"')
+            for k, _, v in (p.strip().partition("=") for p in params.split(";"))
+            if k == "boundary"
+        ),
+        None,
+    )
+    if kind.strip().lower() != "multipart/form-data" or not boundary:
+        raise BatchInputError(
+            "Upload the file as multipart/form-data (fields `file` and `purpose`).", param="file"
+        )
+    fields = await parse_multipart_form(_one_chunk(await request_body(request)), boundary.encode())
+    files = [f for f in fields.get("file", ()) if isinstance(f, UploadFile)]
+    purposes = [p for p in fields.get("purpose", ()) if isinstance(p, str)]
+    if len(files) != 1:
+        raise BatchInputError("The form needs exactly one `file` field holding a file.", param="file")
+    if len(purposes) != 1:
+        raise BatchInputError("The form needs a `purpose` field.", param="purpose")
+    try:
+        return files[0].filename or "upload.jsonl", purposes[0], await files[0].read()
+    finally:
+        await files[0].close()
+
+
+class FilesController(Controller):
+    path = "/v1/files"
+
+    @post("/", status_code=200)
+    async def upload(
+        self, request: Request[Any, Any, Any], pipeline: RequestPipeline, batches: Batches | None
+    ) -> Response[Any]:
+        ctx, tenant, found = _caller(request, pipeline, batches)
+        try:
+            filename, purpose, data = await _upload_form(request)
+            record = await found.upload(tenant.tenant_id, filename, purpose, data)
+        except Exception as exc:
+            raise failed(pipeline, ctx, exc) from None
+        return Response(file_object(record), headers=ctx.headers)
+
+    @get("/{file_id:str}")
+    async def retrieve(
+        self,
+        request: Request[Any, Any, Any],
+        file_id: str,
+        pipeline: RequestPipeline,
+        batches: Batches | None,
+    ) -> Response[Any]:
+        ctx, tenant, found = _caller(request, pipeline, batches)
+        try:
+            record = await found.file(file_id, tenant.tenant_id)
+        except Exception as exc:
+            raise failed(pipeline, ctx, exc) from None
+        return Response(file_object(record), headers=ctx.headers)
+
+    @get("/{file_id:str}/content")
+    async def content(
+        self,
+        request: Request[Any, Any, Any],
+        file_id: str,
+        pipeline: RequestPipeline,
+        batches: Batches | None,
+    ) -> Response[bytes]:
+        ctx, tenant, found = _caller(request, pipeline, batches)
+        try:
+            data = await found.content(file_id, tenant.tenant_id)
+        except Exception as exc:
+            raise failed(pipeline, ctx, exc) from None
+        return Response(data, headers=ctx.headers, media_type="application/jsonl")
+
+    @delete("/{file_id:str}", status_code=200)
+    async def remove(
+        self,
+        request: Request[Any, Any, Any],
+        file_id: str,
+        pipeline: RequestPipeline,
+        batches: Batches | None,
+    ) -> Response[Any]:
+        ctx, tenant, found = _caller(request, pipeline, batches)
+        try:
+            await found.delete_file(file_id, tenant.tenant_id)
+        except Exception as exc:
+            raise failed(pipeline, ctx, exc) from None
+        return Response({"id": file_id, "object": "file", "deleted": True}, headers=ctx.headers)
+
+
+class BatchesController(Controller):
+    path = "/v1/batches"
+
+    @post("/", status_code=200)
+    async def create(
+        self, request: Request[Any, Any, Any], pipeline: RequestPipeline, batches: Batches | None
+    ) -> Response[Any]:
+        ctx, tenant, found = _caller(request, pipeline, batches)
+        try:
+            try:
+                wanted = msgspec.json.decode(await request_body(request), type=_CreateBatch)
+            except msgspec.DecodeError as exc:  # ValidationError included: it names the field
+                raise BatchInputError(f"Invalid batch request: {exc}") from None
+            batch = await found.create(
+                tenant.tenant_id,
+                ctx.api_key_id,
+                input_file_id=wanted.input_file_id,
+                endpoint=wanted.endpoint,
+                completion_window=wanted.completion_window,
+                metadata=wanted.metadata,
+                callback_url=wanted.callback_url,
+            )
+        except Exception as exc:
+            raise failed(pipeline, ctx, exc) from None
+        return Response(batch_object(batch), headers=ctx.headers)
+
+    @get("/")
+    async def page(
+        self, request: Request[Any, Any, Any], pipeline: RequestPipeline, batches: Batches | None
+    ) -> Response[Any]:
+        ctx, tenant, found = _caller(request, pipeline, batches)
+        try:
+            raw_limit = request.query_params.get("limit", "20")
+            if not raw_limit.isdigit():
+                raise BatchInputError("limit must be a whole number.", param="limit")
+            rows, more = await found.page(
+                tenant.tenant_id, limit=int(raw_limit), after=request.query_params.get("after") or None
+            )
+        except Exception as exc:
+            raise failed(pipeline, ctx, exc) from None
+        return Response(batch_list(rows, has_more=more), headers=ctx.headers)
+
+    @get("/{batch_id:str}")
+    async def retrieve(
+        self,
+        request: Request[Any, Any, Any],
+        batch_id: str,
+        pipeline: RequestPipeline,
+        batches: Batches | None,
+    ) -> Response[Any]:
+        ctx, tenant, found = _caller(request, pipeline, batches)
+        try:
+            batch = await found.batch(batch_id, tenant.tenant_id)
+        except Exception as exc:
+            raise failed(pipeline, ctx, exc) from None
+        return Response(batch_object(batch), headers=ctx.headers)
+
+    @post("/{batch_id:str}/cancel", status_code=200)
+    async def cancel(
+        self,
+        request: Request[Any, Any, Any],
+        batch_id: str,
+        pipeline: RequestPipeline,
+        batches: Batches | None,
+    ) -> Response[Any]:
+        ctx, tenant, found = _caller(request, pipeline, batches)
+        try:
+            batch = await found.cancel(batch_id, tenant.tenant_id)
+        except Exception as exc:
+            raise failed(pipeline, ctx, exc) from None
+        return Response(batch_object(batch), headers=ctx.headers)

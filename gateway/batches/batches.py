@@ -1,0 +1,193 @@
+"""`Batches`: what the Files and Batches APIs do (upload, create, cancel, read), the store and
+file storage they share with the runner, and the runner's task."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from pathlib import Path
+
+from gateway.batches.config import BatchesConfig
+from gateway.batches.errors import BatchInputError, BatchNotFound, FileTooLarge
+from gateway.batches.input import ENDPOINTS, parse_input
+from gateway.batches.records import BatchRecord, FileRecord
+from gateway.batches.runner import BatchRunner, ErrorFor
+from gateway.batches.storage import FileStorage, LocalFileStorage
+from gateway.batches.store import SqliteBatchStore
+from gateway.policy import PolicyStore
+from gateway.request.pipeline import RequestPipeline
+from gateway.runtime.tasks import cancel_and_wait
+
+logger = logging.getLogger(__name__)
+
+COMPLETION_WINDOWS = {"24h": 24 * 3600}
+_METADATA_KEYS, _METADATA_KEY_LEN, _METADATA_VALUE_LEN = 16, 64, 512
+
+
+class Batches:
+    def __init__(
+        self, config: BatchesConfig, store: SqliteBatchStore, storage: FileStorage, runner: BatchRunner
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.storage = storage
+        self.runner = runner
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        try:
+            await self.store.start()
+        except Exception as exc:  # the runner retries; the API answers 503 meanwhile
+            logger.warning("batch store not reachable at start-up (will retry): %s", exc)
+        self._task = asyncio.create_task(self.runner.run(), name="batch-runner")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            await cancel_and_wait(self._task)
+        await self.runner.stop()
+        await self.store.close()
+
+    # -- files ------------------------------------------------------------------------------------
+
+    async def upload(self, tenant_id: str, filename: str, purpose: str, data: bytes) -> FileRecord:
+        if purpose != "batch":
+            raise BatchInputError(
+                f"purpose {purpose!r} is not supported; only 'batch' files can be uploaded.",
+                param="purpose",
+                code="invalid_purpose",
+            )
+        if len(data) > self.config.max_file_bytes:
+            raise FileTooLarge(len(data), self.config.max_file_bytes)
+        parse_input(data, max_lines=self.config.max_lines)
+        record = FileRecord(
+            "file-" + os.urandom(12).hex(), tenant_id, filename, purpose, len(data), int(time.time())
+        )
+        await self.storage.put(record.id, data)
+        await self.store.add_file(record)
+        return record
+
+    async def file(self, file_id: str, tenant_id: str) -> FileRecord:
+        record = await self.store.get_file(file_id, tenant_id)
+        if record is None:
+            raise BatchNotFound("file", file_id)
+        return record
+
+    async def content(self, file_id: str, tenant_id: str) -> bytes:
+        await self.file(file_id, tenant_id)
+        try:
+            return await self.storage.get(file_id)
+        except FileNotFoundError:
+            raise BatchNotFound("file", file_id) from None
+
+    async def delete_file(self, file_id: str, tenant_id: str) -> None:
+        if not await self.store.delete_file(file_id, tenant_id):
+            raise BatchNotFound("file", file_id)
+        await self.storage.delete(file_id)
+
+    # -- batches ----------------------------------------------------------------------------------
+
+    async def create(
+        self,
+        tenant_id: str,
+        api_key_id: str,
+        *,
+        input_file_id: str,
+        endpoint: str,
+        completion_window: str,
+        metadata: dict[str, str] | None,
+        callback_url: str | None,
+    ) -> BatchRecord:
+        if endpoint not in ENDPOINTS:
+            raise BatchInputError(
+                f"endpoint {endpoint!r} is not supported; use one of {sorted(ENDPOINTS)}.", param="endpoint"
+            )
+        if completion_window not in COMPLETION_WINDOWS:
+            raise BatchInputError(
+                f"completion_window {completion_window!r} is not supported; use '24h'.",
+                param="completion_window",
+            )
+        _check_metadata(metadata)
+        if callback_url is not None and not callback_url.startswith(("http://", "https://")):
+            raise BatchInputError("callback_url must be an http(s) URL.", param="callback_url")
+        record = await self.file(input_file_id, tenant_id)
+        if record.purpose != "batch":
+            raise BatchInputError(f"File '{input_file_id}' is not a batch input file.", param="input_file_id")
+        lines = parse_input(await self.content(input_file_id, tenant_id), max_lines=self.config.max_lines)
+        for line in lines:
+            if line.url != endpoint:
+                raise BatchInputError(
+                    f"Line {line.line_no}: url {line.url!r} does not match the batch's endpoint {endpoint!r}.",
+                    param="endpoint",
+                    code="mismatched_endpoint",
+                )
+        now = int(time.time())
+        batch = BatchRecord(
+            id="batch_" + os.urandom(12).hex(),
+            tenant_id=tenant_id,
+            api_key_id=api_key_id,
+            endpoint=endpoint,
+            input_file_id=input_file_id,
+            completion_window=completion_window,
+            metadata=metadata,
+            callback_url=callback_url,
+            status="validating",
+            created_at=now,
+            expires_at=now + COMPLETION_WINDOWS[completion_window],
+            total=len(lines),
+        )
+        await self.store.add_batch(batch, lines)
+        self.runner.wake()
+        return batch
+
+    async def batch(self, batch_id: str, tenant_id: str) -> BatchRecord:
+        record = await self.store.get_batch(batch_id, tenant_id)
+        if record is None:
+            raise BatchNotFound("batch", batch_id)
+        return record
+
+    async def cancel(self, batch_id: str, tenant_id: str) -> BatchRecord:
+        batch = await self.batch(batch_id, tenant_id)
+        if batch.status not in ("cancelling", "cancelled"):
+            if not await self.store.cancel(batch_id, tenant_id, int(time.time())):
+                raise BatchInputError(
+                    f"Batch '{batch_id}' is {batch.status}: only a batch still running can be cancelled.",
+                    param="batch_id",
+                    code="batch_not_cancellable",
+                )
+            self.runner.wake()
+        return await self.batch(batch_id, tenant_id)
+
+    async def page(self, tenant_id: str, *, limit: int, after: str | None) -> tuple[list[BatchRecord], bool]:
+        if not 1 <= limit <= 100:
+            raise BatchInputError("limit must be between 1 and 100.", param="limit")
+        rows = await self.store.list_batches(tenant_id, limit=limit + 1, after=after)
+        return rows[:limit], len(rows) > limit
+
+
+def _check_metadata(metadata: dict[str, str] | None) -> None:
+    if metadata is None:
+        return
+    if len(metadata) > _METADATA_KEYS:
+        raise BatchInputError(f"metadata may have at most {_METADATA_KEYS} keys.", param="metadata")
+    for key, value in metadata.items():
+        if not isinstance(value, str) or len(key) > _METADATA_KEY_LEN or len(value) > _METADATA_VALUE_LEN:
+            raise BatchInputError(
+                f"metadata[{key!r}]: keys are at most {_METADATA_KEY_LEN} characters, values strings of at most "
+                f"{_METADATA_VALUE_LEN}.",
+                param="metadata",
+            )
+
+
+def build_batches(
+    config: BatchesConfig,
+    database: Path,
+    pipeline: RequestPipeline,
+    policies: PolicyStore,
+    error_for: ErrorFor,
+) -> Batches:
+    """`database`: the ledger's SQLite file (the batch tables sit beside its own)."""
+    store = SqliteBatchStore(database)
+    storage = LocalFileStorage(config.storage_dir)
+    return Batches(config, store, storage, BatchRunner(config, store, storage, pipeline, policies, error_for))

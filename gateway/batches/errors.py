@@ -1,0 +1,33 @@
+"""The Files and Batches APIs' domain errors (mapped to HTTP once, in gateway/api/errors.py)."""
+
+from __future__ import annotations
+
+
+class BatchInputError(Exception):
+    """An upload or a batch request the API refuses: what is wrong, and where (param, line)."""
+
+    def __init__(self, message: str, *, param: str | None = None, code: str = "invalid_request") -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+class FileTooLarge(BatchInputError):
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(
+            f"The file is {size} bytes; the limit is {limit} bytes.", param="file", code="file_too_large"
+        )
+
+
+class BatchNotFound(Exception):
+    """An unknown id, a deleted file, or another tenant's: all look the same to the caller."""
+
+    def __init__(self, kind: str, object_id: str) -> None:
+        super().__init__(f"No {kind} found with id '{object_id}'.")
+        self.message = str(self)
+        self.param = f"{kind}_id"
+
+
+class BatchStoreUnavailable(Exception):
+    """The batch store (the ledger's database) cannot be reached."""

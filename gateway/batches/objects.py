@@ -1,0 +1,50 @@
+"""The Files and Batches APIs' objects, shaped as OpenAI's (openai.types.FileObject, Batch)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.batches.records import TIMESTAMPS, BatchRecord, FileRecord
+
+
+def file_object(record: FileRecord) -> dict[str, Any]:
+    return {
+        "id": record.id,
+        "object": "file",
+        "bytes": record.bytes,
+        "created_at": record.created_at,
+        "filename": record.filename,
+        "purpose": record.purpose,
+        "status": "processed",
+        "expires_at": None,
+        "status_details": None,
+    }
+
+
+def batch_object(batch: BatchRecord) -> dict[str, Any]:
+    return {
+        "id": batch.id,
+        "object": "batch",
+        "endpoint": batch.endpoint,
+        "errors": None,
+        "input_file_id": batch.input_file_id,
+        "completion_window": batch.completion_window,
+        "status": batch.status,
+        "output_file_id": batch.output_file_id,
+        "error_file_id": batch.error_file_id,
+        "created_at": batch.created_at,
+        "expires_at": batch.expires_at,
+        **{name: batch.times.get(name) for name in TIMESTAMPS},
+        "request_counts": {"total": batch.total, "completed": batch.completed, "failed": batch.failed},
+        "metadata": batch.metadata,
+    }
+
+
+def batch_list(batches: list[BatchRecord], *, has_more: bool) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": [batch_object(b) for b in batches],
+        "first_id": batches[0].id if batches else None,
+        "last_id": batches[-1].id if batches else None,
+        "has_more": has_more,
+    }

@@ -1,0 +1,76 @@
+"""What the batch store holds, as the API and the runner read it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+BatchStatus = Literal[
+    "validating", "in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled"
+]
+# A line is pending until it has its answer (or its error) for the output files.
+LineStatus = Literal["pending", "completed", "failed"]
+RUNNABLE: tuple[str, ...] = ("validating", "in_progress")
+TIMESTAMPS = (
+    "in_progress_at",
+    "finalizing_at",
+    "completed_at",
+    "failed_at",
+    "expired_at",
+    "cancelling_at",
+    "cancelled_at",
+)
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    id: str
+    tenant_id: str
+    filename: str
+    purpose: str
+    bytes: int
+    created_at: int
+
+
+@dataclass
+class BatchRecord:
+    id: str
+    tenant_id: str
+    api_key_id: str
+    endpoint: str
+    input_file_id: str
+    completion_window: str
+    metadata: dict[str, str] | None
+    callback_url: str | None
+    status: BatchStatus
+    created_at: int
+    expires_at: int
+    times: dict[str, int | None] = field(default_factory=dict)  # TIMESTAMPS that are set
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
+
+
+@dataclass(frozen=True)
+class ClaimedLine:
+    """A line this gateway holds the lease of, with what it needs to run it."""
+
+    batch_id: str
+    line_no: int
+    custom_id: str
+    url: str
+    body: dict[str, Any]
+    attempts: int
+    tenant_id: str
+    api_key_id: str
+
+
+@dataclass(frozen=True)
+class LineResult:
+    batch_id: str
+    line_no: int
+    custom_id: str
+    status: LineStatus
+    result: dict[str, Any] | None  # the output line's `response` (or `error`) as the runner wrote it
