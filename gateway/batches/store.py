@@ -39,7 +39,7 @@ SCHEMA = (
         expired_at INTEGER, cancelling_at INTEGER, cancelled_at INTEGER,
         output_file_id TEXT, error_file_id TEXT, total INTEGER NOT NULL,
         lease_owner TEXT, lease_until REAL, callback_pending INTEGER NOT NULL DEFAULT 0)""",
-    "CREATE INDEX IF NOT EXISTS batches_by_tenant ON batches (tenant_id, created_at, id)",
+    "CREATE INDEX IF NOT EXISTS batches_by_tenant ON batches (tenant_id)",
     """CREATE TABLE IF NOT EXISTS batch_lines (
         batch_id TEXT NOT NULL, line_no INTEGER NOT NULL, custom_id TEXT NOT NULL, url TEXT NOT NULL,
         body TEXT NOT NULL, status TEXT NOT NULL DEFAULT 'pending', attempts INTEGER NOT NULL DEFAULT 0,
@@ -183,17 +183,13 @@ class SqliteBatchStore:
         """Newest first; `after`: the last id of the previous page."""
 
         def page(db: sqlite3.Connection) -> list[BatchRecord]:
+            # rowid: the order batches were created in (created_at has whole seconds only).
             where, params = "tenant_id = ?", [tenant_id]
             if after is not None:
-                cursor = db.execute(
-                    "SELECT created_at FROM batches WHERE id = ? AND tenant_id = ?", (after, tenant_id)
-                )
-                found = cursor.fetchone()
-                if found is not None:
-                    where += " AND (created_at < ? OR (created_at = ? AND id < ?))"
-                    params += [found[0], found[0], after]
+                where += " AND rowid < (SELECT rowid FROM batches WHERE id = ? AND tenant_id = ?)"
+                params += [after, tenant_id]
             rows = db.execute(
-                f"SELECT {_BATCH_COLUMNS} FROM batches WHERE {where} ORDER BY created_at DESC, id DESC LIMIT ?",
+                f"SELECT {_BATCH_COLUMNS} FROM batches WHERE {where} ORDER BY rowid DESC LIMIT ?",
                 (*params, limit),
             ).fetchall()
             return [_with_counts(db, _batch(row)) for row in rows]

@@ -1,0 +1,314 @@
+"""Files and Batches end to end: real node processes, a real gateway, the official `openai` SDK."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from tests.gateway.conftest import (
+    EU_KEY,
+    GLOBAL_KEY,
+    NodeProcess,
+    RunningGateway,
+    gateway_config,
+    run_gateway,
+    running_fleet,
+    write_regions,
+)
+
+MAX_FILE_BYTES = 16 * 1024
+
+
+@pytest.fixture(scope="module")
+def node(llama_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+    models = {"meridian-small": (llama_checkpoint, "small")}
+    with running_fleet(
+        [("eu-west-1", "eu-west", "eu")], models, tmp_path_factory.mktemp("node-logs")
+    ) as fleet:
+        yield fleet[0]
+
+
+def batch_config(regions: Path, work: Path, **batches: Any) -> dict[str, Any]:
+    return gateway_config(
+        regions,
+        ledger={"store": {"path": str(work / "ledger.sqlite")}},
+        batches={
+            "enabled": True,
+            "storage_dir": str(work / "files"),
+            "max_file_bytes": MAX_FILE_BYTES,
+            "poll_interval_s": 0.1,
+            "concurrency": 2,
+            **batches,
+        },
+    )
+
+
+@pytest.fixture(scope="module")
+def gw(node: NodeProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
+    work = tmp_path_factory.mktemp("gw")
+    regions = write_regions(work / "regions.yaml", [node])
+    with run_gateway(batch_config(regions, work)) as running:
+        yield running
+
+
+def sdk(gw: RunningGateway, key: str = GLOBAL_KEY) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0, timeout=60)
+
+
+def chat_line(
+    custom_id: str, content: str, *, max_tokens: int = 8, model: str = "meridian-small"
+) -> dict[str, Any]:
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {
+            "model": model,
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+        },
+    }
+
+
+def jsonl(lines: list[dict[str, Any]]) -> bytes:
+    return "".join(json.dumps(line) + "\n" for line in lines).encode()
+
+
+def upload(client: openai.OpenAI, lines: list[dict[str, Any]]) -> str:
+    return client.files.create(file=("input.jsonl", jsonl(lines)), purpose="batch").id
+
+
+def wait_until_ended(client: openai.OpenAI, batch_id: str, timeout_s: float = 180) -> openai.types.Batch:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        batch = client.batches.retrieve(batch_id)
+        if batch.status in ("completed", "failed", "expired", "cancelled"):
+            return batch
+        assert time.monotonic() < deadline, f"batch still {batch.status}: {batch.request_counts}"
+        time.sleep(0.2)
+
+
+def read_lines(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
+    if file_id is None:
+        return []
+    return [json.loads(line) for line in client.files.content(file_id).text.splitlines()]
+
+
+class Callbacks:
+    """A callback_url receiver: an HTTP server on a free port that keeps every JSON body POSTed."""
+
+    def __init__(self) -> None:
+        received: list[dict[str, Any]] = []
+        self.received = received
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                received.append(json.loads(self.rfile.read(length)))
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/done"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_file_is_uploaded_retrieved_read_and_deleted(gw: RunningGateway) -> None:
+    client = sdk(gw)
+    data = jsonl([chat_line("a", "hi"), chat_line("b", "there")])
+    created = client.files.create(file=("mine.jsonl", data), purpose="batch")
+    assert (created.object, created.purpose, created.filename, created.bytes) == (
+        "file",
+        "batch",
+        "mine.jsonl",
+        len(data),
+    )
+    assert client.files.retrieve(created.id).id == created.id
+    assert client.files.content(created.id).content == data
+    deleted = client.files.delete(created.id)
+    assert deleted.deleted and deleted.id == created.id
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(created.id)
+
+
+@pytest.mark.parametrize(
+    ("data", "code"),
+    [
+        (
+            b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {}}\n{oops\n',
+            "invalid_json_line",
+        ),
+        (jsonl([{**chat_line("a", "x"), "url": "/v1/embeddings"}]), "invalid_url"),
+        (jsonl([chat_line("same", "x"), chat_line("same", "y")]), "duplicate_custom_id"),
+    ],
+)
+def test_a_bad_input_file_is_refused_with_its_error(gw: RunningGateway, data: bytes, code: str) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk(gw).files.create(file=("bad.jsonl", data), purpose="batch")
+    assert refused.value.code == code
+    assert refused.value.body["message"]  # type: ignore[index]
+
+
+def test_a_file_over_the_size_limit_is_refused(gw: RunningGateway) -> None:
+    lines = [chat_line(f"id-{i}", "x" * 200) for i in range(MAX_FILE_BYTES // 200 + 1)]
+    with pytest.raises(openai.APIStatusError) as refused:
+        sdk(gw).files.create(file=("big.jsonl", jsonl(lines)), purpose="batch")
+    assert refused.value.status_code == 413
+    assert refused.value.code == "file_too_large"
+
+
+def test_a_batch_with_an_unknown_endpoint_or_window_is_refused(gw: RunningGateway) -> None:
+    client = sdk(gw)
+    file_id = upload(client, [chat_line("a", "x")])
+    with pytest.raises(openai.BadRequestError):
+        client.batches.create(input_file_id=file_id, endpoint="/v1/embeddings", completion_window="24h")  # type: ignore[arg-type]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.batches.create(input_file_id=file_id, endpoint="/v1/completions", completion_window="24h")
+    assert refused.value.code == "mismatched_endpoint"
+    with pytest.raises(openai.BadRequestError):
+        client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="1h")  # type: ignore[arg-type]
+
+
+def test_another_tenants_files_and_batches_are_not_found(gw: RunningGateway) -> None:
+    mine, theirs = sdk(gw), sdk(gw, EU_KEY)
+    file_id = upload(mine, [chat_line("a", "x")])
+    batch = mine.batches.create(
+        input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    for attempt in (
+        lambda: theirs.files.retrieve(file_id),
+        lambda: theirs.files.content(file_id),
+        lambda: theirs.files.delete(file_id),
+        lambda: theirs.batches.retrieve(batch.id),
+        lambda: theirs.batches.cancel(batch.id),
+        lambda: theirs.batches.create(
+            input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+        ),
+    ):
+        with pytest.raises(openai.NotFoundError):
+            attempt()
+    assert batch.id not in [b.id for b in theirs.batches.list()]
+    wait_until_ended(mine, batch.id)
+
+
+def test_a_batch_runs_to_completion_answering_every_line_once(gw: RunningGateway) -> None:
+    client = sdk(gw)
+    callbacks = Callbacks()
+    try:
+        good = [chat_line(f"req-{i}", f"Count to {i}") for i in range(6)]
+        bad = chat_line("bad-model", "x", model="no-such-model")
+        file_id = upload(client, [*good[:3], bad, *good[3:]])
+        created = client.batches.create(
+            input_file_id=file_id,
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+            metadata={"job": "nightly"},
+            extra_body={"callback_url": callbacks.url},
+        )
+        assert created.status == "validating" and created.metadata == {"job": "nightly"}
+        batch = wait_until_ended(client, created.id)
+        assert batch.status == "completed"
+        assert batch.request_counts is not None
+        assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (
+            7,
+            6,
+            1,
+        )
+        assert batch.in_progress_at and batch.finalizing_at and batch.completed_at
+        output = read_lines(client, batch.output_file_id)
+        assert sorted(line["custom_id"] for line in output) == sorted(line["custom_id"] for line in good)
+        for line in output:
+            assert line["error"] is None and line["response"]["status_code"] == 200
+            assert line["response"]["body"]["choices"][0]["message"]["content"] is not None
+        errors = read_lines(client, batch.error_file_id)
+        assert [line["custom_id"] for line in errors] == ["bad-model"]
+        assert errors[0]["response"]["status_code"] in (400, 404)
+        assert errors[0]["response"]["body"]["error"]["message"]
+        assert client.files.retrieve(batch.output_file_id).purpose == "batch_output"  # type: ignore[arg-type]
+        deadline = time.monotonic() + 30
+        while not callbacks.received and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [(c["id"], c["status"]) for c in callbacks.received] == [(batch.id, "completed")]
+    finally:
+        callbacks.close()
+
+
+def test_a_completions_batch_runs(gw: RunningGateway) -> None:
+    client = sdk(gw)
+    line = {
+        "custom_id": "c1",
+        "method": "POST",
+        "url": "/v1/completions",
+        "body": {"model": "meridian-small", "prompt": "Once upon", "max_tokens": 5, "temperature": 0},
+    }
+    batch = client.batches.create(
+        input_file_id=upload(client, [line]), endpoint="/v1/completions", completion_window="24h"
+    )
+    ended = wait_until_ended(client, batch.id)
+    assert ended.status == "completed"
+    [output] = read_lines(client, ended.output_file_id)
+    assert output["custom_id"] == "c1" and "text" in output["response"]["body"]["choices"][0]
+
+
+def test_a_cancelled_batch_ends_cancelled_with_every_line_accounted_once(gw: RunningGateway) -> None:
+    client = sdk(gw)
+    lines = [chat_line(f"long-{i}", "Tell a long story", max_tokens=400) for i in range(12)]
+    batch = client.batches.create(
+        input_file_id=upload(client, lines), endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    cancelling = client.batches.cancel(batch.id)
+    assert cancelling.status in ("cancelling", "cancelled")
+    ended = wait_until_ended(client, batch.id)
+    assert ended.status == "cancelled" and ended.cancelled_at and ended.cancelling_at
+    output, errors = read_lines(client, ended.output_file_id), read_lines(client, ended.error_file_id)
+    assert sorted(line["custom_id"] for line in output + errors) == sorted(
+        line["custom_id"] for line in lines
+    )
+    assert any(line["error"] and line["error"]["code"] == "batch_cancelled" for line in errors)
+    with pytest.raises(openai.BadRequestError):
+        client.batches.cancel(_completed_batch(client))
+
+
+def _completed_batch(client: openai.OpenAI) -> str:
+    batch = client.batches.create(
+        input_file_id=upload(client, [chat_line("one", "hi")]),
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+    )
+    assert wait_until_ended(client, batch.id).status == "completed"
+    return batch.id
+
+
+def test_batches_are_listed_newest_first_in_pages(gw: RunningGateway) -> None:
+    client = sdk(gw, EU_KEY)
+    file_id = upload(client, [chat_line("a", "x")])
+    ids = []
+    for _ in range(3):
+        ids.append(
+            client.batches.create(
+                input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+            ).id
+        )
+    first = client.batches.list(limit=2)
+    assert [b.id for b in first.data] == ids[::-1][:2] and first.has_more
+    listed = [b.id for b in client.batches.list(limit=2).auto_paging_iter()]
+    assert listed[:3] == ids[::-1]
+    for batch_id in ids:
+        wait_until_ended(client, batch_id)
