@@ -35,3 +35,8 @@ class BatchesConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, fr
     # Tries of a callback_url POST, with doubling waits from 1 s.
     callback_attempts: Annotated[int, msgspec.Meta(ge=1, le=20)] = 5
     callback_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 10.0
+
+    def __post_init__(self) -> None:
+        # The runner renews its leases between polls: a poll longer than that would let them lapse.
+        if self.poll_interval_s > self.lease_s / 3:
+            raise ValueError("batches.poll_interval_s: must be at most a third of lease_s")
