@@ -15,7 +15,7 @@ from gateway.batches.input import ENDPOINTS, parse_input
 from gateway.batches.records import BatchRecord, FileRecord
 from gateway.batches.runner import BatchRunner, ErrorFor
 from gateway.batches.storage import FileStorage, LocalFileStorage
-from gateway.batches.store import SqliteBatchStore
+from gateway.batches.store import BatchStore, SqliteBatchStore
 from gateway.policy import PolicyStore
 from gateway.request.pipeline import RequestPipeline
 from gateway.runtime.tasks import cancel_and_wait
@@ -28,7 +28,7 @@ _METADATA_KEYS, _METADATA_KEY_LEN, _METADATA_VALUE_LEN = 16, 64, 512
 
 class Batches:
     def __init__(
-        self, config: BatchesConfig, store: SqliteBatchStore, storage: FileStorage, runner: BatchRunner
+        self, config: BatchesConfig, store: BatchStore, storage: FileStorage, runner: BatchRunner
     ) -> None:
         self.config = config
         self.store = store

@@ -28,7 +28,7 @@ from gateway.batches.input import ENDPOINTS
 from gateway.batches.objects import batch_object
 from gateway.batches.records import BatchRecord, ClaimedLine, FileRecord, LineResult
 from gateway.batches.storage import FileStorage
-from gateway.batches.store import SqliteBatchStore
+from gateway.batches.store import BatchStore
 from gateway.policy import PolicyStore
 from gateway.request.pipeline import RequestPipeline
 from gateway.runtime.tasks import cancel_and_wait
@@ -46,7 +46,7 @@ class BatchRunner:
     def __init__(
         self,
         config: BatchesConfig,
-        store: SqliteBatchStore,
+        store: BatchStore,
         storage: FileStorage,
         pipeline: RequestPipeline,
         policies: PolicyStore,

@@ -1,0 +1,81 @@
+"""The batch store seam: one interface; SQLite (embedded, the ledger's file) is built, PostgreSQL
+(the ledger's production store) is not yet."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from gateway.batches.input import InputLine
+from gateway.batches.records import BatchRecord, ClaimedLine, FileRecord, LineResult
+
+
+class BatchStore(Protocol):
+    name: str
+
+    async def start(self) -> None:
+        """Connect and create the tables if they are missing."""
+        ...
+
+    async def close(self) -> None: ...
+
+    async def add_file(self, record: FileRecord) -> None: ...
+
+    async def get_file(self, file_id: str, tenant_id: str) -> FileRecord | None: ...
+
+    async def delete_file(self, file_id: str, tenant_id: str) -> bool: ...
+
+    async def add_batch(self, batch: BatchRecord, lines: Sequence[InputLine]) -> None: ...
+
+    async def get_batch(self, batch_id: str, tenant_id: str | None) -> BatchRecord | None:
+        """`tenant_id` None: whoever owns it (the runner)."""
+        ...
+
+    async def list_batches(self, tenant_id: str, *, limit: int, after: str | None) -> list[BatchRecord]:
+        """Newest first; `after`: the last id of the previous page."""
+        ...
+
+    async def cancel(self, batch_id: str, tenant_id: str, now: int) -> bool:
+        """A runnable batch starts cancelling; False if it was not runnable."""
+        ...
+
+    async def claim_lines(self, owner: str, now: float, lease_s: float, limit: int) -> list[ClaimedLine]:
+        """Up to `limit` pending lines of runnable, unexpired batches whose lease is free."""
+        ...
+
+    async def renew(self, owner: str, keys: Sequence[tuple[str, int]], until: float) -> None: ...
+
+    async def finish_line(self, owner: str, line: ClaimedLine, status: str, result: dict[str, Any]) -> bool:
+        """The line's answer, written only while `owner` holds it; False: it was lost (ignored)."""
+        ...
+
+    async def retry_line(self, owner: str, line: ClaimedLine, not_before: float) -> None:
+        """Give the line back, claimable again from `not_before` (capacity was short)."""
+        ...
+
+    async def claim_finishable(self, owner: str, now: float, lease_s: float) -> list[tuple[BatchRecord, str]]:
+        """Batches ready to end, each with the status it ends in, leased to `owner`: runnable
+        ones with no pending line (completed) or past their window (expired), and cancelling
+        ones with no line still running (cancelled). Completing ones move to `finalizing`."""
+        ...
+
+    async def lines(self, batch_id: str) -> list[LineResult]: ...
+
+    async def end_batch(
+        self,
+        owner: str,
+        batch_id: str,
+        status: str,
+        now: int,
+        output_file_id: str | None,
+        error_file_id: str | None,
+        files: Sequence[FileRecord],
+    ) -> bool:
+        """The batch ends in `status` with its output files registered; False if `owner` lost it."""
+        ...
+
+    async def callbacks_due(self) -> list[BatchRecord]: ...
+
+    async def callback_done(self, batch_id: str) -> bool:
+        """Marks the callback sent; False if another gateway already took it."""
+        ...
