@@ -61,19 +61,16 @@ class BatchRunner:
         self._policies = policies
         self._error_for = error_for
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
-        self._running: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self._running: dict[tuple[str, int], tuple[asyncio.Task[None], ClaimedLine]] = {}
         self._callbacks: dict[str, asyncio.Task[None]] = {}
         self._wake = asyncio.Event()
 
     async def run(self) -> None:
-        renew_every = self._config.lease_s / 3
-        renewed = time.time()
         while True:
             try:
                 await self._claim()
-                if time.time() - renewed >= renew_every and self._running:
-                    renewed = time.time()
-                    await self._store.renew(self.owner, list(self._running), renewed + self._config.lease_s)
+                if self._running:
+                    await self._renew()
                 for batch, ending in await self._store.claim_finishable(
                     self.owner, time.time(), self._config.lease_s
                 ):
@@ -92,7 +89,7 @@ class BatchRunner:
     async def stop(self) -> None:
         """Running lines are cancelled; their leases lapse and another gateway (or this one,
         restarted) runs them again."""
-        for task in [*self._running.values(), *self._callbacks.values()]:
+        for task in [*(task for task, _ in self._running.values()), *self._callbacks.values()]:
             await cancel_and_wait(task)
 
     async def _claim(self) -> None:
@@ -102,8 +99,18 @@ class BatchRunner:
         for line in await self._store.claim_lines(self.owner, time.time(), self._config.lease_s, free):
             key = (line.batch_id, line.line_no)
             task = asyncio.create_task(self._run_line(line), name=f"batch line {key}")
-            self._running[key] = task
+            self._running[key] = (task, line)
             task.add_done_callback(lambda _, key=key: self._line_done(key))
+
+    async def _renew(self) -> None:
+        """Keeps the running lines' leases; aborts those whose batch was cancelled (the pipeline
+        closes their node requests) and gives them back unanswered."""
+        stopped = await self._store.renew(self.owner, list(self._running), time.time() + self._config.lease_s)
+        for key in stopped:
+            task, line = self._running.get(key, (None, None))
+            if task is not None and line is not None:
+                await cancel_and_wait(task)
+                await self._store.retry_line(self.owner, line, 0.0)
 
     def wake(self) -> None:
         """New work (a batch created or cancelled): look now, not at the next poll."""

@@ -97,7 +97,10 @@ def test_a_cancelled_batch_waits_for_its_running_lines_and_runs_no_more(tmp_path
         await store.add_batch(*_batch("batch_1", 3))
         now = time.time()
         running = await store.claim_lines("a", now, 30, 1)
+        key = ("batch_1", running[0].line_no)
+        assert await store.renew("a", [key], now + 30) == []
         assert await store.cancel("batch_1", "t", int(now))
+        assert await store.renew("a", [key], now + 30) == [key]  # the runner is told to abort it
         assert await store.claim_lines("a", now, 30, 10) == []
         assert await store.claim_finishable("a", now, 30) == []  # line 1 is still running
         await store.finish_line("a", running[0], "completed", {})

@@ -43,7 +43,10 @@ class BatchStore(Protocol):
         """Up to `limit` pending lines of runnable, unexpired batches whose lease is free."""
         ...
 
-    async def renew(self, owner: str, keys: Sequence[tuple[str, int]], until: float) -> None: ...
+    async def renew(self, owner: str, keys: Sequence[tuple[str, int]], until: float) -> list[tuple[str, int]]:
+        """Extends `owner`'s leases on these lines; returns those whose batch stopped running
+        (cancelled or expired): the runner aborts them."""
+        ...
 
     async def finish_line(self, owner: str, line: ClaimedLine, status: str, result: dict[str, Any]) -> bool:
         """The line's answer, written only while `owner` holds it; False: it was lost (ignored)."""

@@ -237,16 +237,25 @@ class SqliteBatchStore:
 
         return await self._run(claim)
 
-    async def renew(self, owner: str, keys: Sequence[tuple[str, int]], until: float) -> None:
-        def renew(db: sqlite3.Connection) -> None:
+    async def renew(self, owner: str, keys: Sequence[tuple[str, int]], until: float) -> list[tuple[str, int]]:
+        def renew(db: sqlite3.Connection) -> list[tuple[str, int]]:
             with _transaction(db):
                 db.executemany(
                     "UPDATE batch_lines SET lease_until = ? WHERE batch_id = ? AND line_no = ? "
                     "AND lease_owner = ? AND status = 'pending'",
                     [(until, batch_id, line_no, owner) for batch_id, line_no in keys],
                 )
+                stopped = {
+                    row[0]
+                    for row in db.execute(
+                        f"SELECT id FROM batches WHERE id IN ({', '.join('?' * len(keys))}) "
+                        f"AND status NOT IN {_RUNNABLE_SQL}",
+                        [batch_id for batch_id, _ in keys],
+                    )
+                }
+            return [key for key in keys if key[0] in stopped]
 
-        await self._run(renew)
+        return await self._run(renew)
 
     async def finish_line(self, owner: str, line: ClaimedLine, status: str, result: dict[str, Any]) -> bool:
         """The line's answer, written only while `owner` holds it; False: it was lost (ignored)."""
