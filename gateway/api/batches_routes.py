@@ -52,6 +52,12 @@ async def _one_chunk(data: bytes) -> AsyncGenerator[bytes, None]:
     yield data
 
 
+def _all(fields: dict[str, Any], name: str) -> list[Any]:
+    """The parser gives a field sent once as its value, one sent more often as a list."""
+    value = fields.get(name)
+    return [] if value is None else value if isinstance(value, list) else [value]
+
+
 async def _upload_form(request: Request[Any, Any, Any]) -> tuple[str, str, bytes]:
     """(filename, purpose, content) of a multipart upload, read within the server's body limits."""
     kind, _, params = request.headers.get("content-type", "").partition(";")
@@ -68,8 +74,8 @@ async def _upload_form(request: Request[Any, Any, Any]) -> tuple[str, str, bytes
             "Upload the file as multipart/form-data (fields `file` and `purpose`).", param="file"
         )
     fields = await parse_multipart_form(_one_chunk(await request_body(request)), boundary.encode())
-    files = [f for f in fields.get("file", ()) if isinstance(f, UploadFile)]
-    purposes = [p for p in fields.get("purpose", ()) if isinstance(p, str)]
+    files = [f for f in _all(fields, "file") if isinstance(f, UploadFile)]
+    purposes = [p for p in _all(fields, "purpose") if isinstance(p, str)]
     if len(files) != 1:
         raise BatchInputError("The form needs exactly one `file` field holding a file.", param="file")
     if len(purposes) != 1:
