@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import functools
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import Any, get_args
 
 import msgspec
 from litestar import Controller, Response, get
 
+from gateway.batches.records import BatchStatus
 from protocol import ChatCompletionRequest, CompletionRequest
 from protocol.anthropic import MessagesRequest
 from protocol.openai import ChatCompletionChunk, ChatCompletionResponse, CompletionResponse, ModelList
@@ -84,6 +85,7 @@ def _window(counter: str = "used", reset: bool = True) -> dict[str, Any]:
     )
 
 
+_BATCH_STATUSES = get_args(BatchStatus)
 _BUILT_AS_DICTS: dict[str, dict[str, Any]] = {
     "Error": _object(
         {"message": _STRING, "type": _STRING, "param": _NULLABLE_STRING, "code": _NULLABLE_STRING}
@@ -132,6 +134,49 @@ _BUILT_AS_DICTS: dict[str, dict[str, Any]] = {
                     "cache_creation_input_tokens": _INTEGER,
                 }
             ),
+        }
+    ),
+    "FileObject": _object(
+        {
+            "id": _STRING,
+            "object": {"const": "file"},
+            "bytes": _INTEGER,
+            "created_at": _INTEGER,
+            "filename": _STRING,
+            "purpose": {"enum": ["batch", "batch_output"]},
+            "status": {"const": "processed"},
+        }
+    ),
+    "FileDeleted": _object({"id": _STRING, "object": {"const": "file"}, "deleted": {"type": "boolean"}}),
+    "Batch": _object(
+        {
+            "id": _STRING,
+            "object": {"const": "batch"},
+            "endpoint": _STRING,
+            "input_file_id": _STRING,
+            "completion_window": {"const": "24h"},
+            "status": {"enum": list(_BATCH_STATUSES)},
+            "output_file_id": _NULLABLE_STRING,
+            "error_file_id": _NULLABLE_STRING,
+            "created_at": _INTEGER,
+            "request_counts": _object({"total": _INTEGER, "completed": _INTEGER, "failed": _INTEGER}),
+            "metadata": {"type": ["object", "null"]},
+        }
+    ),
+    "BatchList": {
+        "type": "object",
+        "description": "{object: list, data: [Batch], first_id, last_id, has_more}",
+    },
+    "CreateBatch": _object(
+        {
+            "input_file_id": _STRING,
+            "endpoint": {"enum": ["/v1/chat/completions", "/v1/completions"]},
+            "completion_window": {"const": "24h"},
+            "metadata": {"type": ["object", "null"]},
+            "callback_url": {
+                **_NULLABLE_STRING,
+                "description": "Meridian extension: POSTed the batch when it ends.",
+            },
         }
     ),
     "UsagePage": {"type": "object", "description": "{object: page, data: [buckets], has_more, next_page}"},
@@ -245,6 +290,8 @@ def _listing(op_id: str, summary: str, answer: str, errors: tuple[int, ...], **e
         400: "A query parameter is invalid; `param` names it.",
         401: _BODY_ERRORS[401],
         403: "A key may read only its own tenant's usage.",
+        404: "No such object for this key's tenant (another tenant's ids are not found either).",
+        413: "The file is over the gateway's size limit.",
         503: _BODY_ERRORS[503],
     }
     return {
@@ -327,6 +374,49 @@ def build_document() -> dict[str, Any]:
             },
             "/v1/responses/{response_id}/cancel": {
                 "post": _listing("cancelResponse", "Cancels a running response.", "Response", (400, 401))
+            },
+            "/v1/files": {
+                "post": _listing(
+                    "createFile",
+                    "Uploads a batch input file (multipart: `file`, `purpose: batch`); JSONL lines are "
+                    "checked (a bad line, unknown url or duplicate custom_id is a 400 naming the line).",
+                    "FileObject",
+                    (400, 401, 413),
+                    requestBody={
+                        "required": True,
+                        "content": {
+                            "multipart/form-data": {"schema": _object({"file": _STRING, "purpose": _STRING})}
+                        },
+                    },
+                )
+            },
+            "/v1/files/{file_id}": {
+                "get": _listing("retrieveFile", "A file of this key's tenant.", "FileObject", (401, 404)),
+                "delete": _listing("deleteFile", "Deletes a file.", "FileDeleted", (401, 404)),
+            },
+            "/v1/files/{file_id}/content": {
+                "get": _listing("downloadFile", "The file's content (JSONL).", "FileObject", (401, 404))
+            },
+            "/v1/batches": {
+                "post": _listing(
+                    "createBatch",
+                    "Runs a file's requests at batch priority through the gateway (24h window).",
+                    "Batch",
+                    (400, 401, 404),
+                    requestBody={"required": True, "content": _json(_ref("schemas", "CreateBatch"))},
+                ),
+                "get": _listing(
+                    "listBatches",
+                    "This tenant's batches, newest first (limit, after).",
+                    "BatchList",
+                    (400, 401),
+                ),
+            },
+            "/v1/batches/{batch_id}": {
+                "get": _listing("retrieveBatch", "A batch of this key's tenant.", "Batch", (401, 404))
+            },
+            "/v1/batches/{batch_id}/cancel": {
+                "post": _listing("cancelBatch", "Cancels a running batch.", "Batch", (400, 401, 404))
             },
             "/v1/models": {
                 "get": _listing("listModels", "The models this key may use.", "ModelList", (401,))
