@@ -32,6 +32,15 @@ class FileRecord:
     created_at: int
 
 
+@dataclass(frozen=True)
+class LineUsage:
+    """Tokens of one answered line (or, summed, of a batch), as the Batch object's `usage` reports."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+
+
 @dataclass
 class BatchRecord:
     id: str
@@ -51,6 +60,9 @@ class BatchRecord:
     total: int = 0
     completed: int = 0
     failed: int = 0
+    # Why a batch `failed` (OpenAI's `errors.data` items); None for every other status.
+    errors: list[dict[str, Any]] | None = None
+    usage: LineUsage = field(default_factory=lambda: LineUsage(0, 0, 0))  # summed over answered lines
 
 
 @dataclass(frozen=True)

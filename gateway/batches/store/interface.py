@@ -1,5 +1,5 @@
-"""The batch store seam: one interface; SQLite (embedded, the ledger's file) is built, PostgreSQL
-(the ledger's production store) is not yet."""
+"""The batch store seam: one interface, on the ledger's database: SQLite (the embedded default)
+and PostgreSQL (production)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from gateway.batches.input import InputLine
-from gateway.batches.records import BatchRecord, ClaimedLine, FileRecord, LineResult
+from gateway.batches.records import BatchRecord, ClaimedLine, FileRecord, LineResult, LineUsage
 
 
 class BatchStore(Protocol):
@@ -25,14 +25,21 @@ class BatchStore(Protocol):
 
     async def delete_file(self, file_id: str, tenant_id: str) -> bool: ...
 
-    async def add_batch(self, batch: BatchRecord, lines: Sequence[InputLine]) -> None: ...
+    async def add_batch(self, batch: BatchRecord, lines: Sequence[InputLine], *, enqueued_limit: int) -> bool:
+        """Stores the batch and its lines, in one transaction. If the tenant's enqueued lines
+        (pending lines of its runnable batches) plus these would pass `enqueued_limit`, the batch
+        is stored `failed` instead (failed_at = created_at, `batch.errors` kept, no lines) and
+        False is returned. The count and the insert are atomic: two concurrent creates never
+        both pass the limit."""
+        ...
 
     async def get_batch(self, batch_id: str, tenant_id: str | None) -> BatchRecord | None:
         """`tenant_id` None: whoever owns it (the runner)."""
         ...
 
     async def list_batches(self, tenant_id: str, *, limit: int, after: str | None) -> list[BatchRecord]:
-        """Newest first; `after`: the last id of the previous page."""
+        """Newest first (by creation order, not by the whole-second `created_at`); `after`: the
+        last id of the previous page."""
         ...
 
     async def cancel(self, batch_id: str, tenant_id: str, now: int) -> bool:
@@ -40,7 +47,9 @@ class BatchStore(Protocol):
         ...
 
     async def claim_lines(self, owner: str, now: float, lease_s: float, limit: int) -> list[ClaimedLine]:
-        """Up to `limit` pending lines of runnable, unexpired batches whose lease is free."""
+        """Up to `limit` pending lines of runnable, unexpired batches whose lease is free, fair
+        across tenants: taken round-robin by tenant (each tenant's oldest batch first, in line
+        order), so one tenant's huge batch does not hold back another tenant's small one."""
         ...
 
     async def renew(self, owner: str, keys: Sequence[tuple[str, int]], until: float) -> list[tuple[str, int]]:
@@ -48,8 +57,11 @@ class BatchStore(Protocol):
         (cancelled or expired): the runner aborts them."""
         ...
 
-    async def finish_line(self, owner: str, line: ClaimedLine, status: str, result: dict[str, Any]) -> bool:
-        """The line's answer, written only while `owner` holds it; False: it was lost (ignored)."""
+    async def finish_line(
+        self, owner: str, line: ClaimedLine, status: str, result: dict[str, Any], usage: LineUsage
+    ) -> bool:
+        """The line's answer and its tokens, written only while `owner` holds it; False: it was
+        lost (ignored). A batch's `usage` is the sum over its answered lines."""
         ...
 
     async def retry_line(self, owner: str, line: ClaimedLine, not_before: float) -> None:
