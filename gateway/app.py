@@ -12,7 +12,6 @@ import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from litestar import Litestar
@@ -28,7 +27,6 @@ from gateway.discovery.interface import RegionDirectory
 from gateway.health import BreakerBoard, build_board, ejection
 from gateway.health.probes import NodeProber, ProbeResult
 from gateway.ledger.build import Ledger, build_ledger
-from gateway.ledger.config import SqliteStoreConfig
 from gateway.ledger.outbox import LocalOutbox
 from gateway.metrics import GatewayMetrics
 from gateway.policy import PolicyStore
@@ -228,9 +226,8 @@ def build_gateway(
         pipeline = TracedPipeline(tracer=tracing.tracer, forwarder=forwarder, **parts)
     batches = None
     if config.batches.enabled:
-        assert isinstance(config.ledger.store, SqliteStoreConfig)  # GatewayConfig checks it
         batches = build_batches(
-            config.batches, Path(config.ledger.store.path), pipeline, policies, to_api_error
+            config.batches, config.ledger.store, env, pipeline, policies, to_api_error, metrics
         )
     return Gateway(
         config=config,

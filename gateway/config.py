@@ -266,8 +266,6 @@ class GatewayConfig(_Section):
             raise ValueError(
                 "ledger.worker: 'external' needs quota.redis_url (the usage streams live in Redis)"
             )
-        if self.batches.enabled and not isinstance(self.ledger.store, SqliteStoreConfig):
-            raise ValueError("batches.enabled: the batch store is only built on SQLite so far (ledger.store)")
 
     def catalog_models(self) -> tuple[CatalogModel, ...]:
         return tuple(entry.to_model() for entry in self.catalog)

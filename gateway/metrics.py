@@ -147,6 +147,33 @@ class GatewayMetrics:
             ["tenant", "family"],
             registry=r,
         )
+        # Batches (gateway/batches): their lines also count as requests (tier batch) above.
+        self.batch_lines = Counter(
+            "meridian_gateway_batch_lines",
+            "Batch lines this gateway ran, by outcome: completed, failed (answered with an error, in "
+            "the error file), retried (given back: capacity was short), dropped (its lease lapsed "
+            "while it ran, so another gateway's answer stands).",
+            ["tenant", "outcome"],
+            registry=r,
+        )
+        self.batch_lines_running = Gauge(
+            "meridian_gateway_batch_lines_running",
+            "Batch lines this gateway is running now (at most batches.concurrency).",
+            registry=r,
+        )
+        self.batches_ended = Counter(
+            "meridian_gateway_batches_ended",
+            "Batches this gateway ended, by final status (completed, expired, cancelled).",
+            ["tenant", "status"],
+            registry=r,
+        )
+        self.batch_duration = Histogram(
+            "meridian_gateway_batch_duration_seconds",
+            "Time from a batch's creation to its end, by final status.",
+            ["status"],
+            buckets=(10, 60, 300, 900, 3600, 4 * 3600, 12 * 3600, 24 * 3600, 48 * 3600),
+            registry=r,
+        )
         self.node_ready = Gauge(
             "meridian_gateway_node_ready",
             "1 when the node's last /ready probe answered 200.",

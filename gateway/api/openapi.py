@@ -161,6 +161,19 @@ _BUILT_AS_DICTS: dict[str, dict[str, Any]] = {
             "created_at": _INTEGER,
             "request_counts": _object({"total": _INTEGER, "completed": _INTEGER, "failed": _INTEGER}),
             "metadata": {"type": ["object", "null"]},
+            "errors": {
+                "type": ["object", "null"],
+                "description": "Why a `failed` batch failed: {object: list, data: [{code, message, param, line}]}",
+            },
+            "usage": _object(
+                {
+                    "input_tokens": _INTEGER,
+                    "input_tokens_details": _object({"cached_tokens": _INTEGER}),
+                    "output_tokens": _INTEGER,
+                    "output_tokens_details": _object({"reasoning_tokens": _INTEGER}),
+                    "total_tokens": _INTEGER,
+                }
+            ),
         }
     ),
     "BatchList": {

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from gateway.batches.config import BatchesConfig
@@ -15,7 +16,10 @@ from gateway.batches.input import ENDPOINTS, parse_input
 from gateway.batches.records import BatchRecord, FileRecord
 from gateway.batches.runner import BatchRunner, ErrorFor
 from gateway.batches.storage import FileStorage, LocalFileStorage
-from gateway.batches.store import BatchStore, SqliteBatchStore
+from gateway.batches.store import BatchStore, PostgresBatchStore, SqliteBatchStore
+from gateway.ledger.build import postgres_dsn
+from gateway.ledger.config import SqliteStoreConfig, StoreConfig
+from gateway.metrics import GatewayMetrics
 from gateway.policy import PolicyStore
 from gateway.request.pipeline import RequestPipeline
 from gateway.runtime.tasks import cancel_and_wait
@@ -137,8 +141,22 @@ class Batches:
             expires_at=now + COMPLETION_WINDOWS[completion_window],
             total=len(lines),
         )
-        await self.store.add_batch(batch, lines)
-        self.runner.wake()
+        limit = self.config.max_enqueued_lines
+        batch.errors = [
+            {
+                "code": "enqueued_limit_exceeded",
+                "message": f"This batch's {len(lines)} requests, with those already waiting in your running "
+                f"batches, pass the limit of {limit} enqueued requests. Wait for running batches to finish, "
+                "or split the file.",
+                "param": None,
+                "line": None,
+            }
+        ]
+        if await self.store.add_batch(batch, lines, enqueued_limit=limit):
+            batch.errors = None
+            self.runner.wake()
+        else:
+            batch.status, batch.times["failed_at"] = "failed", now
         return batch
 
     async def batch(self, batch_id: str, tenant_id: str) -> BatchRecord:
@@ -182,12 +200,22 @@ def _check_metadata(metadata: dict[str, str] | None) -> None:
 
 def build_batches(
     config: BatchesConfig,
-    database: Path,
+    database: StoreConfig,
+    env: Mapping[str, str],
     pipeline: RequestPipeline,
     policies: PolicyStore,
     error_for: ErrorFor,
+    metrics: GatewayMetrics,
 ) -> Batches:
-    """`database`: the ledger's SQLite file (the batch tables sit beside its own)."""
-    store = SqliteBatchStore(database)
+    """`database`: the ledger's store config; the batch tables sit beside the ledger's own."""
+    store: BatchStore
+    if isinstance(database, SqliteStoreConfig):
+        store = SqliteBatchStore(Path(database.path))
+    else:
+        store = PostgresBatchStore(
+            postgres_dsn(database, env), pool_size=database.pool_size, timeout_s=database.timeout_s
+        )
     storage = LocalFileStorage(config.storage_dir)
-    return Batches(config, store, storage, BatchRunner(config, store, storage, pipeline, policies, error_for))
+    return Batches(
+        config, store, storage, BatchRunner(config, store, storage, pipeline, policies, error_for, metrics)
+    )

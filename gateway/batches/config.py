@@ -6,14 +6,15 @@ batches:
   storage_dir: .meridian/batch-files   # uploaded and output files (relative to the config file)
   max_file_bytes: 10485760             # an upload over this is refused (also bounded by server.max_body_bytes)
   max_lines: 50000                     # requests per input file
+  max_enqueued_lines: 200000           # a tenant's requests waiting in its running batches; a batch past it fails
   lease_s: 30                          # a claimed line is this gateway's for this long (renewed while it runs)
   concurrency: 4                       # lines one gateway runs at once
   max_attempts: 5                      # tries of a line refused for capacity before it fails
   poll_interval_s: 0.5                 # how often an idle runner looks for work
 ```
 
-The batch state lives in the ledger's database (`ledger.store`): several gateways sharing it
-share the work.
+The batch state lives in the ledger's database (`ledger.store`: SQLite or PostgreSQL): several
+gateways sharing it share the work.
 """
 
 from __future__ import annotations
@@ -24,10 +25,14 @@ import msgspec
 
 
 class BatchesConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
-    enabled: bool = False
+    enabled: bool = True
     storage_dir: str = ".meridian/batch-files"
     max_file_bytes: Annotated[int, msgspec.Meta(ge=1)] = 10 * 1024 * 1024
     max_lines: Annotated[int, msgspec.Meta(ge=1)] = 50_000
+    # OpenAI's "enqueued token limit", in requests: what one tenant may have waiting at once, so a
+    # tenant cannot queue days of work ahead of the others. A batch that would pass it is created
+    # `failed` (its `errors` say why), as OpenAI fails one at validation.
+    max_enqueued_lines: Annotated[int, msgspec.Meta(ge=1)] = 200_000
     lease_s: Annotated[float, msgspec.Meta(gt=0)] = 30.0
     concurrency: Annotated[int, msgspec.Meta(ge=1, le=256)] = 4
     max_attempts: Annotated[int, msgspec.Meta(ge=1, le=100)] = 5

@@ -26,7 +26,7 @@ def batch_object(batch: BatchRecord) -> dict[str, Any]:
         "id": batch.id,
         "object": "batch",
         "endpoint": batch.endpoint,
-        "errors": None,
+        "errors": {"object": "list", "data": batch.errors} if batch.errors else None,
         "input_file_id": batch.input_file_id,
         "completion_window": batch.completion_window,
         "status": batch.status,
@@ -37,6 +37,13 @@ def batch_object(batch: BatchRecord) -> dict[str, Any]:
         **{name: batch.times.get(name) for name in TIMESTAMPS},
         "request_counts": {"total": batch.total, "completed": batch.completed, "failed": batch.failed},
         "metadata": batch.metadata,
+        "usage": {
+            "input_tokens": batch.usage.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": batch.usage.cached_tokens},
+            "output_tokens": batch.usage.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": batch.usage.prompt_tokens + batch.usage.completion_tokens,
+        },
     }
 
 

@@ -26,9 +26,10 @@ from gateway.batches.config import BatchesConfig
 from gateway.batches.errors import BatchStoreUnavailable
 from gateway.batches.input import ENDPOINTS
 from gateway.batches.objects import batch_object
-from gateway.batches.records import BatchRecord, ClaimedLine, FileRecord, LineResult
+from gateway.batches.records import BatchRecord, ClaimedLine, FileRecord, LineResult, LineUsage
 from gateway.batches.storage import FileStorage
 from gateway.batches.store import BatchStore
+from gateway.metrics import GatewayMetrics
 from gateway.policy import PolicyStore
 from gateway.request.pipeline import RequestPipeline
 from gateway.runtime.tasks import cancel_and_wait
@@ -51,6 +52,7 @@ class BatchRunner:
         pipeline: RequestPipeline,
         policies: PolicyStore,
         error_for: ErrorFor,
+        metrics: GatewayMetrics,
     ) -> None:
         """`error_for`: the API edge's mapping of a request-path exception to its OpenAI error
         (gateway/api/errors.py), so a line's error reads as the same request's would."""
@@ -60,6 +62,7 @@ class BatchRunner:
         self._pipeline = pipeline
         self._policies = policies
         self._error_for = error_for
+        self._metrics = metrics
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
         self._running: dict[tuple[str, int], tuple[asyncio.Task[None], ClaimedLine]] = {}
         self._callbacks: dict[str, asyncio.Task[None]] = {}
@@ -100,6 +103,7 @@ class BatchRunner:
             key = (line.batch_id, line.line_no)
             task = asyncio.create_task(self._run_line(line), name=f"batch line {key}")
             self._running[key] = (task, line)
+            self._metrics.batch_lines_running.set(len(self._running))
             task.add_done_callback(lambda _, key=key: self._line_done(key))
 
     async def _renew(self) -> None:
@@ -118,6 +122,7 @@ class BatchRunner:
 
     def _line_done(self, key: tuple[str, int]) -> None:
         self._running.pop(key, None)
+        self._metrics.batch_lines_running.set(len(self._running))
         self._wake.set()
 
     async def _run_line(self, line: ClaimedLine) -> None:
@@ -138,20 +143,32 @@ class BatchRunner:
             if error.status_code in _RETRYABLE and line.attempts + 1 < self._config.max_attempts:
                 wait = _retry_after(error) or min(60.0, 2.0**line.attempts)
                 await self._store.retry_line(self.owner, line, time.time() + wait)
+                self._count(line, "retried")
                 return
             response = {
                 "status_code": error.status_code,
                 "request_id": ctx.request_id,
                 "body": error.to_body(),
             }
-            await self._store.finish_line(self.owner, line, "failed", response)
+            await self._finish(line, "failed", response, LineUsage(0, 0, 0))
             return
         pipeline.record(ctx, "200", stream=False)
         response = {"status_code": 200, "request_id": ctx.request_id, "body": result}
-        if not await self._store.finish_line(self.owner, line, "completed", response):
-            logger.warning(
-                "batch %s line %d: lease lost while running; answer dropped", line.batch_id, line.line_no
-            )
+        await self._finish(line, "completed", response, _usage(result))
+
+    async def _finish(
+        self, line: ClaimedLine, status: str, response: dict[str, Any], usage: LineUsage
+    ) -> None:
+        if await self._store.finish_line(self.owner, line, status, response, usage):
+            self._count(line, status)
+            return
+        self._count(line, "dropped")
+        logger.warning(
+            "batch %s line %d: lease lost while running; answer dropped", line.batch_id, line.line_no
+        )
+
+    def _count(self, line: ClaimedLine, outcome: str) -> None:
+        self._metrics.labelled(self._metrics.batch_lines, line.tenant_id, outcome).inc()
 
     async def _end(self, batch: BatchRecord, ending: str) -> None:
         """Writes the output and error files and ends the batch (under the batch's lease)."""
@@ -181,6 +198,8 @@ class BatchRunner:
             for f in files:
                 await self._storage.delete(f.id)
             return
+        self._metrics.labelled(self._metrics.batches_ended, batch.tenant_id, ending).inc()
+        self._metrics.labelled(self._metrics.batch_duration, ending).observe(max(0, now - batch.created_at))
         logger.info("batch %s %s: %d answered, %d errors", batch.id, ending, len(outputs), len(errors))
 
     async def _start_callbacks(self) -> None:
@@ -224,6 +243,17 @@ def _output_line(line: LineResult, ending: str) -> dict[str, Any]:
     else:
         record["response"] = line.result
     return record
+
+
+def _usage(body: dict[str, Any]) -> LineUsage:
+    """The answer's tokens, from its OpenAI `usage` (chat and completions read the same)."""
+    usage = body.get("usage") or {}
+    details = usage.get("prompt_tokens_details") or {}
+    return LineUsage(
+        int(usage.get("prompt_tokens") or 0),
+        int(details.get("cached_tokens") or 0),
+        int(usage.get("completion_tokens") or 0),
+    )
 
 
 def _retry_after(error: APIError) -> float | None:

@@ -39,14 +39,19 @@ def build_store(config: LedgerConfig, env: Mapping[str, str]) -> LedgerStore:
 
         return SqliteLedger(store.path)
     assert isinstance(store, PostgresStoreConfig)
+    from gateway.ledger.store.postgres import PostgresLedger
+
+    return PostgresLedger(postgres_dsn(store, env), pool_size=store.pool_size, timeout_s=store.timeout_s)
+
+
+def postgres_dsn(store: PostgresStoreConfig, env: Mapping[str, str]) -> str:
+    """The ledger database's DSN, from the variable the config names (it may hold a password)."""
     dsn = (env.get(store.dsn_env) or "").strip()
     if not dsn:
         raise LedgerConfigError(
             f"ledger.store.dsn_env: the variable {store.dsn_env} (the PostgreSQL DSN) is not set"
         )
-    from gateway.ledger.store.postgres import PostgresLedger
-
-    return PostgresLedger(dsn, pool_size=store.pool_size, timeout_s=store.timeout_s)
+    return dsn
 
 
 def price_table(config: GatewayConfig) -> PriceTable:

@@ -173,6 +173,8 @@ class FederationPlan:
                 "worker": "embedded",
                 "store": {"type": "sqlite", "path": str(self.ledger_file.resolve())},
             },
+            # The Files and Batches APIs: batch state in the ledger's SQLite file, files beside it.
+            "batches": {"enabled": True, "storage_dir": str((self.state_dir / "batch-files").resolve())},
             "node_auth": {"token_env": "MERIDIAN_NODE_TOKEN"},
             # CPU nodes can take a while for a first token when both tiers are busy.
             "timeouts": {"stream_idle_s": 60.0, "read_s": 300.0},

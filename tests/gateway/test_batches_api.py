@@ -241,6 +241,17 @@ def test_a_batch_runs_to_completion_answering_every_line_once(gw: RunningGateway
         assert [line["custom_id"] for line in errors] == ["bad-model"]
         assert errors[0]["response"]["status_code"] in (400, 404)
         assert errors[0]["response"]["body"]["error"]["message"]
+        # The batch's usage is its answered lines' usage, summed.
+        assert batch.usage is not None
+        assert (
+            batch.usage.input_tokens
+            == sum(ln["response"]["body"]["usage"]["prompt_tokens"] for ln in output)
+            > 0
+        )
+        assert batch.usage.output_tokens == sum(
+            ln["response"]["body"]["usage"]["completion_tokens"] for ln in output
+        )
+        assert batch.usage.total_tokens == batch.usage.input_tokens + batch.usage.output_tokens
         assert client.files.retrieve(batch.output_file_id).purpose == "batch_output"  # type: ignore[arg-type]
         deadline = time.monotonic() + 30
         while not callbacks.received and time.monotonic() < deadline:
@@ -312,3 +323,50 @@ def test_batches_are_listed_newest_first_in_pages(gw: RunningGateway) -> None:
     assert listed[:3] == ids[::-1]
     for batch_id in ids:
         wait_until_ended(client, batch_id)
+
+
+def test_a_batch_past_the_tenants_enqueued_limit_is_created_failed(node: NodeProcess, tmp_path: Path) -> None:
+    regions = write_regions(tmp_path / "regions.yaml", [node])
+    with run_gateway(batch_config(regions, tmp_path, max_enqueued_lines=5)) as running:
+        client = sdk(running)
+        too_many = client.batches.create(
+            input_file_id=upload(client, [chat_line(f"r{i}", "hi") for i in range(6)]),
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+        )
+        assert too_many.status == "failed" and too_many.failed_at
+        assert too_many.errors is not None and too_many.errors.data is not None
+        assert [e.code for e in too_many.errors.data] == ["enqueued_limit_exceeded"]
+        stored = client.batches.retrieve(too_many.id)  # as stored, not only as answered
+        assert stored.status == "failed" and stored.output_file_id is None
+        assert stored.errors is not None and stored.errors.data and stored.errors.data[0].message
+        # Under the limit the same tenant's batch runs.
+        fits = client.batches.create(
+            input_file_id=upload(client, [chat_line(f"r{i}", "hi") for i in range(5)]),
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+        )
+        assert wait_until_ended(client, fits.id).status == "completed"
+
+
+def test_a_batch_runs_on_a_postgres_ledger_database(
+    node: NodeProcess, tmp_path: Path, postgres_dsn: str
+) -> None:
+    """The production store: the batch tables beside the ledger's in PostgreSQL."""
+    regions = write_regions(tmp_path / "regions.yaml", [node])
+    config = batch_config(regions, tmp_path)
+    config["ledger"] = {"store": {"type": "postgres", "dsn_env": "BATCH_TEST_DSN"}}
+    with run_gateway(config, env={"BATCH_TEST_DSN": postgres_dsn}) as running:
+        client = sdk(running)
+        lines = [chat_line(f"pg-{i}", f"Say {i}") for i in range(4)]
+        batch = client.batches.create(
+            input_file_id=upload(client, lines), endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        ended = wait_until_ended(client, batch.id)
+        assert ended.status == "completed"
+        assert ended.request_counts is not None and ended.request_counts.completed == 4
+        assert sorted(ln["custom_id"] for ln in read_lines(client, ended.output_file_id)) == sorted(
+            ln["custom_id"] for ln in lines
+        )
+        assert ended.usage is not None and ended.usage.output_tokens > 0
+        assert batch.id in [b.id for b in client.batches.list()]
