@@ -16,7 +16,7 @@ from gateway.batches.input import ENDPOINTS, parse_input
 from gateway.batches.records import BatchRecord, FileRecord
 from gateway.batches.runner import BatchRunner, ErrorFor
 from gateway.batches.storage import FileStorage, LocalFileStorage
-from gateway.batches.store import BatchStore, PostgresBatchStore, SqliteBatchStore
+from gateway.batches.store import BatchStore, SqliteBatchStore
 from gateway.ledger.build import postgres_dsn
 from gateway.ledger.config import SqliteStoreConfig, StoreConfig
 from gateway.metrics import GatewayMetrics
@@ -212,6 +212,8 @@ def build_batches(
     if isinstance(database, SqliteStoreConfig):
         store = SqliteBatchStore(Path(database.path))
     else:
+        from gateway.batches.store.postgres import PostgresBatchStore  # psycopg only when used
+
         store = PostgresBatchStore(
             postgres_dsn(database, env), pool_size=database.pool_size, timeout_s=database.timeout_s
         )

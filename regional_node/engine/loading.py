@@ -54,6 +54,13 @@ def load_checkpoint(path: Path, config: EngineConfig) -> LoadedCheckpoint:
         block_size=config.block_size,
         head_dim=model_config.head_dim,
     )
+    if backend.name == "vllm":
+        # vLLM's kernels for the projections too, where its build has them (see vllm_backend.py).
+        from regional_node.engine.attention.vllm_backend import cpu_linear_packer
+
+        packer = cpu_linear_packer(device)
+        if packer is not None:
+            model.pack_linears(packer)
     num_blocks = plan_num_kv_blocks(
         config, model_config, max_model_len=max_model_len, dtype=torch_dtype, device=device
     )

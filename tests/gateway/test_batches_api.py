@@ -13,9 +13,12 @@ from typing import Any
 import openai
 import pytest
 
+from gateway.policy import key_digest
+from router.types import TenantLimits, TenantPolicy
 from tests.gateway.conftest import (
     EU_KEY,
     GLOBAL_KEY,
+    TEST_TENANTS,
     NodeProcess,
     RunningGateway,
     gateway_config,
@@ -370,3 +373,51 @@ def test_a_batch_runs_on_a_postgres_ledger_database(
         )
         assert ended.usage is not None and ended.usage.output_tokens > 0
         assert batch.id in [b.id for b in client.batches.list()]
+
+
+RPM_KEY = "sk-test-two-a-minute"
+TWO_A_MINUTE = TenantPolicy(
+    tenant_id="t-rpm",
+    api_key_hashes=frozenset({key_digest(RPM_KEY)}),
+    limits=TenantLimits(requests_per_minute=2),
+)
+
+
+@pytest.mark.parametrize("max_attempts", [1, 3])
+def test_a_line_refused_for_capacity_is_given_back_then_fails_after_its_attempts(
+    node: NodeProcess, tmp_path: Path, max_attempts: int
+) -> None:
+    """A line the tenant's quota refuses (429 + Retry-After) is retried later, not failed, while it
+    has attempts left; with none left, the 429 is its answer. Two of three lines fit the quota."""
+    regions = write_regions(tmp_path / "regions.yaml", [node])
+    config = batch_config(regions, tmp_path, max_attempts=max_attempts)
+    with run_gateway(config, tenants=(*TEST_TENANTS, TWO_A_MINUTE)) as running:
+        client = sdk(running, RPM_KEY)
+        lines = [chat_line(f"q{i}", "hi") for i in range(3)]
+        batch = client.batches.create(
+            input_file_id=upload(client, lines), endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        if max_attempts == 1:
+            ended = wait_until_ended(client, batch.id)
+            assert ended.status == "completed" and ended.request_counts is not None
+            assert (ended.request_counts.completed, ended.request_counts.failed) == (2, 1)
+            [refused] = read_lines(client, ended.error_file_id)
+            assert refused["response"]["status_code"] == 429
+            assert (
+                running.metric("meridian_gateway_batch_lines_total", tenant="t-rpm", outcome="retried") == 0
+            )
+            return
+        deadline = time.monotonic() + 60
+        while running.metric("meridian_gateway_batch_lines_total", tenant="t-rpm", outcome="retried") < 1:
+            assert time.monotonic() < deadline, "no line was given back"
+            time.sleep(0.1)
+        waiting = client.batches.retrieve(batch.id)
+        assert waiting.status == "in_progress" and waiting.request_counts is not None
+        assert (waiting.request_counts.completed, waiting.request_counts.failed) == (2, 0)
+        # The refused line waits out the quota window; cancelling ends the batch without it.
+        client.batches.cancel(batch.id)
+        ended = wait_until_ended(client, batch.id)
+        assert ended.status == "cancelled"
+        [never_ran] = read_lines(client, ended.error_file_id)
+        assert never_ran["error"]["code"] == "batch_cancelled"
+        assert running.metric("meridian_gateway_batches_ended_total", tenant="t-rpm", status="cancelled") == 1

@@ -7,6 +7,7 @@ matmuls. Numerics follow transformers (float32 RoPE tables, rotate-half, RMSNorm
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,25 @@ class DecoderLayerWeights:
     down_bias: torch.Tensor | None
 
 
+# x @ weight.T (+ bias), for one weight; how is the kernel's business (plain torch, or a GEMM with
+# the weight prepacked once for it).
+Linear = Callable[[torch.Tensor], torch.Tensor]
+# Makes the Linear for a [out, in] weight and its bias.
+LinearPacker = Callable[[torch.Tensor, torch.Tensor | None], Linear]
+
+
+def torch_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
+    return lambda x: F.linear(x, weight, bias)
+
+
+@dataclass(frozen=True)
+class LayerLinears:
+    qkv: Linear
+    o: Linear
+    gate_up: Linear
+    down: Linear
+
+
 class LlamaModel:
     def __init__(
         self,
@@ -47,6 +67,7 @@ class LlamaModel:
         self.layers = layers
         self.norm = norm
         self.lm_head = lm_head
+        self.pack_linears(torch_linear)
         self.cos, self.sin = rope_tables(
             max_positions,
             config.head_dim,
@@ -55,6 +76,19 @@ class LlamaModel:
             embed_tokens.dtype,
             str(embed_tokens.device),
         )
+
+    def pack_linears(self, pack: LinearPacker) -> None:
+        """Runs every projection (and the LM head) through `pack`'s kernels from now on."""
+        self.linears = [
+            LayerLinears(
+                qkv=pack(w.qkv, w.qkv_bias),
+                o=pack(w.o, w.o_bias),
+                gate_up=pack(w.gate_up, w.gate_up_bias),
+                down=pack(w.down, w.down_bias),
+            )
+            for w in self.layers
+        ]
+        self.lm_head_linear = pack(self.lm_head, None)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -84,20 +118,20 @@ class LlamaModel:
         sin = self.sin[positions].unsqueeze(1)
         h = F.embedding(input_ids, self.embed_tokens)
         last = len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
+        for i, (layer, linear) in enumerate(zip(self.layers, self.linears, strict=True)):
             x = F.rms_norm(h, (hidden,), layer.input_norm, eps)
-            qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+            qkv = linear.qkv(x)
             qk = apply_rope(qkv[:, :qk_width].view(num_tokens, heads + kv_heads, head_dim), cos, sin)
             v = qkv[:, qk_width:].view(num_tokens, kv_heads, head_dim)
             attn = backend.forward(qk[:, :heads], qk[:, heads:], v, kv_caches[i], attn_metadata)
-            h = h + F.linear(attn.view(num_tokens, heads * head_dim), layer.o, layer.o_bias)
+            h = h + linear.o(attn.view(num_tokens, heads * head_dim))
             if i == last:
                 # Every token's K/V is written by now; only the sampled positions need the rest.
                 h = h[logits_indices]
             x = F.rms_norm(h, (hidden,), layer.post_attention_norm, eps)
-            gate, up = F.linear(x, layer.gate_up, layer.gate_up_bias).chunk(2, dim=-1)
-            h = h + F.linear(F.silu(gate, inplace=True).mul_(up), layer.down, layer.down_bias)
+            gate, up = linear.gate_up(x).chunk(2, dim=-1)
+            h = h + linear.down(F.silu(gate, inplace=True).mul_(up))
         if not self.layers:
             h = h[logits_indices]
         h = F.rms_norm(h, (hidden,), self.norm, eps)
-        return F.linear(h, self.lm_head)
+        return self.lm_head_linear(h)

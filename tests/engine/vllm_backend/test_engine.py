@@ -118,3 +118,20 @@ def test_vllm_not_installed_is_a_config_error_and_auto_uses_torch(
     with pytest.raises(EngineConfigError, match=r"needs vLLM, which is not installed"):
         LLMEngine.from_pretrained(llama32_dir, attention_backend="vllm")
     assert LLMEngine.from_pretrained(llama32_dir, attention_backend="auto").runner.backend.name == "torch"
+
+
+@needs_vllm
+def test_the_vllm_backend_runs_the_projections_on_vllms_prepacked_gemm(model32_dir: Path) -> None:
+    from regional_node.engine.attention.vllm_backend import cpu_linear_packer
+
+    engine = LLMEngine.from_pretrained(model32_dir, attention_backend="vllm")
+    qkv = engine.runner.model.linears[0].qkv
+    assert "cpu_linear_packer" in qkv.__qualname__  # oneDNN's, not torch's F.linear
+    pack = cpu_linear_packer(torch.device("cpu"))
+    assert pack is not None
+    generator = torch.Generator().manual_seed(3)
+    weight, bias = torch.randn(48, 32, generator=generator), torch.randn(48, generator=generator)
+    rows = torch.randn(5, 64, generator=generator)[:, :32]  # strided, as gate*up is
+    for dtype in (torch.float32, torch.bfloat16):  # bfloat16: oneDNN's or, without a kernel, torch's
+        w, b, x = weight.to(dtype), bias.to(dtype), rows.to(dtype)
+        torch.testing.assert_close(pack(w, b)(x), torch.nn.functional.linear(x, w, b))
