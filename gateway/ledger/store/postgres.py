@@ -8,15 +8,13 @@ counted twice, and a crash between the two statements rolls back both.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
-from typing import Any
+from collections.abc import Sequence
 
 from gateway.ledger.errors import LedgerUnavailable
 from gateway.ledger.event import UsageEvent
 from gateway.ledger.store import sql
 from gateway.ledger.store.interface import AggregateQuery, AggregateRow
+from gateway.ledger.store.pool import PostgresPool
 
 _PG_TYPES = {
     "request_id": "text", "ts_ms": "bigint", "tenant_id": "text", "api_key_id": "text",
@@ -55,95 +53,27 @@ class PostgresLedger:
     name = "postgres"
 
     def __init__(self, dsn: str, *, pool_size: int = 4, timeout_s: float = 5.0) -> None:
-        self._dsn = dsn
-        self._pool_size = pool_size
-        self._timeout_s = timeout_s
-        self._idle: asyncio.Queue[Any] | None = None
-        self._all: list[Any] = []
-        self._opening = asyncio.Lock()
+        self._pool = PostgresPool(
+            dsn,
+            size=pool_size,
+            timeout_s=timeout_s,
+            schema=(
+                *sql.SCHEMA,
+                *(f"ALTER TABLE usage_events ADD COLUMN IF NOT EXISTS {c} {k}" for c, k in sql.ADDED_COLUMNS),
+            ),
+            unavailable=LedgerUnavailable,
+        )
 
     async def start(self) -> None:
-        async with self._connection():
+        async with self._pool.connection():
             pass  # opening the pool creates the schema
-
-    async def _open(self) -> None:
-        import psycopg
-
-        async with self._opening:
-            if self._idle is not None:
-                return
-            opened: list[Any] = []
-            try:
-                for _ in range(self._pool_size):
-                    opened.append(
-                        await psycopg.AsyncConnection.connect(
-                            self._dsn, autocommit=True, connect_timeout=max(1, int(self._timeout_s))
-                        )
-                    )
-                # Here rather than only in start(): a database that was down at start-up gets
-                # its tables on the first connection that works.
-                async with opened[0].transaction():
-                    for statement in sql.SCHEMA:
-                        await opened[0].execute(statement)
-                    for column, kind in sql.ADDED_COLUMNS:
-                        await opened[0].execute(
-                            f"ALTER TABLE usage_events ADD COLUMN IF NOT EXISTS {column} {kind}"
-                        )
-            except BaseException:
-                for conn in opened:
-                    await conn.close()
-                raise
-            idle: asyncio.Queue[Any] = asyncio.Queue()
-            for conn in opened:
-                idle.put_nowait(conn)
-            self._all = opened
-            self._idle = idle
-
-    @asynccontextmanager
-    async def _connection(self) -> AsyncIterator[Any]:
-        import psycopg
-
-        try:
-            async with asyncio.timeout(self._timeout_s):
-                if self._idle is None:
-                    await self._open()
-                assert self._idle is not None
-                conn = await self._idle.get()
-        except (psycopg.Error, OSError, TimeoutError) as exc:
-            raise LedgerUnavailable(f"postgres: {type(exc).__name__}: {exc}") from exc
-        broken = False
-        try:
-            yield conn
-        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-            broken = True
-            raise LedgerUnavailable(f"postgres: {type(exc).__name__}: {exc}") from exc
-        finally:
-            if broken or conn.closed:
-                await self._replace(conn)
-            else:
-                self._idle.put_nowait(conn)
-
-    async def _replace(self, conn: Any) -> None:
-        import psycopg
-
-        assert self._idle is not None
-        self._all.remove(conn)
-        try:
-            await conn.close()
-            fresh = await psycopg.AsyncConnection.connect(self._dsn, autocommit=True)
-        except (psycopg.Error, OSError):
-            if not self._all:  # every connection is gone: the next call opens a new pool
-                self._idle = None
-            return
-        self._all.append(fresh)
-        self._idle.put_nowait(fresh)
 
     async def commit(self, events: Sequence[UsageEvent]) -> int:
         unique = sql.unique_by_request(events)
         if not unique:
             return 0
         rows = [sql.event_row(e) for e in unique]
-        async with self._connection() as conn, conn.transaction():
+        async with self._pool.connection() as conn, conn.transaction():
             cursor = await conn.execute(INSERT_EVENTS, _columns(rows, len(sql.EVENT_COLUMNS)))
             inserted = {r[0] for r in await cursor.fetchall()}
             new = [e for e in unique if e.request_id in inserted]
@@ -154,7 +84,7 @@ class PostgresLedger:
 
     async def aggregate(self, query: AggregateQuery) -> list[AggregateRow]:
         statement, params = sql.aggregate_sql(query)
-        async with self._connection() as conn:
+        async with self._pool.connection() as conn:
             cursor = await conn.execute(statement, params)
             rows = await cursor.fetchall()
         return sql.aggregate_rows(query, rows)
@@ -163,20 +93,18 @@ class PostgresLedger:
         self, start_ms: int, end_ms: int, tenant_id: str | None, *, after: tuple[int, str] | None, limit: int
     ) -> list[UsageEvent]:
         statement, params = sql.events_sql(start_ms, end_ms, tenant_id, after, limit)
-        async with self._connection() as conn:
+        async with self._pool.connection() as conn:
             cursor = await conn.execute(statement, params)
             rows = await cursor.fetchall()
         return [sql.row_event(row) for row in rows]
 
     async def purge(self, before_ms: int) -> int:
         deleted = 0
-        async with self._connection() as conn, conn.transaction():
+        async with self._pool.connection() as conn, conn.transaction():
             for statement in sql.PURGE:
                 cursor = await conn.execute(statement, (before_ms,))
                 deleted += cursor.rowcount
         return deleted
 
     async def close(self) -> None:
-        conns, self._all, self._idle = self._all, [], None
-        for conn in conns:
-            await conn.close()
+        await self._pool.close()
