@@ -55,12 +55,12 @@ def load_checkpoint(path: Path, config: EngineConfig) -> LoadedCheckpoint:
         head_dim=model_config.head_dim,
     )
     if backend.name == "vllm":
-        # vLLM's kernels for the projections too, where its build has them (see vllm_backend.py).
-        from regional_node.engine.attention.vllm_backend import cpu_linear_packer
+        # vLLM's kernels for the rest of the model too, where its build has them (vllm_backend.py).
+        from regional_node.engine.attention.vllm_backend import cpu_kernels
 
-        packer = cpu_linear_packer(device)
-        if packer is not None:
-            model.pack_linears(packer)
+        kernels = cpu_kernels(device)
+        if kernels is not None:
+            model.use_kernels(kernels)
     num_blocks = plan_num_kv_blocks(
         config, model_config, max_model_len=max_model_len, dtype=torch_dtype, device=device
     )

@@ -9,9 +9,7 @@ tenant's enqueued lines and the insert that follows it, is never interleaved wit
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
-import threading
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, TypeVar
@@ -19,6 +17,7 @@ from typing import Any, TypeVar
 from gateway.batches.errors import BatchStoreUnavailable
 from gateway.batches.store.operations import Operation, Reply, SqlBatchStore
 from gateway.batches.store.sql import Dialect, schema
+from gateway.ledger.store.sqlite_file import SqliteFile, write_transaction
 
 T = TypeVar("T")
 
@@ -35,45 +34,24 @@ class SqliteBatchStore(SqlBatchStore):
     dialect = DIALECT
 
     def __init__(self, path: str | Path, *, busy_timeout_s: float = 10.0) -> None:
-        self.path = Path(path)
-        self._busy_timeout_s = busy_timeout_s
-        self._db: sqlite3.Connection | None = None
-        self._lock = threading.Lock()
+        self._file = SqliteFile(
+            path, prepare=_prepare, unavailable=BatchStoreUnavailable, busy_timeout_s=busy_timeout_s
+        )
+        self.path = self._file.path
 
     async def _run(self, operation: Operation[T], *, transaction: bool = False) -> T:
-        def locked() -> T:
-            with self._lock:
-                if self._db is None:
-                    self._db = self._open()
-                try:
-                    return _drive(self._db, operation, transaction)
-                except sqlite3.Error as exc:
-                    raise BatchStoreUnavailable(f"sqlite {self.path}: {exc}") from exc
-
-        return await asyncio.to_thread(locked)
-
-    def _open(self) -> sqlite3.Connection:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(
-            self.path, timeout=self._busy_timeout_s, isolation_level=None, check_same_thread=False
-        )
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=FULL")
-        for statement in schema(DIALECT):
-            db.execute(statement)
-        return db
+        return await self._file.run(lambda db: _drive(db, operation, transaction))
 
     async def start(self) -> None:
         await self._run(_nothing())
 
     async def close(self) -> None:
-        def close() -> None:
-            with self._lock:
-                if self._db is not None:
-                    self._db.close()
-                    self._db = None
+        await self._file.close()
 
-        await asyncio.to_thread(close)
+
+def _prepare(db: sqlite3.Connection) -> None:
+    for statement in schema(DIALECT):
+        db.execute(statement)
 
 
 def _nothing() -> Operation[None]:
@@ -82,7 +60,7 @@ def _nothing() -> Operation[None]:
 
 
 def _drive(db: sqlite3.Connection, operation: Operation[T], transaction: bool) -> T:
-    with _transaction(db) if transaction else nullcontext():
+    with write_transaction(db) if transaction else nullcontext():
         try:
             statement = next(operation)
             while True:
@@ -96,16 +74,3 @@ def _drive(db: sqlite3.Connection, operation: Operation[T], transaction: bool) -
                 statement = operation.send(Reply(rows, cursor.rowcount))
         except StopIteration as done:
             return done.value
-
-
-class _transaction:
-    """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on any error (autocommit connection)."""
-
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self._db = db
-
-    def __enter__(self) -> None:
-        self._db.execute("BEGIN IMMEDIATE")
-
-    def __exit__(self, exc_type: object, *_: object) -> None:
-        self._db.execute("ROLLBACK" if exc_type is not None else "COMMIT")

@@ -11,10 +11,11 @@ CUDA (the GPU build, `pip install vllm`): `reshape_and_cache_flash` and vLLM's F
 (`vllm.vllm_flash_attn.flash_attn_varlen_func` with a block table), K and V each
 [num_blocks, block_size, kv_heads, head_dim], as vLLM's FLASH_ATTN backend uses them.
 
-On CPU the model's projections run on vLLM's GEMM as well (`cpu_linear_packer`): oneDNN with
-each weight prepacked once at load, which vLLM's own CPU engine uses for its linear layers. For the
-decode-sized batches a node runs (M of 1 to 32 rows) it is 1.3 to 1.8 times faster than
-torch.nn.functional.linear on this project's AVX2 test machine (benchmarks/engine_vs_vllm.py).
+On CPU the model's other ops run on vLLM's kernels as well (`cpu_kernels`): the projections on
+oneDNN's GEMM with each weight prepacked once at load, as vLLM's own CPU engine runs its linear
+layers (for the decode-sized batches a node runs, M of 1 to 32 rows, 1.3 to 1.8 times faster than
+torch.nn.functional.linear on this project's AVX2 test machine), RMSNorm fused with the residual
+add, and SiLU fused with the gate*up product.
 
 The step's sequences are already in the order both kernels take (decodes, then prefill chunks,
 each a run of query tokens at the end of its context), so the metadata is the same four small
@@ -31,7 +32,7 @@ import torch
 
 from regional_node.engine.attention.base import LayerKVCache, StepLayout
 from regional_node.engine.errors import EngineConfigError
-from regional_node.engine.models.llama import Linear, LinearPacker, torch_linear
+from regional_node.engine.models.llama import DenseKernels, Linear, LinearPacker, torch_linear
 
 # vLLM's CPUAttentionBackend.get_supported_head_sizes().
 SUPPORTED_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -70,12 +71,39 @@ def unsupported_reason(device: torch.device, *, block_size: int, head_dim: int) 
     return f"vLLM's kernels do not run on {device.type}"
 
 
-def cpu_linear_packer(device: torch.device) -> LinearPacker | None:
-    """Projections on vLLM's oneDNN GEMM, each weight prepacked once; None where vLLM's build has
-    no oneDNN (its CUDA build: on GPUs torch's cuBLAS is what vLLM uses too) or off the CPU."""
+def cpu_kernels(device: torch.device) -> DenseKernels | None:
+    """The model's dense ops on vLLM's CPU kernels, as vLLM's own CPU engine runs them: RMSNorm
+    fused with the residual add, SiLU fused with the gate*up product, and the projections on
+    oneDNN's GEMM (when the build has it). None off the CPU: on GPUs our triton backend's decode
+    graphs, or vLLM's own engine, are the fast paths."""
     ops = import_ops()
-    if device.type != "cpu" or not ops._supports_onednn:
+    if device.type != "cpu":
         return None
+
+    def add_rms_norm(
+        delta: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if delta is None:
+            out = torch.empty_like(residual)
+            ops.rms_norm(out, residual, weight, eps)
+            return out, residual
+        ops.fused_add_rms_norm(delta, residual, weight, eps)  # residual += delta; delta = norm
+        return delta, residual
+
+    def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+        out = torch.empty((*gate_up.shape[:-1], gate_up.shape[-1] // 2), dtype=gate_up.dtype)
+        torch.ops._C.silu_and_mul(out, gate_up)
+        return out
+
+    return DenseKernels(
+        linear=_onednn_linear(ops) if ops._supports_onednn else torch_linear,
+        add_rms_norm=add_rms_norm,
+        silu_and_mul=silu_and_mul,
+    )
+
+
+def _onednn_linear(ops: Any) -> LinearPacker:
+    """Projections on oneDNN's GEMM, each weight prepacked once."""
 
     def pack(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
         try:

@@ -44,6 +44,33 @@ def torch_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
     return lambda x: F.linear(x, weight, bias)
 
 
+def torch_add_rms_norm(
+    delta: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(RMSNorm(residual + delta) * weight, residual + delta); no delta: the residual as it is."""
+    if delta is not None:
+        residual = residual + delta
+    return F.rms_norm(residual, (residual.shape[-1],), weight, eps), residual
+
+
+def torch_silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate, inplace=True).mul_(up)
+
+
+@dataclass(frozen=True)
+class DenseKernels:
+    """The model's ops other than attention: torch's by default; a backend may bring its own
+    (vLLM's fused and prepacked CPU kernels: attention/vllm_backend.py)."""
+
+    linear: LinearPacker = torch_linear
+    # May update its arguments in place: the model passes tensors it no longer needs.
+    add_rms_norm: Callable[
+        [torch.Tensor | None, torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]
+    ] = torch_add_rms_norm
+    silu_and_mul: Callable[[torch.Tensor], torch.Tensor] = torch_silu_and_mul
+
+
 @dataclass(frozen=True)
 class LayerLinears:
     qkv: Linear
@@ -67,7 +94,7 @@ class LlamaModel:
         self.layers = layers
         self.norm = norm
         self.lm_head = lm_head
-        self.pack_linears(torch_linear)
+        self.use_kernels(DenseKernels())
         self.cos, self.sin = rope_tables(
             max_positions,
             config.head_dim,
@@ -77,8 +104,10 @@ class LlamaModel:
             str(embed_tokens.device),
         )
 
-    def pack_linears(self, pack: LinearPacker) -> None:
-        """Runs every projection (and the LM head) through `pack`'s kernels from now on."""
+    def use_kernels(self, kernels: DenseKernels) -> None:
+        """Runs the model on `kernels` from now on (each weight packed for its linear once, here)."""
+        self.kernels = kernels
+        pack = kernels.linear
         self.linears = [
             LayerLinears(
                 qkv=pack(w.qkv, w.qkv_bias),
@@ -110,28 +139,30 @@ class LlamaModel:
         """Logits [len(logits_indices), vocab] for the flattened step; writes every token's K/V."""
         cfg = self.config
         eps = cfg.rms_norm_eps
-        hidden = cfg.hidden_size
         heads, kv_heads, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         qk_width = (heads + kv_heads) * head_dim
         num_tokens = input_ids.shape[0]
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)
+        add_rms_norm, silu_and_mul = self.kernels.add_rms_norm, self.kernels.silu_and_mul
+        # The residual stream `h` and what the last block adds to it (`delta`): the add is done
+        # with the next norm, which kernels may fuse.
         h = F.embedding(input_ids, self.embed_tokens)
+        delta = None
         last = len(self.layers) - 1
         for i, (layer, linear) in enumerate(zip(self.layers, self.linears, strict=True)):
-            x = F.rms_norm(h, (hidden,), layer.input_norm, eps)
+            x, h = add_rms_norm(delta, h, layer.input_norm, eps)
             qkv = linear.qkv(x)
             qk = apply_rope(qkv[:, :qk_width].view(num_tokens, heads + kv_heads, head_dim), cos, sin)
             v = qkv[:, qk_width:].view(num_tokens, kv_heads, head_dim)
             attn = backend.forward(qk[:, :heads], qk[:, heads:], v, kv_caches[i], attn_metadata)
-            h = h + linear.o(attn.view(num_tokens, heads * head_dim))
+            delta = linear.o(attn.view(num_tokens, heads * head_dim))
             if i == last:
                 # Every token's K/V is written by now; only the sampled positions need the rest.
-                h = h[logits_indices]
-            x = F.rms_norm(h, (hidden,), layer.post_attention_norm, eps)
-            gate, up = linear.gate_up(x).chunk(2, dim=-1)
-            h = h + linear.down(F.silu(gate, inplace=True).mul_(up))
+                h, delta = h[logits_indices], delta[logits_indices]
+            x, h = add_rms_norm(delta, h, layer.post_attention_norm, eps)
+            delta = linear.down(silu_and_mul(linear.gate_up(x)))
         if not self.layers:
             h = h[logits_indices]
-        h = F.rms_norm(h, (hidden,), self.norm, eps)
-        return self.lm_head_linear(h)
+        x, _ = add_rms_norm(delta, h, self.norm, eps)
+        return self.lm_head_linear(x)

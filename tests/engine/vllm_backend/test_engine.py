@@ -121,17 +121,28 @@ def test_vllm_not_installed_is_a_config_error_and_auto_uses_torch(
 
 
 @needs_vllm
-def test_the_vllm_backend_runs_the_projections_on_vllms_prepacked_gemm(model32_dir: Path) -> None:
-    from regional_node.engine.attention.vllm_backend import cpu_linear_packer
+def test_the_vllm_backend_runs_the_dense_ops_on_vllms_cpu_kernels(model32_dir: Path) -> None:
+    """Greedy equality with transformers is checked above on this path; here: it is the path, and
+    each kernel agrees with torch's op (strided inputs and bfloat16 included)."""
+    from regional_node.engine.attention.vllm_backend import cpu_kernels
+    from regional_node.engine.models.llama import torch_add_rms_norm, torch_silu_and_mul
 
     engine = LLMEngine.from_pretrained(model32_dir, attention_backend="vllm")
-    qkv = engine.runner.model.linears[0].qkv
-    assert "cpu_linear_packer" in qkv.__qualname__  # oneDNN's, not torch's F.linear
-    pack = cpu_linear_packer(torch.device("cpu"))
-    assert pack is not None
+    model = engine.runner.model
+    kernels = cpu_kernels(torch.device("cpu"))
+    assert kernels is not None and model.kernels.add_rms_norm.__module__ == kernels.add_rms_norm.__module__
+    assert "_onednn_linear" in model.linears[0].qkv.__qualname__  # not torch's F.linear
     generator = torch.Generator().manual_seed(3)
     weight, bias = torch.randn(48, 32, generator=generator), torch.randn(48, generator=generator)
-    rows = torch.randn(5, 64, generator=generator)[:, :32]  # strided, as gate*up is
+    rows = torch.randn(5, 64, generator=generator)[:, :32]  # strided, as a chunk of gate_up is
+    residual, delta = torch.randn(5, 32, generator=generator), torch.randn(5, 32, generator=generator)
     for dtype in (torch.float32, torch.bfloat16):  # bfloat16: oneDNN's or, without a kernel, torch's
         w, b, x = weight.to(dtype), bias.to(dtype), rows.to(dtype)
-        torch.testing.assert_close(pack(w, b)(x), torch.nn.functional.linear(x, w, b))
+        torch.testing.assert_close(kernels.linear(w, b)(x), torch.nn.functional.linear(x, w, b))
+    gate_up = torch.randn(5, 64, generator=generator)
+    torch.testing.assert_close(kernels.silu_and_mul(gate_up.clone()), torch_silu_and_mul(gate_up.clone()))
+    norm_w = torch.rand(32, generator=generator)
+    for d in (None, delta):
+        got = kernels.add_rms_norm(None if d is None else d.clone(), residual.clone(), norm_w, 1e-6)
+        want = torch_add_rms_norm(d, residual, norm_w, 1e-6)
+        torch.testing.assert_close(got, want)
