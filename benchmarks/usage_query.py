@@ -28,6 +28,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import psycopg
+
 from gateway.ledger.event import UsageEvent
 from gateway.ledger.query import page_body, parse_buckets
 from gateway.ledger.store.postgres import PostgresLedger
@@ -119,7 +121,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for i in range(0, len(batches), 2):  # two transactions at a time: the server and Python overlap
             await asyncio.gather(*(store.commit(b) for b in batches[i : i + 2]))
         load_s = time.perf_counter() - started
-        async with store._connection() as conn:
+        async with await psycopg.AsyncConnection.connect(uri, autocommit=True) as conn:
             await conn.execute("ANALYZE")
             rollups = (await (await conn.execute("SELECT count(*) FROM usage_rollups")).fetchone())[0]
             stored = (await (await conn.execute("SELECT count(*) FROM usage_events")).fetchone())[0]

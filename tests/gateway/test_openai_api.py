@@ -115,8 +115,14 @@ def test_auto_model_is_resolved_to_a_catalog_model(gw: RunningGateway) -> None:
     raw = sdk(gw).chat.completions.with_raw_response.create(
         model="auto", messages=[{"role": "user", "content": "hi"}], max_tokens=4
     )
-    assert raw.headers["x-meridian-model"] == "meridian-small"
-    assert raw.parse().model == "meridian-small"
+    # The classifier starts a short chat on the small tier; the confidence cascade may then hand it
+    # to the large one (these random models sample with little confidence): either way the answer
+    # names the catalog model that served it.
+    route = raw.headers["x-meridian-route"]
+    assert route.startswith("auto:small")
+    served = "meridian-large" if route.startswith("auto:small->large") else "meridian-small"
+    assert raw.headers["x-meridian-model"] == served
+    assert raw.parse().model == served
 
 
 def test_models_list_only_what_the_tenant_may_use(gw: RunningGateway) -> None:

@@ -115,7 +115,7 @@ def _onednn_linear(ops: Any) -> LinearPacker:
             return torch_linear(weight, bias)
 
         def linear(x: torch.Tensor) -> torch.Tensor:
-            # The GEMM reads rows densely: gate*up is a strided half of the gate_up output.
+            # The GEMM reads rows densely; the model's inputs are (a strided one is copied).
             return ops.onednn_mm(handler, x if x.is_contiguous() else x.contiguous(), bias)
 
         return linear
