@@ -6,7 +6,7 @@ caller's tenant's or a 404; errors are mapped once, in errors.py.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -33,9 +33,19 @@ class _CreateBatch(msgspec.Struct, forbid_unknown_fields=True):
     callback_url: str | None = None
 
 
-def _caller(
-    request: Request[Any, Any, Any], pipeline: RequestPipeline, batches: Batches | None
-) -> tuple[CallContext, TenantPolicy, Batches]:
+Work = Callable[[CallContext, TenantPolicy, Batches], Awaitable[Any]]
+
+
+async def _serve(
+    request: Request[Any, Any, Any],
+    pipeline: RequestPipeline,
+    batches: Batches | None,
+    work: Work,
+    *,
+    media_type: str | None = None,
+) -> Response[Any]:
+    """Every route's frame: authenticate the caller, run `work` for its tenant, and map whatever
+    it raises once (errors.py); the answer carries the call's headers."""
     ctx = pipeline.start_call(request.headers)
     try:
         tenant = pipeline.authenticate(ctx, request.headers.get("authorization"))
@@ -43,9 +53,12 @@ def _caller(
             raise NotFoundError(
                 "The Files and Batches APIs are not enabled on this gateway.", code="not_enabled"
             )
+        answer = await work(ctx, tenant, batches)
     except Exception as exc:
         raise failed(pipeline, ctx, exc) from None
-    return ctx, tenant, batches
+    if media_type is not None:
+        return Response(answer, headers=ctx.headers, media_type=media_type)
+    return Response(answer, headers=ctx.headers)
 
 
 async def _one_chunk(data: bytes) -> AsyncGenerator[bytes, None]:
@@ -93,13 +106,11 @@ class FilesController(Controller):
     async def upload(
         self, request: Request[Any, Any, Any], pipeline: RequestPipeline, batches: Batches | None
     ) -> Response[Any]:
-        ctx, tenant, found = _caller(request, pipeline, batches)
-        try:
+        async def work(ctx: CallContext, tenant: TenantPolicy, found: Batches) -> Any:
             filename, purpose, data = await _upload_form(request)
-            record = await found.upload(tenant.tenant_id, filename, purpose, data)
-        except Exception as exc:
-            raise failed(pipeline, ctx, exc) from None
-        return Response(file_object(record), headers=ctx.headers)
+            return file_object(await found.upload(tenant.tenant_id, filename, purpose, data))
+
+        return await _serve(request, pipeline, batches, work)
 
     @get("/{file_id:str}")
     async def retrieve(
@@ -109,12 +120,10 @@ class FilesController(Controller):
         pipeline: RequestPipeline,
         batches: Batches | None,
     ) -> Response[Any]:
-        ctx, tenant, found = _caller(request, pipeline, batches)
-        try:
-            record = await found.file(file_id, tenant.tenant_id)
-        except Exception as exc:
-            raise failed(pipeline, ctx, exc) from None
-        return Response(file_object(record), headers=ctx.headers)
+        async def work(ctx: CallContext, tenant: TenantPolicy, found: Batches) -> Any:
+            return file_object(await found.file(file_id, tenant.tenant_id))
+
+        return await _serve(request, pipeline, batches, work)
 
     @get("/{file_id:str}/content")
     async def content(
@@ -123,13 +132,11 @@ class FilesController(Controller):
         file_id: str,
         pipeline: RequestPipeline,
         batches: Batches | None,
-    ) -> Response[bytes]:
-        ctx, tenant, found = _caller(request, pipeline, batches)
-        try:
-            data = await found.content(file_id, tenant.tenant_id)
-        except Exception as exc:
-            raise failed(pipeline, ctx, exc) from None
-        return Response(data, headers=ctx.headers, media_type="application/jsonl")
+    ) -> Response[Any]:
+        async def work(ctx: CallContext, tenant: TenantPolicy, found: Batches) -> Any:
+            return await found.content(file_id, tenant.tenant_id)
+
+        return await _serve(request, pipeline, batches, work, media_type="application/jsonl")
 
     @delete("/{file_id:str}", status_code=200)
     async def remove(
@@ -139,12 +146,11 @@ class FilesController(Controller):
         pipeline: RequestPipeline,
         batches: Batches | None,
     ) -> Response[Any]:
-        ctx, tenant, found = _caller(request, pipeline, batches)
-        try:
+        async def work(ctx: CallContext, tenant: TenantPolicy, found: Batches) -> Any:
             await found.delete_file(file_id, tenant.tenant_id)
-        except Exception as exc:
-            raise failed(pipeline, ctx, exc) from None
-        return Response({"id": file_id, "object": "file", "deleted": True}, headers=ctx.headers)
+            return {"id": file_id, "object": "file", "deleted": True}
+
+        return await _serve(request, pipeline, batches, work)
 
 
 class BatchesController(Controller):
@@ -154,8 +160,7 @@ class BatchesController(Controller):
     async def create(
         self, request: Request[Any, Any, Any], pipeline: RequestPipeline, batches: Batches | None
     ) -> Response[Any]:
-        ctx, tenant, found = _caller(request, pipeline, batches)
-        try:
+        async def work(ctx: CallContext, tenant: TenantPolicy, found: Batches) -> Any:
             try:
                 wanted = msgspec.json.decode(await request_body(request), type=_CreateBatch)
             except msgspec.DecodeError as exc:  # ValidationError included: it names the field
@@ -169,25 +174,24 @@ class BatchesController(Controller):
                 metadata=wanted.metadata,
                 callback_url=wanted.callback_url,
             )
-        except Exception as exc:
-            raise failed(pipeline, ctx, exc) from None
-        return Response(batch_object(batch), headers=ctx.headers)
+            return batch_object(batch)
+
+        return await _serve(request, pipeline, batches, work)
 
     @get("/")
     async def page(
         self, request: Request[Any, Any, Any], pipeline: RequestPipeline, batches: Batches | None
     ) -> Response[Any]:
-        ctx, tenant, found = _caller(request, pipeline, batches)
-        try:
+        async def work(ctx: CallContext, tenant: TenantPolicy, found: Batches) -> Any:
             raw_limit = request.query_params.get("limit", "20")
             if not raw_limit.isdigit():
                 raise BatchInputError("limit must be a whole number.", param="limit")
             rows, more = await found.page(
                 tenant.tenant_id, limit=int(raw_limit), after=request.query_params.get("after") or None
             )
-        except Exception as exc:
-            raise failed(pipeline, ctx, exc) from None
-        return Response(batch_list(rows, has_more=more), headers=ctx.headers)
+            return batch_list(rows, has_more=more)
+
+        return await _serve(request, pipeline, batches, work)
 
     @get("/{batch_id:str}")
     async def retrieve(
@@ -197,12 +201,10 @@ class BatchesController(Controller):
         pipeline: RequestPipeline,
         batches: Batches | None,
     ) -> Response[Any]:
-        ctx, tenant, found = _caller(request, pipeline, batches)
-        try:
-            batch = await found.batch(batch_id, tenant.tenant_id)
-        except Exception as exc:
-            raise failed(pipeline, ctx, exc) from None
-        return Response(batch_object(batch), headers=ctx.headers)
+        async def work(ctx: CallContext, tenant: TenantPolicy, found: Batches) -> Any:
+            return batch_object(await found.batch(batch_id, tenant.tenant_id))
+
+        return await _serve(request, pipeline, batches, work)
 
     @post("/{batch_id:str}/cancel", status_code=200)
     async def cancel(
@@ -212,9 +214,7 @@ class BatchesController(Controller):
         pipeline: RequestPipeline,
         batches: Batches | None,
     ) -> Response[Any]:
-        ctx, tenant, found = _caller(request, pipeline, batches)
-        try:
-            batch = await found.cancel(batch_id, tenant.tenant_id)
-        except Exception as exc:
-            raise failed(pipeline, ctx, exc) from None
-        return Response(batch_object(batch), headers=ctx.headers)
+        async def work(ctx: CallContext, tenant: TenantPolicy, found: Batches) -> Any:
+            return batch_object(await found.cancel(batch_id, tenant.tenant_id))
+
+        return await _serve(request, pipeline, batches, work)
