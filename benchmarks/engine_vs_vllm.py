@@ -100,6 +100,8 @@ def run_ours(path: Path, requests: list[BenchRequest], dtype: str, backend: str)
         max_num_seqs=len(requests),
         max_num_batched_tokens=MAX_BATCHED_TOKENS,
         enable_prefix_caching=True,
+        # Token ids in and out, as vLLM runs here (skip_tokenizer_init, detokenize=False).
+        skip_tokenizer_init=True,
         # vLLM's CPU kernels want 32-token blocks (16 works, slower); torch is tuned at 16.
         block_size=32 if backend == "vllm" else 16,
     )

@@ -31,7 +31,8 @@ def run_meridian(engine: LLMEngine, requests: list[BenchRequest], *, warmup_prom
     cached_tokens: dict[str, int] = {}
     started, cpu_started = time.perf_counter(), time.process_time()
     for r in requests:
-        params = SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True)
+        # Token ids are all a benchmark reads: no logprobs, as the engines it is compared with.
+        params = SamplingParams(max_tokens=r.max_tokens, temperature=0.0, ignore_eos=True, logprobs=False)
         engine.add_request(r.request_id, list(r.prompt_ids), params)
     remaining, steps = len(requests), 0
     while remaining:

@@ -161,6 +161,9 @@ class EngineConfig:
     attention_backend: str = "torch"
     # Replay decode steps from CUDA graphs: only on CUDA, with a backend that supports it (triton).
     cuda_graphs: bool = True
+    # As vLLM's option: no tokenizer, so token ids in and out only (no text, no stop strings), and
+    # no detokenizing per token for callers that never read text.
+    skip_tokenizer_init: bool = False
     # VTC fairness weights (Sheng et al. 2024): a served output token costs more than a prompt token.
     fairness_prompt_weight: float = 1.0
     fairness_output_weight: float = 2.0
@@ -185,8 +188,9 @@ class EngineConfig:
                 f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
                 f"got {self.attention_backend!r}"
             )
-        if not isinstance(self.cuda_graphs, bool):
-            raise EngineConfigError(f"cuda_graphs must be true or false, got {self.cuda_graphs!r}")
+        for name in ("cuda_graphs", "skip_tokenizer_init"):
+            if not isinstance(getattr(self, name), bool):
+                raise EngineConfigError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
     @classmethod
     def from_options(cls, **options: Any) -> EngineConfig:

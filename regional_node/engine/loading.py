@@ -45,7 +45,7 @@ def load_checkpoint(path: Path, config: EngineConfig) -> LoadedCheckpoint:
     dtype_name = config.dtype if config.dtype != "auto" else model_config.torch_dtype
     torch_dtype = _DTYPES.get(dtype_name, torch.float32)
     device = torch.device(config.device)
-    tokenizer = Tokenizer.from_pretrained(path)
+    tokenizer = None if config.skip_tokenizer_init else Tokenizer.from_pretrained(path)
     eos = tokenizer.eos_token_ids if tokenizer is not None else checkpoint_eos_token_ids(path)
     model = load_model(path, model_config, dtype=torch_dtype, device=device, max_positions=max_model_len)
     backend = create_backend(

@@ -49,7 +49,7 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(
         self, chunks: list[ScheduledChunk], sampling: list[SamplingRequest | None]
-    ) -> list[tuple[int, float] | None]:
+    ) -> list[tuple[int, float | None] | None]:
         """Computes every chunk; returns (token, logprob) for chunks with a SamplingRequest, else None."""
         step = flatten_step(chunks, sampling, self.block_size)
         logits = None
@@ -67,7 +67,7 @@ class ModelRunner:
                 self.backend.prepare(step.layout, self.block_size, device),
                 torch.tensor(step.logits_rows, dtype=torch.long, device=device),
             )
-        results: list[tuple[int, float] | None] = [None] * len(chunks)
+        results: list[tuple[int, float | None] | None] = [None] * len(chunks)
         if step.sampled:
             requests = [sampling[i] for i in step.sampled]
             tokens, logprobs = sample(logits, [r[0] for r in requests if r], [r[1] for r in requests if r])

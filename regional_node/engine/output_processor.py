@@ -46,7 +46,7 @@ class RequestState:
         )
 
 
-def append_token(state: RequestState, token: int, logprob: float) -> RequestDelta:
+def append_token(state: RequestState, token: int, logprob: float | None) -> RequestDelta:
     """Add one sampled token to the request and say what the client gets for it.
 
     Stop tokens (EOS unless ignore_eos, and stop_token_ids) stay in the token ids but add no text.
@@ -57,7 +57,8 @@ def append_token(state: RequestState, token: int, logprob: float) -> RequestDelt
     if finish is None and seq.num_output_tokens >= state.params.max_tokens:
         finish = "length"
         text += _flush(state)
-    delta = state.delta([token], text, [logprob], finish)
+    logprobs = [logprob] if state.params.logprobs and logprob is not None else []
+    delta = state.delta([token], text, logprobs, finish)
     if seq.num_output_tokens == 1 and state.first_scheduled_time is not None:
         delta.queue_time_s = state.first_scheduled_time - state.arrival_time
         delta.prefill_time_s = time.monotonic() - state.first_scheduled_time

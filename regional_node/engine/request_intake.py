@@ -22,6 +22,8 @@ from regional_node.engine.sequence import PRIORITY_RANK, Sequence
 from regional_node.engine.stop_strings import StopStringMatcher
 from regional_node.engine.tokenizer import Tokenizer
 
+NO_TOKENIZER = "this engine has no tokenizer (skip_tokenizer_init, or none in its checkpoint)"
+
 
 class RequestIntake:
     def __init__(
@@ -62,7 +64,7 @@ class RequestIntake:
         carried = self._token_ids(continuation_token_ids or [], "continuation_token_ids")
         params.validate(continuation=bool(carried))
         if params.stop and self.tokenizer is None:
-            raise InvalidRequestError("stop strings need a tokenizer; this checkpoint has none", "stop")
+            raise InvalidRequestError(f"stop strings need a tokenizer: {NO_TOKENIZER}", "stop")
         prompt_ids = self._prompt_ids(prompt)
         ids = prompt_ids + carried
         if not ids:
@@ -107,9 +109,7 @@ class RequestIntake:
     def _prompt_ids(self, prompt: list[int] | str) -> list[int]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise InvalidRequestError(
-                    "this checkpoint has no tokenizer: send the prompt as token ids", "prompt"
-                )
+                raise InvalidRequestError(f"{NO_TOKENIZER}: send the prompt as token ids", "prompt")
             return self.tokenizer.encode(prompt) if prompt else []
         if isinstance(prompt, list | tuple):
             return self._token_ids(prompt, "prompt")

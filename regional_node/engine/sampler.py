@@ -18,12 +18,15 @@ from regional_node.engine.sampling_params import SamplingParams
 
 def sample(
     logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
-) -> tuple[list[int], list[float]]:
-    """logits: [num_seqs, vocab]; returns (token ids, logprobs), one per row."""
+) -> tuple[list[int], list[float | None]]:
+    """logits: [num_seqs, vocab]; returns (token ids, logprobs), one per row. The logprobs are None
+    when no row asked for them (SamplingParams.logprobs) and a greedy step could skip them."""
     logits = logits.float()
     if all(p.greedy for p in params):
-        # max - logsumexp is the chosen token's log-softmax, without writing the whole [n, vocab] table.
         best, tokens = logits.max(dim=-1)
+        if not any(p.logprobs for p in params):
+            return tokens.tolist(), [None] * len(params)
+        # max - logsumexp is the chosen token's log-softmax, without writing the whole [n, vocab] table.
         return tokens.tolist(), (best - torch.logsumexp(logits, dim=-1)).tolist()
 
     device = logits.device

@@ -23,6 +23,9 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    # Report each sampled token's log-probability (RequestDelta.new_logprobs). Off, a greedy step
+    # skips the log-softmax over the vocabulary, and the deltas carry no logprobs.
+    logprobs: bool = True
 
     @property
     def greedy(self) -> bool:
@@ -53,6 +56,8 @@ class SamplingParams:
             raise InvalidRequestError(
                 f"seed must be an integer in [{_SEED_MIN}, {_SEED_MAX}], got {self.seed!r}", "seed"
             )
+        if not isinstance(self.logprobs, bool):
+            raise InvalidRequestError(f"logprobs must be true or false, got {self.logprobs!r}", "logprobs")
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
             raise InvalidRequestError("stop must be a list of non-empty strings", "stop")
         if not isinstance(self.stop_token_ids, list) or not all(

@@ -86,4 +86,6 @@ def sampling_params(
         stop=[s for s in request.stop_list() if s],
         stop_token_ids=list(request.stop_token_ids or []),
         ignore_eos=request.ignore_eos,
+        # Chat's `logprobs` is a flag; completions' a count (0: the sampled token's only) or None.
+        logprobs=request.logprobs is not None and request.logprobs is not False,
     )

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from regional_node.engine import LLMEngine, SamplingParams
+from regional_node.engine import InvalidRequestError, LLMEngine, SamplingParams
 from regional_node.engine.sampler import sample
 from tests.engine.checkpoints import hf_greedy, hf_model, random_prompts
 
@@ -109,6 +109,22 @@ def test_sampler_logprob_reflects_temperature() -> None:
         pytest.approx(math.log(1 / (1 + math.exp(-1.0)))),
         pytest.approx(math.log(1 / (1 + math.exp(1.0)))),
     )
+
+
+def test_logprobs_off_skips_them_and_changes_no_token(engine: LLMEngine) -> None:
+    prompts = random_prompts([7, 30], seed=16)
+    with_lp = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    without = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=False)
+    sampled = SamplingParams(max_tokens=6, temperature=0.8, seed=3, ignore_eos=True, logprobs=False)
+    mixed = engine.generate(prompts + prompts, [with_lp, with_lp, without, sampled])
+    assert mixed[2].output_token_ids == mixed[0].output_token_ids and mixed[2].logprobs == []
+    assert len(mixed[0].logprobs) == 6 and mixed[3].logprobs == []
+    alone = engine.generate(prompts[:1], without)[0]
+    assert alone.output_token_ids == mixed[0].output_token_ids and alone.logprobs == []
+    # A greedy step where no row wants them does not compute them at all.
+    assert sample(torch.tensor([[0.0, 1.0]]), [without], [None]) == ([1], [None])
+    with pytest.raises(InvalidRequestError, match="logprobs"):
+        engine.add_request("bad", [3, 4], SamplingParams(logprobs="yes"))  # type: ignore[arg-type]
 
 
 def test_max_tokens_and_length_finish(engine: LLMEngine) -> None:

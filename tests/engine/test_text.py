@@ -141,3 +141,24 @@ def test_string_prompt_is_encoded_with_the_tokenizer(llama_dir: Path) -> None:
     by_text, by_ids = engine.generate(["the quick brown fox", tok.encode("the quick brown fox")], params)
     assert by_text.output_token_ids == by_ids.output_token_ids
     assert by_text.prompt_tokens == len(tok.encode("the quick brown fox"))
+
+
+def test_skip_tokenizer_init_serves_token_ids_only(llama_dir: Path) -> None:
+    """vLLM's option: no tokenizer loaded, so no text out, and text in or stop strings are refused."""
+    engine = LLMEngine.from_pretrained(llama_dir, skip_tokenizer_init=True)
+    assert engine.tokenizer is None
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    prompt = [5, 9, 14, 3]
+    result = engine.generate([prompt], params)[0]
+    assert (
+        result.output_token_ids
+        == LLMEngine.from_pretrained(llama_dir).generate([prompt], params)[0].output_token_ids
+    )
+    assert result.text == ""
+    with pytest.raises(InvalidRequestError, match="skip_tokenizer_init") as text_in:
+        engine.add_request("t", "some text", params)
+    assert text_in.value.param == "prompt"
+    with pytest.raises(InvalidRequestError, match="skip_tokenizer_init") as stop:
+        engine.add_request("s", prompt, SamplingParams(max_tokens=6, stop=["x"]))
+    assert stop.value.param == "stop"
+    assert engine.stats()["num_running"] == 0 and engine.stats()["num_waiting"] == 0

@@ -33,6 +33,7 @@ import torch
 from regional_node.engine.attention.base import LayerKVCache, StepLayout
 from regional_node.engine.errors import EngineConfigError
 from regional_node.engine.models.llama import DenseKernels, Linear, LinearPacker, torch_linear
+from regional_node.engine.models.rope import Rotate
 
 # vLLM's CPUAttentionBackend.get_supported_head_sizes().
 SUPPORTED_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -99,7 +100,31 @@ def cpu_kernels(device: torch.device) -> DenseKernels | None:
         linear=_onednn_linear(ops) if ops._supports_onednn else torch_linear,
         add_rms_norm=add_rms_norm,
         silu_and_mul=silu_and_mul,
+        rope=lambda cos, signed_sin: _VllmRope(ops, cos, signed_sin),
     )
+
+
+class _VllmRope:
+    """vLLM's in-place rotary kernel (neox style, i.e. rotate-half). In float32 it rounds exactly as
+    models/rope.py's apply_rope does, and it saves that function's per-layer copies and gathers."""
+
+    def __init__(self, ops: Any, cos: torch.Tensor, signed_sin: torch.Tensor) -> None:
+        half = cos.shape[-1] // 2
+        self.ops = ops
+        # vLLM's table is [positions, cos | sin] over the first half of the frequencies; ours
+        # repeat them over both halves (the sin table's second half is unsigned).
+        self.cos_sin = torch.cat((cos[:, :half], signed_sin[:, half:]), dim=-1).contiguous()
+
+    def at(self, positions: torch.Tensor) -> Rotate:
+        def rotate(qk: torch.Tensor, heads: int) -> torch.Tensor:
+            tokens, _, head_dim = qk.shape
+            # The kernel takes [tokens, heads * head_dim] rows with a row stride; view (not
+            # reshape) so that it can only be qk's own memory that is rotated.
+            q, k = qk[:, :heads].view(tokens, -1), qk[:, heads:].view(tokens, -1)
+            self.ops.rotary_embedding(positions, q, k, head_dim, self.cos_sin, True)
+            return qk
+
+        return rotate
 
 
 def _onednn_linear(ops: Any) -> LinearPacker:

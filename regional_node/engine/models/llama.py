@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from regional_node.engine.attention.base import AttentionBackend, LayerKVCache
 from regional_node.engine.config import ModelConfig
-from regional_node.engine.models.rope import apply_rope, rope_tables
+from regional_node.engine.models.rope import Rope, TorchRope, rope_tables
 
 
 @dataclass
@@ -69,6 +69,8 @@ class DenseKernels:
         [torch.Tensor | None, torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]
     ] = torch_add_rms_norm
     silu_and_mul: Callable[[torch.Tensor], torch.Tensor] = torch_silu_and_mul
+    # Made once from the model's (cos, signed sin) tables (models/rope.py).
+    rope: Callable[[torch.Tensor, torch.Tensor], Rope] = TorchRope
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,6 @@ class LlamaModel:
         self.layers = layers
         self.norm = norm
         self.lm_head = lm_head
-        self.use_kernels(DenseKernels())
         self.cos, self.sin = rope_tables(
             max_positions,
             config.head_dim,
@@ -103,6 +104,7 @@ class LlamaModel:
             embed_tokens.dtype,
             str(embed_tokens.device),
         )
+        self.use_kernels(DenseKernels())
 
     def use_kernels(self, kernels: DenseKernels) -> None:
         """Runs the model on `kernels` from now on (each weight packed for its linear once, here)."""
@@ -118,6 +120,7 @@ class LlamaModel:
             for w in self.layers
         ]
         self.lm_head_linear = pack(self.lm_head, None)
+        self.rope = kernels.rope(self.cos, self.sin)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -142,8 +145,7 @@ class LlamaModel:
         heads, kv_heads, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         qk_width = (heads + kv_heads) * head_dim
         num_tokens = input_ids.shape[0]
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
+        rotate = self.rope.at(positions)
         add_rms_norm, silu_and_mul = self.kernels.add_rms_norm, self.kernels.silu_and_mul
         # The residual stream `h` and what the last block adds to it (`delta`): the add is done
         # with the next norm, which kernels may fuse.
@@ -153,7 +155,7 @@ class LlamaModel:
         for i, (layer, linear) in enumerate(zip(self.layers, self.linears, strict=True)):
             x, h = add_rms_norm(delta, h, layer.input_norm, eps)
             qkv = linear.qkv(x)
-            qk = apply_rope(qkv[:, :qk_width].view(num_tokens, heads + kv_heads, head_dim), cos, sin)
+            qk = rotate(qkv[:, :qk_width].view(num_tokens, heads + kv_heads, head_dim), heads)
             v = qkv[:, qk_width:].view(num_tokens, kv_heads, head_dim)
             attn = backend.forward(qk[:, :heads], qk[:, heads:], v, kv_caches[i], attn_metadata)
             delta = linear.o(attn.view(num_tokens, heads * head_dim))

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
 
@@ -53,3 +54,24 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> 
     swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
     # In place where possible; each product is rounded before the sum, exactly as transformers does.
     return (x * cos).add_(swapped.mul_(signed_sin))
+
+
+# Rotates a layer's q and k, [tokens, heads + kv_heads, head_dim] with the q heads first; returns
+# them rotated (a kernel may rotate them in place and return its argument).
+Rotate = Callable[[torch.Tensor, int], torch.Tensor]
+
+
+class Rope(Protocol):
+    """Rotary embeddings on the model's tables: `at` runs once per step, its Rotate once per layer."""
+
+    def at(self, positions: torch.Tensor) -> Rotate: ...
+
+
+class TorchRope:
+    def __init__(self, cos: torch.Tensor, signed_sin: torch.Tensor) -> None:
+        self.cos, self.signed_sin = cos, signed_sin
+
+    def at(self, positions: torch.Tensor) -> Rotate:
+        cos = self.cos[positions].unsqueeze(1)
+        sin = self.signed_sin[positions].unsqueeze(1)
+        return lambda qk, heads: apply_rope(qk, cos, sin)

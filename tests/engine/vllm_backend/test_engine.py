@@ -126,6 +126,7 @@ def test_the_vllm_backend_runs_the_dense_ops_on_vllms_cpu_kernels(model32_dir: P
     each kernel agrees with torch's op (strided inputs and bfloat16 included)."""
     from regional_node.engine.attention.vllm_backend import cpu_kernels
     from regional_node.engine.models.llama import torch_add_rms_norm, torch_silu_and_mul
+    from regional_node.engine.models.rope import TorchRope
 
     engine = LLMEngine.from_pretrained(model32_dir, attention_backend="vllm")
     model = engine.runner.model
@@ -146,3 +147,15 @@ def test_the_vllm_backend_runs_the_dense_ops_on_vllms_cpu_kernels(model32_dir: P
         got = kernels.add_rms_norm(None if d is None else d.clone(), residual.clone(), norm_w, 1e-6)
         want = torch_add_rms_norm(d, residual, norm_w, 1e-6)
         torch.testing.assert_close(got, want)
+    # Rotary: on q and k inside the qkv rows (v untouched), bit for bit torch's in float32.
+    heads, kv_heads, head_dim = 4, 2, 32
+    positions = torch.tensor([0, 7, 3, 200, 41])
+    cos, sin = model.cos, model.sin  # the model's own tables (head_dim 32 too)
+    assert model.cos.shape[-1] == head_dim and model.rope.__class__.__name__ == "_VllmRope"
+    qkv = torch.randn(5, (heads + 2 * kv_heads) * head_dim, generator=generator)
+    qk_width = (heads + kv_heads) * head_dim
+    want = TorchRope(cos, sin).at(positions)(qkv[:, :qk_width].view(5, -1, head_dim), heads)
+    rotated = qkv.clone()
+    qk = rotated[:, :qk_width].view(5, -1, head_dim)
+    assert kernels.rope(cos, sin).at(positions)(qk, heads) is qk
+    assert torch.equal(qk, want) and torch.equal(rotated[:, qk_width:], qkv[:, qk_width:])
