@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from regional_node.engine import InvalidRequestError, LLMEngine, SamplingParams
-from regional_node.engine.sampler import sample
+from regional_node.engine.sampler import argmax_rows, sample
 from tests.engine.checkpoints import hf_greedy, hf_model, random_prompts
 
 
@@ -125,6 +125,18 @@ def test_logprobs_off_skips_them_and_changes_no_token(engine: LLMEngine) -> None
     assert sample(torch.tensor([[0.0, 1.0]]), [without], [None]) == ([1], [None])
     with pytest.raises(InvalidRequestError, match="logprobs"):
         engine.add_request("bad", [3, 4], SamplingParams(logprobs="yes"))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("vocab", [8192, 384, 128, 1000, 7])
+def test_argmax_rows_is_argmax_with_ties_and_nan(vocab: int) -> None:
+    """The two-level argmax picks what torch's argmax picks: the first of tied maxima, NaN first."""
+    logits = torch.randn(6, vocab, generator=torch.Generator().manual_seed(vocab))
+    logits[1, vocab // 3] = logits[1, vocab - 1] = 50.0  # a tie across slices: the first wins
+    logits[2, 0] = logits[2, 1] = 60.0  # a tie inside one slice
+    logits[3, vocab // 2] = float("nan")
+    logits[4] = 0.0  # all tied
+    for rows in (logits, logits[::2], torch.cat([logits, logits], dim=1)[:, :vocab]):  # strided too
+        assert torch.equal(argmax_rows(rows), rows.argmax(dim=-1))
 
 
 def test_max_tokens_and_length_finish(engine: LLMEngine) -> None:
