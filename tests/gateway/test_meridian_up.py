@@ -71,7 +71,11 @@ def test_meridian_up_serves_the_sdk_and_stops_cleanly_on_ctrl_c(tmp_path: Path) 
         reply = client.chat.completions.with_raw_response.create(
             model="meridian-small", messages=[{"role": "user", "content": "Hello!"}], max_tokens=8
         )
-        assert reply.parse().usage.completion_tokens == 8
+        # Sampled (temperature 1): the demo model may pick EOS before the limit.
+        choice, usage = reply.parse().choices[0], reply.parse().usage
+        assert choice.finish_reason in ("length", "stop") and choice.message.content is not None
+        assert 1 <= usage.completion_tokens <= 8
+        assert choice.finish_reason == "stop" or usage.completion_tokens == 8
         assert reply.headers["x-meridian-region"] in ("us-east", "eu-west")
         stream = client.chat.completions.create(
             model="meridian-large",
