@@ -16,6 +16,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import faulthandler
 import functools
 import logging
 import sys
@@ -129,6 +131,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # A crash in native code (or a SIGABRT sent to a hung process) prints every thread's Python
+    # stack to stderr, where the service's logs go. A stderr with no file behind it (captured,
+    # embedded) has nowhere to dump to.
+    with contextlib.suppress(OSError, ValueError, RuntimeError):
+        faulthandler.enable()
     # Pass-through commands own their flags, so they are dispatched before argparse sees them.
     if argv and argv[0] == "node":
         from regional_node.cli import node_main

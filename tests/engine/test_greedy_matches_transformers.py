@@ -3,9 +3,12 @@ under any batching, chunking, preemption or prefix-cache state."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 from regional_node.engine import LLMEngine, SamplingParams
 from tests.engine.checkpoints import hf_greedy, random_prompts, write_checkpoint
@@ -29,6 +32,27 @@ def check(engine: LLMEngine, path: Path, prompts: list[list[int]], params: Sampl
 def test_mixed_prompt_lengths_in_one_batch(model_dir: Path, prefix_caching: bool) -> None:
     engine = LLMEngine.from_pretrained(model_dir, enable_prefix_caching=prefix_caching)
     check(engine, model_dir, random_prompts(LENGTHS))
+
+
+def test_a_long_step_goes_through_the_mlp_in_slices(model_dir: Path) -> None:
+    """On CPU a step with more rows than `mlp_rows` takes the MLP slice by slice (to stay under
+    malloc's mmap threshold); the tokens stay exactly transformers'."""
+    engine = LLMEngine.from_pretrained(model_dir)
+    model = engine.runner.model
+    assert model.mlp_rows is not None and model.mlp_rows >= 2048  # the test model's activations are small
+    model.mlp_rows = 5
+    rows: list[int] = []
+
+    def recording(gate_up: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+        def run(x: torch.Tensor) -> torch.Tensor:
+            rows.append(x.shape[0])
+            return gate_up(x)
+
+        return run
+
+    model.linears = [dataclasses.replace(lin, gate_up=recording(lin.gate_up)) for lin in model.linears]
+    check(engine, model_dir, random_prompts(LENGTHS))
+    assert max(rows) == 5 and rows.count(5) > len(model.linears)
 
 
 def test_tiny_pool_forces_preemption(model_dir: Path) -> None:
