@@ -11,8 +11,6 @@ whatever else shares its batch, and across preemptions.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from regional_node.engine.sampling_params import SamplingParams
@@ -62,8 +60,8 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     argmax over the few slices), then the first maximum inside that slice.
     """
     rows, vocab = logits.shape
-    width = math.gcd(vocab, _ARGMAX_SLICE)
-    if logits.device.type != "cpu" or width < _ARGMAX_SLICE or vocab == width:
+    width = _ARGMAX_SLICE
+    if logits.device.type != "cpu" or vocab % width or vocab == width:
         return logits.argmax(dim=-1)
     sliced = logits.reshape(rows, vocab // width, width)
     first = sliced.amax(dim=-1).argmax(dim=-1)

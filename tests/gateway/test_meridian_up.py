@@ -72,7 +72,8 @@ def test_meridian_up_serves_the_sdk_and_stops_cleanly_on_ctrl_c(tmp_path: Path) 
             model="meridian-small", messages=[{"role": "user", "content": "Hello!"}], max_tokens=8
         )
         # Sampled (temperature 1): the demo model may pick EOS before the limit.
-        choice, usage = reply.parse().choices[0], reply.parse().usage
+        completion = reply.parse()
+        choice, usage = completion.choices[0], completion.usage
         assert choice.finish_reason in ("length", "stop") and choice.message.content is not None
         assert 1 <= usage.completion_tokens <= 8
         assert choice.finish_reason == "stop" or usage.completion_tokens == 8
