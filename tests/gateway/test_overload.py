@@ -100,13 +100,9 @@ def saturated(nodes: list[NodeProcess], gw: RunningGateway) -> Iterator[None]:
     try:
         # Over the target in a probe round that began after the hogs queued up: a round from
         # before (the previous test's queue, or its drained end) says nothing about this one.
-        started = time.monotonic() + 0.5
-        wait_for = time.monotonic() + 30
+        started, wait_for = time.monotonic() + 0.5, time.monotonic() + 30
         while not (
-            all(
-                (result := gw.gateway.prober.result(node.node_id)) is not None and result.checked_at > started
-                for node in nodes
-            )
+            probed_since(gw, nodes, started)
             and gw.metric("meridian_gateway_pool_queue_wait_seconds", model=LARGE, tier="interactive")
             > TARGET_S
         ):
@@ -119,6 +115,16 @@ def saturated(nodes: list[NodeProcess], gw: RunningGateway) -> Iterator[None]:
             thread.join(timeout=70)
 
 
+def probed_since(gw: RunningGateway, nodes: list[NodeProcess], since: float) -> bool:
+    """Has the gateway read every node's load since `since` (monotonic)?"""
+    return all(
+        (result := gw.gateway.prober.result(node.node_id)) is not None
+        and result.load_at is not None
+        and result.load_at > since
+        for node in nodes
+    )
+
+
 def chat(gw: RunningGateway, tenant_id: str) -> httpx.Response:
     body = {"model": LARGE, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}
     headers = {"authorization": f"Bearer sk-{tenant_id}"}
@@ -126,9 +132,18 @@ def chat(gw: RunningGateway, tenant_id: str) -> httpx.Response:
 
 
 def test_allow_degrade_tenants_are_served_by_the_small_tier_inside_their_residency(
-    gw: RunningGateway, saturated: None
+    nodes: list[NodeProcess], gw: RunningGateway, saturated: None
 ) -> None:
     for tenant_id in ("degrade", "degrade-eu", "degrade-eu"):
+        # The gateway sees a node's load as of its last probe. A probe taken while the previous
+        # request held the small engine's one slot says that engine is busy, so (one request at a
+        # time, as these nodes run) the next request would wait out that probe and pass its queue
+        # deadline. Each request goes after a load read that began after the previous one finished
+        # (one that ends over a probe timeout, 0.5 s, later began after it).
+        finished, wait_for = time.monotonic() + 0.5, time.monotonic() + 30
+        while not probed_since(gw, nodes, finished):
+            assert time.monotonic() < wait_for, "no probe round after the previous request"
+            time.sleep(0.05)
         response = chat(gw, tenant_id)
 
         assert response.status_code == 200, response.text
