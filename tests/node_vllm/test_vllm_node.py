@@ -4,7 +4,7 @@ and a greedy stream broken on one engine continues on the other with identical t
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import json
 import time
 from typing import Any
@@ -147,33 +147,26 @@ def test_auth_health_and_unknown_model(vllm_node: Node) -> None:
         client.completions.create(model="nope", prompt="hi", max_tokens=2)
 
 
-async def test_load_moves_under_load_and_returns_to_idle(vllm_node: Node) -> None:
+def test_load_moves_under_load_and_returns_to_idle(vllm_node: Node) -> None:
     def busy(load: dict[str, Any]) -> bool:
         return load["num_running"] > 0 and load["kv_blocks_used"] > 0
 
-    async def one(client: openai.AsyncOpenAI, i: int) -> None:
-        await client.completions.create(
-            model=MODEL,
-            prompt=f"{i} {PROMPT}",
-            max_tokens=300,
-            temperature=0,
-            extra_body={"ignore_eos": True},
-        )
-
-    # vLLM's engine core busies both cores of a small machine, so a /load answer can take longer
-    # than a round of requests: rounds repeat (at most 3) until a poll lands inside one.
-    seen: list[dict[str, Any]] = []
-    async with vllm_node.async_client() as client:
-        for _ in range(3):
-            requests = asyncio.gather(*(one(client, i) for i in range(6)))
-            while not requests.done() and not (seen and busy(seen[-1])):
-                seen.append(await asyncio.to_thread(vllm_node.load))
-                await asyncio.sleep(0.05)
-            await requests
-            if seen and busy(seen[-1]):
-                break
-    assert seen and busy(seen[-1]), seen[-1:]
-    model = seen[-1]["per_model"][MODEL]
+    # Long streams, held open while /load is polled: vLLM's engine core busies both cores of a
+    # small machine, so a /load answer can take seconds, longer than short requests last. A
+    # stream's first token proves its request runs; it runs on until the stream is closed.
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": LONG, "stream": True, "ignore_eos": True}
+    with httpx.Client(base_url=vllm_node.url, headers=vllm_node.headers, timeout=30) as http:
+        with contextlib.ExitStack() as streams:
+            for i in range(3):
+                response = streams.enter_context(
+                    http.stream("POST", "/v1/completions", json={**body, "prompt": f"{i} {PROMPT}"})
+                )
+                assert response.status_code == 200
+                lines = response.iter_lines()
+                while not next(lines).startswith("data: "):
+                    pass
+            loaded = _wait_for(vllm_node, busy, timeout=90.0)
+    model = loaded["per_model"][MODEL]
     assert 0 < model["kv_cache_usage"] <= 1 and model["kv_blocks_total"] > 0
     idle = _wait_for(vllm_node, lambda load: load["num_running"] == 0 and load["kv_blocks_used"] == 0)
     assert idle["per_model"][MODEL]["drain_tokens_per_s"] >= 0
