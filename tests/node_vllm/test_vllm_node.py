@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -152,19 +153,11 @@ def test_load_moves_under_load_and_returns_to_idle(vllm_node: Node) -> None:
         return load["num_running"] > 0 and load["kv_blocks_used"] > 0
 
     # Long streams, held open while /load is polled: vLLM's engine core busies both cores of a
-    # small machine, so a /load answer can take seconds, longer than short requests last. A
-    # stream's first token proves its request runs; it runs on until the stream is closed.
-    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": LONG, "stream": True, "ignore_eos": True}
+    # small machine, so a /load answer can take seconds, longer than short requests last.
     with httpx.Client(base_url=vllm_node.url, headers=vllm_node.headers, timeout=30) as http:
         with contextlib.ExitStack() as streams:
             for i in range(3):
-                response = streams.enter_context(
-                    http.stream("POST", "/v1/completions", json={**body, "prompt": f"{i} {PROMPT}"})
-                )
-                assert response.status_code == 200
-                lines = response.iter_lines()
-                while not next(lines).startswith("data: "):
-                    pass
+                streams.enter_context(_running_stream(http, f"{i} {PROMPT}"))
             loaded = _wait_for(vllm_node, busy, timeout=90.0)
     model = loaded["per_model"][MODEL]
     assert 0 < model["kv_cache_usage"] <= 1 and model["kv_blocks_total"] > 0
@@ -175,12 +168,7 @@ def test_load_moves_under_load_and_returns_to_idle(vllm_node: Node) -> None:
 def test_client_disconnect_aborts_the_vllm_request(vllm_node: Node) -> None:
     generated_before = _generated_tokens(vllm_node)
     with httpx.Client(base_url=vllm_node.url, headers=vllm_node.headers, timeout=30) as http:
-        body = {"model": MODEL, "prompt": PROMPT, "max_tokens": LONG, "stream": True, "ignore_eos": True}
-        with http.stream("POST", "/v1/completions", json=body) as response:
-            assert response.status_code == 200
-            lines = response.iter_lines()
-            while not next(lines).startswith("data: "):
-                pass
+        with _running_stream(http, PROMPT):
             # vLLM's engine core busies a small machine's cores, which slows /load's answers.
             _wait_for(vllm_node, lambda load: load["num_running"] >= 1, timeout=90.0)
     idle = _wait_for(vllm_node, lambda load: load["num_running"] == 0 and load["kv_blocks_used"] == 0)
@@ -189,6 +177,19 @@ def test_client_disconnect_aborts_the_vllm_request(vllm_node: Node) -> None:
     assert 'outcome="disconnected"' in metrics
     # Aborted, not run to its end and then found idle.
     assert _generated_tokens(vllm_node) - generated_before < LONG
+
+
+@contextlib.contextmanager
+def _running_stream(http: httpx.Client, prompt: str) -> Iterator[None]:
+    """A stream of LONG tokens, open (and its request running in vLLM: it has sent its first
+    token) until the block ends; closing it is a client disconnect."""
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": LONG, "stream": True, "ignore_eos": True}
+    with http.stream("POST", "/v1/completions", json=body) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        while not next(lines).startswith("data: "):
+            pass
+        yield
 
 
 def _generated_tokens(node: Node) -> float:
