@@ -14,8 +14,9 @@ CUDA (the GPU build, `pip install vllm`): `reshape_and_cache_flash` and vLLM's F
 On CPU the model's other ops run on vLLM's kernels as well (`cpu_kernels`): the projections on
 oneDNN's GEMM with each weight prepacked once at load, as vLLM's own CPU engine runs its linear
 layers (for the decode-sized batches a node runs, M of 1 to 32 rows, 1.3 to 1.8 times faster than
-torch.nn.functional.linear on this project's AVX2 test machine), RMSNorm fused with the residual
-add, and SiLU fused with the gate*up product.
+torch.nn.functional.linear on an AVX2 machine, 2.6 times at 28 rows on an AVX-512 one), RMSNorm
+fused with the residual add, and rotary embeddings in place. SiLU-and-mul stays torch's: vLLM's
+CPU kernel measured about 3 times slower on both machines.
 
 The step's sequences are already in the order both kernels take (decodes, then prefill chunks,
 each a run of query tokens at the end of its context), so the metadata is the same four small
@@ -94,7 +95,7 @@ def cpu_kernels(device: torch.device) -> DenseKernels | None:
     return DenseKernels(
         linear=_onednn_linear(ops) if ops._supports_onednn else torch_linear,
         add_rms_norm=add_rms_norm,
-        # SiLU-and-mul stays torch's: vLLM's CPU kernel measured 2.8x slower here (2 cores, AVX2).
+        # No silu_and_mul: vLLM's CPU kernel is ~3x slower than torch's (module docstring).
         rope=lambda cos, signed_sin: _VllmRope(ops, cos, signed_sin),
     )
 
