@@ -101,8 +101,10 @@ def cpu_kernels(device: torch.device) -> DenseKernels | None:
 
 
 class _VllmRope:
-    """vLLM's in-place rotary kernel (neox style, i.e. rotate-half). In float32 it rounds exactly as
-    models/rope.py's apply_rope does, and it saves that function's per-layer copies and gathers."""
+    """vLLM's in-place rotary kernel (neox style, i.e. rotate-half). It saves models/rope.py's
+    per-layer copies and gathers. In float32 its AVX2 build rounds exactly as apply_rope does; its
+    AVX-512 build fuses each multiply-add, so results there differ in the last bit (up to 4.8e-7 at
+    |x| ~ 4), as the oneDNN GEMMs already differ from torch's."""
 
     def __init__(self, ops: Any, cos: torch.Tensor, signed_sin: torch.Tensor) -> None:
         half = cos.shape[-1] // 2
