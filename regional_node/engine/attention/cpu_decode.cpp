@@ -1,11 +1,11 @@
 // Paged decode attention on the CPU, float32, over vLLM's CPU cache layout (vllm_backend.py).
 //
-// vLLM's cpu_attention_with_kv_cache splits its work per (sequence, query head, KV range) and
-// reads each KV head's blocks once per query head; on a decode step it reached 12-15 GB/s on a
-// 2-core AVX-512 machine whose memory streams 32. Decode attention is bound by reading the cache,
-// so this kernel reads each block once: a task is one sequence and its KV heads, the blocks in
-// memory order (per block: each KV head's K^T then its V, adjacent in the layout), every query
-// head of a KV head's group in registers, and an online softmax, so K and V go by in one pass.
+// On a decode step vLLM's cpu_attention_with_kv_cache read the cache at 12-15 GB/s on a 2-core
+// AVX-512 machine whose memory streams 32 (with the cache hot in L3 the two kernels are level).
+// Decode attention is bound by reading the cache, so this kernel reads each block once: a task
+// is one sequence and its KV heads, the blocks in memory order (per block: each KV head's K^T then
+// its V, adjacent in the layout), every query head of a KV head's group in registers, and an
+// online softmax, so K and V go by in one pass.
 //
 // Layout (what cpu_attn_reshape_and_cache writes, for the "vec" and "vec16" ISAs): a block of a
 // KV head is K^T [head_dim][block_size] (one row of block_size tokens per dimension) and V

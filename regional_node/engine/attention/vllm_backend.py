@@ -19,9 +19,9 @@ fused with the residual add, and rotary embeddings in place. SiLU-and-mul stays 
 CPU kernel measured about 3 times slower on both machines.
 
 Decode rows in float32 go to our own kernel over the same cache (cpu_decode.cpp, built for the
-machine at first use): vLLM's reads each KV block once per query head and ran at 12-15 GB/s on
-decode steps where the machine streams 32; ours reads it once per group of query heads, in one
-pass, at 18-23 GB/s (1.6x vLLM's on a 28-row decode step of the 100M model). Prefill chunks, and
+machine at first use): vLLM's ran at 12-15 GB/s of cache on decode steps where the machine
+streams 32; ours reads each block once for the whole group of query heads sharing it, in one pass,
+at 18-23 GB/s (1.6x vLLM's on a 28-row decode step of the 100M model). Prefill chunks, and
 every row where the kernel cannot be built (no C++ compiler), stay on vLLM's.
 
 The step's sequences are already in the order both kernels take (decodes, then prefill chunks,
