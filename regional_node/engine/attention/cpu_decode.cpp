@@ -200,6 +200,10 @@ void decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor key_cach
   std::stable_sort(order.begin(), order.end(),
                    [&](int64_t a, int64_t b) { return lens[a / splits] > lens[b / splits]; });
   std::atomic<int64_t> next{0};
+  // The block function for each run of at most MAX_GROUP query heads of a group, picked once.
+  std::vector<BlockFn> subgroup_fns;
+  for (int64_t h0 = 0; h0 < group; h0 += MAX_GROUP)
+    subgroup_fns.push_back(block_fn(std::min<int64_t>(MAX_GROUP, group - h0), head_dim));
 
   at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
     const int64_t task_heads = heads_per_task * group;
@@ -218,12 +222,12 @@ void decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor key_cach
           const float* kt = kp + table[b] * k_block + (first_kv + kv) * k_head;
           const float* vb = vp + table[b] * v_block + (first_kv + kv) * v_head;
           // The group's query heads, at most MAX_GROUP at a time.
-          for (int64_t h0 = 0; h0 < group; h0 += MAX_GROUP) {
-            const int64_t g = std::min<int64_t>(MAX_GROUP, group - h0);
+          for (size_t sub = 0; sub < subgroup_fns.size(); ++sub) {
+            const int64_t h0 = static_cast<int64_t>(sub) * MAX_GROUP;
             const int64_t local = kv * group + h0;  // index among this task's query heads
             const float* qh = qp + seq * q_row + ((first_kv + kv) * group + h0) * q_head;
-            block_fn(g, head_dim)(qh, q_head, kt, vb, block_size, n, fscale,
-                                  HeadState{m.data() + local, l.data() + local, acc.data() + local * dv}, p.data());
+            subgroup_fns[sub](qh, q_head, kt, vb, block_size, n, fscale,
+                              HeadState{m.data() + local, l.data() + local, acc.data() + local * dv}, p.data());
           }
         }
       }

@@ -333,17 +333,17 @@ class VllmAttentionBackend:
         key_cache, value_cache = kv_cache
         ops = self.ops
         ops.cpu_attn_reshape_and_cache(k, v, key_cache, value_cache, metadata.slot_mapping, self._isa)
+        scale = self._head_dim**-0.5
+        nd = 0  # the leading rows our decode kernel has done; vLLM's takes the rest
         if metadata.decodes is not None:
             block_table, seq_lens = metadata.decodes
             nd = seq_lens.shape[0]
             self.decode_kernel.decode_attention(
-                out[:nd], q[:nd], key_cache, value_cache, block_table, seq_lens, self._head_dim**-0.5
+                out[:nd], q[:nd], key_cache, value_cache, block_table, seq_lens, scale
             )
             if not metadata.num_seqs:
                 return out
-            q, out_rest = q[nd:], out[nd:]
-        else:
-            out_rest = out
+        q = q[nd:]
         if metadata.scheduler is None:
             metadata.scheduler = ops.cpu_attn_get_scheduler_metadata(
                 num_reqs=metadata.num_seqs,
@@ -362,10 +362,10 @@ class VllmAttentionBackend:
             query=q,
             key_cache=key_cache,
             value_cache=value_cache,
-            output=out_rest,
+            output=out[nd:],
             query_start_loc=metadata.query_start_loc,
             seq_lens=metadata.seq_lens,
-            scale=self._head_dim**-0.5,
+            scale=scale,
             causal=True,
             alibi_slopes=None,
             sliding_window=-1,
