@@ -3,7 +3,7 @@ AsyncLLM), token auth on both. The tests skip when vLLM is not installed.
 
 The checkpoint is the tiny Llama with head_dim 32 (vLLM's CPU attention has no head size 16).
 vLLM's engine runs eagerly (`enforce_eager`: no torch.compile warm-up, which adds half a minute to
-start-up on this machine) on a small KV pool.
+start-up on this machine) on a KV pool just large enough for one sequence of MAX_MODEL_LEN tokens.
 """
 
 from __future__ import annotations
@@ -25,20 +25,32 @@ needs_vllm = pytest.mark.skipif(
 
 MODEL = "tiny"
 TOKEN = "vllm-node-token"
-NUM_KV_BLOCKS = 160  # vLLM's CPU blocks hold 32 tokens here (its default block size is 128)
-BLOCK_SIZE = 32
+BLOCK_SIZE = 32  # vLLM's CPU blocks hold 32 tokens here (its default block size is 128)
+# vLLM's positions for the tiny Llama: room for test_vllm_node's long generations, which must
+# outlast the seconds a /load answer can take while vLLM's engine core busies both cores (4096
+# positions did not: a 4000-token stream once ended before the test saw it running).
+MAX_MODEL_LEN = 32768
+NUM_KV_BLOCKS = MAX_MODEL_LEN // BLOCK_SIZE + 8  # vLLM refuses a pool that cannot hold one whole sequence
 
 
 @pytest.fixture(scope="package")
 def checkpoint32(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_checkpoint(
-        tmp_path_factory.mktemp("checkpoints"), "llama", "tiny", num_attention_heads=2, num_key_value_heads=1
+        tmp_path_factory.mktemp("checkpoints"),
+        "llama",
+        "tiny",
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=MAX_MODEL_LEN,
     )
 
 
 def _config(folder: Path, checkpoint: Path, port: int, engine: str) -> Path:
-    # Room for the disconnect test's long generation (the tiny Llama has 4096 positions).
-    options = "{enforce_eager: true, max_model_len: 4096}" if engine == "vllm" else "{max_model_len: 4096}"
+    options = (
+        f"{{enforce_eager: true, max_model_len: {MAX_MODEL_LEN}}}"
+        if engine == "vllm"
+        else "{max_model_len: 4096}"
+    )
     config = folder / f"{engine}.yaml"
     config.write_text(
         f"""
