@@ -33,7 +33,7 @@ from tests.gateway.conftest import (
 
 SMALL, LARGE = "meridian-small", "meridian-large"
 K = 6
-LONG = 400  # tokens: the small model is still generating when the cascade aborts it
+LONG = 2000  # tokens: the small model is still generating when the cascade aborts it (400 once were not)
 PROMPT = "Say hello"
 GREEDY: dict[str, Any] = {"temperature": 0, "extra_body": {"return_token_ids": True, "ignore_eos": True}}
 
