@@ -11,13 +11,16 @@ is slow, up to `congested_s` in all:
 - Redis answered another call of this store since this one started (`ReplyClock`), and recently
   (within the timeout or two slow loop iterations): Redis is alive, replies are just processed
   late. Checked again every `timeout_s`.
-- The loop is congested (`LoopLag`, a small owned task measuring how late the loop runs its
+- The loop has been slow (`LoopLag`, a small owned task measuring how late the loop runs its
   callbacks; or this deadline itself fired late): the call may run until
-  `timeout + REPLY_ITERATIONS x slowest recent iteration`.
-Otherwise it is cancelled one loop iteration later (so a reply that arrived together with the
-deadline still wins). With a healthy loop a hung Redis costs `timeout_s`; a busy loop adds a
-few of its own iterations; only calls in flight when Redis dies under load can wait up to
-`congested_s`.
+  `timeout + REPLY_ITERATIONS x slowest recent iteration`. No threshold decides "congested": on
+  a healthy loop this adds a few milliseconds, and a loop whose iterations took 41 ms (below the
+  old threshold of timeout/4) once had a burst's first admissions declared dead.
+Otherwise both checks are made once more one loop iteration later (so a reply that arrived
+together with the deadline, or an iteration that turns out slow, still counts) and the call is
+cancelled if they still find nothing. With a healthy loop a hung Redis costs `timeout_s`; a busy
+loop adds a few of its own iterations; only calls in flight when Redis dies under load can wait
+up to `congested_s`.
 """
 
 from __future__ import annotations
@@ -106,7 +109,7 @@ async def within(
             state["expired"] = True
             task.cancel()
 
-    def on_deadline(deadline: float) -> None:
+    def on_deadline(deadline: float, last_look: bool = False) -> None:
         if state["finished"]:
             return
         now = loop.time()
@@ -119,10 +122,15 @@ async def within(
                 handles.append(loop.call_at(next_deadline, on_deadline, next_deadline))
                 return
         allowed_end = min(started + timeout_s + REPLY_ITERATIONS * slowest, hard_stop)
-        if slowest > timeout_s / 4 and now < allowed_end:
+        if now < allowed_end:
             handles.append(loop.call_at(allowed_end, on_deadline, allowed_end))
             return
-        handles.append(loop.call_soon(expire))
+        if last_look:
+            expire()
+        else:
+            # Look again one iteration later, with that iteration's length as lag: a reply read,
+            # or a long iteration begun, after this callback would otherwise go unseen.
+            handles.append(loop.call_soon(on_deadline, now, True))
 
     first = started + timeout_s
     handles.append(loop.call_at(first, on_deadline, first))
@@ -130,7 +138,14 @@ async def within(
         return await call()
     except asyncio.CancelledError:
         if state["expired"] and task.uncancel() == 0:
-            raise TimeoutError(f"no answer within {loop.time() - started:.3f}s") from None
+            since = (
+                "none" if replies is None or replies.last <= started else f"at {replies.last - started:.3f}s"
+            )
+            lagged = lag.recent_max() if lag is not None else 0.0
+            raise TimeoutError(
+                f"no answer within {loop.time() - started:.3f}s (last reply to any call since: {since}; "
+                f"loop lag {lagged:.3f}s)"
+            ) from None
         raise
     finally:
         state["finished"] = True

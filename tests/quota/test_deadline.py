@@ -107,3 +107,32 @@ async def test_redis_answering_other_calls_keeps_a_slow_call_alive() -> None:
     await answering
     with pytest.raises(TimeoutError):  # the same call with Redis silent: a timeout
         await within(slow_to_be_processed, 0.08, 2.0, None, ReplyClock())
+
+
+async def test_loop_slowed_below_a_quarter_of_the_timeout_still_gets_its_reply_iterations() -> None:
+    """Iterations of 12 ms (lag well under timeout/4): a reply that lands at the deadline still needs a few
+    of them to reach the caller. A threshold on "congested" once declared such calls dead on a
+    burst's first admissions, and the gateway admitted on local shares beside Redis."""
+    stop = asyncio.Event()
+
+    async def slice_hog() -> None:
+        while not stop.is_set():
+            time.sleep(0.012)  # noqa: ASYNC251 - every loop iteration takes 12 ms
+            await asyncio.sleep(0)
+
+    async def answered_at_the_deadline() -> str:
+        await asyncio.sleep(0.2)  # the reply reaches the socket...
+        for _ in range(4):  # ... and takes four iterations to be read and handed over
+            await asyncio.sleep(0)
+        return "ok"
+
+    lag = LoopLag()
+    lag.ensure_started()
+    hogging = asyncio.create_task(slice_hog())
+    await asyncio.sleep(0.1)  # the monitor has seen the slow iterations
+    try:
+        assert await within(answered_at_the_deadline, 0.2, 2.0, lag) == "ok"
+    finally:
+        stop.set()
+        await hogging
+        await lag.close()

@@ -10,11 +10,10 @@ import asyncio
 import os
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AsyncExitStack, ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +30,14 @@ MAX_TOKENS = 100
 
 
 @contextmanager
-def started(commands: list[list[str]], ready_urls: list[str]) -> Iterator[None]:
-    """Start every process at once (start-up overlaps), then wait for each to answer."""
+def started(commands: list[list[str]], ready_urls: list[str], log_dir: Path) -> Iterator[None]:
+    """Start every process at once (start-up overlaps), then wait for each to answer. Their
+    output goes to `log_dir`/process-N.log."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "MERIDIAN_NODE_TOKEN": "test-node-token"}
     with ExitStack() as stack:
         logs = []
-        for command in commands:
-            log = stack.enter_context(tempfile.TemporaryFile())
+        for index, command in enumerate(commands):
+            log = stack.enter_context((log_dir / f"process-{index}.log").open("w+b"))
             process = subprocess.Popen(
                 command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
@@ -52,9 +52,15 @@ def started(commands: list[list[str]], ready_urls: list[str]) -> Iterator[None]:
         yield
 
 
-async def fire(client: httpx.AsyncClient, gateway: str, tenant: str) -> httpx.Response:
+def warnings_logged(log_dir: Path) -> str:
+    """The processes' WARNING lines: why a gateway fell back, when an assertion says it did."""
+    lines = [line for log in sorted(log_dir.glob("process-*.log")) for line in log.read_text().splitlines()]
+    return "\n".join(line for line in lines if "WARNING" in line)
+
+
+async def fire(client: httpx.AsyncClient, tenant: str) -> httpx.Response:
     return await client.post(
-        f"{gateway}/v1/chat/completions",
+        "/v1/chat/completions",
         headers={"authorization": f"Bearer {api_key(tenant)}"},
         json={"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": MAX_TOKENS},
     )
@@ -78,35 +84,41 @@ async def test_four_gateways_enforce_one_tenants_limits_exactly(redis_server: st
         [sys.executable, "-m", "meridian.cli", "gateway", "--config", str(config), "--port", str(p)]
         for p in ports
     ]
-    with started(commands, [f"{node_url}/ready"] + [f"{g}/health" for g in gateways]):
-        limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
-        async with httpx.AsyncClient(timeout=30, limits=limits) as client:
-            await asyncio.sleep(1.0)  # every gateway has probed the node ready
-            jobs = [
-                fire(client, gateways[i % GATEWAYS], t["id"])
-                for t in tenants.values()
-                for i in range(REQUESTS)
+    with started(commands, [f"{node_url}/ready"] + [f"{g}/health" for g in gateways], tmp_path):
+        # One client per gateway: httpx's pool walks all its connections on every request, and
+        # one client holding all 600 spent more CPU than the four gateways together.
+        limits = httpx.Limits(max_connections=REQUESTS, max_keepalive_connections=REQUESTS)
+        async with AsyncExitStack() as stack:
+            clients = [
+                await stack.enter_async_context(httpx.AsyncClient(base_url=g, timeout=60, limits=limits))
+                for g in gateways
             ]
+            await asyncio.sleep(1.0)  # every gateway has probed the node ready
+            jobs = [fire(clients[i % GATEWAYS], t["id"]) for t in tenants.values() for i in range(REQUESTS)]
             started_at = time.monotonic()
             responses = await asyncio.gather(*jobs)
             took = time.monotonic() - started_at
-            stats = (await client.get(f"{node_url}/stats")).json()
+            stats = (await clients[0].get(f"{node_url}/stats")).json()
             usage = (
-                await client.get(
-                    f"{gateways[1]}/v1/quota",
-                    headers={"authorization": f"Bearer {api_key(tenants['tokens']['id'])}"},
+                await clients[1].get(
+                    "/v1/quota", headers={"authorization": f"Bearer {api_key(tenants['tokens']['id'])}"}
                 )
             ).json()
 
     by_tenant: dict[str, list[httpx.Response]] = {name: [] for name in tenants}
     for index, response in enumerate(responses):
         by_tenant[list(tenants)[index // REQUESTS]].append(response)
-    assert took < 30
+    # The counts below are exact only if the whole burst fell inside one 60 s window: that is the
+    # premise checked here, not a speed (3 s on 2 idle cores, 10 s with them 4x oversubscribed).
+    assert took < 60, f"the burst took {took:.0f} s, longer than one quota window"
     for name, answers in by_tenant.items():
         assert {r.status_code for r in answers} <= {200, 429}, name
         for r in answers:
             if r.status_code == 429:
                 check_429(r)
+    # Redis stayed up, so however loaded the gateways were, no answer came from local shares.
+    local = [r for r in responses if r.headers.get("x-meridian-quota") == "local"]
+    assert not local, f"{len(local)} answered on local shares:\n{warnings_logged(tmp_path)}"
     for r in by_tenant["tokens"]:
         assert r.headers["x-ratelimit-limit-tokens"] == "1000" and "x-ratelimit-reset-tokens" in r.headers
     for r in by_tenant["requests"]:
@@ -114,10 +126,7 @@ async def test_four_gateways_enforce_one_tenants_limits_exactly(redis_server: st
             r.headers["x-ratelimit-limit-requests"] == "15" and "x-ratelimit-remaining-requests" in r.headers
         )
     ok = {name: [r for r in answers if r.status_code == 200] for name, answers in by_tenant.items()}
-    # Redis stayed up, so however loaded the gateways were, nothing was admitted on local shares.
-    assert not [r for r in responses if r.headers.get("x-meridian-quota") == "local"]
 
-    # All 200 arrive within seconds, so one 60 s window covers them all.
     per_request = PROMPT_TOKENS + COMPLETION_TOKENS
     assert 0 < len(ok["tokens"]) * per_request <= 1000
     assert usage["tokens"]["used"] == len(ok["tokens"]) * per_request  # refunds reached Redis
