@@ -145,10 +145,21 @@ def proxies(node_port: int, cuts: Cuts, count: int) -> Iterator[list[CuttingProx
     try:
         yield started
     finally:
-        for server in servers:
-            server.close()
+        asyncio.run_coroutine_threadsafe(shut_down(servers), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=10)
+        loop.close()
+
+
+async def shut_down(servers: list[asyncio.Server]) -> None:
+    """Close the listeners and end the connections still open (the gateway keeps idle ones), so
+    no connection task is left pending when the loop goes."""
+    for server in servers:
+        server.close()
+    pending = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
 
 
 @dataclass
