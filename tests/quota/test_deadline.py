@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
 
@@ -63,30 +65,39 @@ async def test_outer_cancellation_is_not_turned_into_a_timeout() -> None:
         await task
 
 
-async def test_answer_delayed_by_many_slow_loop_iterations_is_not_a_timeout() -> None:
-    """Congestion in many short slices (no single late deadline): LoopLag notices it."""
+@asynccontextmanager
+async def slow_loop(iteration_s: float) -> AsyncIterator[LoopLag]:
+    """Every loop iteration takes `iteration_s` (blocked, as on an overloaded gateway); yields a
+    LoopLag that has already seen it."""
     stop = asyncio.Event()
 
     async def slice_hog() -> None:
         while not stop.is_set():
-            time.sleep(0.04)  # noqa: ASYNC251 - every loop iteration takes 40 ms
+            time.sleep(iteration_s)  # noqa: ASYNC251 - the loop is stuck this long every iteration
             await asyncio.sleep(0)
+
+    lag = LoopLag()
+    lag.ensure_started()
+    hogging = asyncio.create_task(slice_hog())
+    await asyncio.sleep(0.1)
+    try:
+        yield lag
+    finally:
+        stop.set()
+        await hogging
+        await lag.close()
+
+
+async def test_answer_delayed_by_many_slow_loop_iterations_is_not_a_timeout() -> None:
+    """Congestion in many short slices (no single late deadline): LoopLag notices it."""
 
     async def many_hops() -> str:
         for _ in range(10):  # like pool checkout, send, read, release: one iteration each
             await asyncio.sleep(0)
         return "ok"
 
-    lag = LoopLag()
-    lag.ensure_started()
-    hogging = asyncio.create_task(slice_hog())
-    await asyncio.sleep(0.1)  # the monitor has seen the congestion
-    try:
+    async with slow_loop(0.04) as lag:
         assert await within(many_hops, 0.12, 2.0, lag) == "ok"
-    finally:
-        stop.set()
-        await hogging
-        await lag.close()
 
 
 async def test_redis_answering_other_calls_keeps_a_slow_call_alive() -> None:
@@ -110,15 +121,9 @@ async def test_redis_answering_other_calls_keeps_a_slow_call_alive() -> None:
 
 
 async def test_loop_slowed_below_a_quarter_of_the_timeout_still_gets_its_reply_iterations() -> None:
-    """Iterations of 12 ms (lag well under timeout/4): a reply that lands at the deadline still needs a few
-    of them to reach the caller. A threshold on "congested" once declared such calls dead on a
-    burst's first admissions, and the gateway admitted on local shares beside Redis."""
-    stop = asyncio.Event()
-
-    async def slice_hog() -> None:
-        while not stop.is_set():
-            time.sleep(0.012)  # noqa: ASYNC251 - every loop iteration takes 12 ms
-            await asyncio.sleep(0)
+    """Iterations of 12 ms (lag well under timeout/4): a reply that lands at the deadline still
+    needs a few of them to reach the caller. A threshold on "congested" once declared such calls
+    dead on a burst's first admissions, and the gateway answered on local shares beside Redis."""
 
     async def answered_at_the_deadline() -> str:
         await asyncio.sleep(0.2)  # the reply reaches the socket...
@@ -126,13 +131,5 @@ async def test_loop_slowed_below_a_quarter_of_the_timeout_still_gets_its_reply_i
             await asyncio.sleep(0)
         return "ok"
 
-    lag = LoopLag()
-    lag.ensure_started()
-    hogging = asyncio.create_task(slice_hog())
-    await asyncio.sleep(0.1)  # the monitor has seen the slow iterations
-    try:
+    async with slow_loop(0.012) as lag:
         assert await within(answered_at_the_deadline, 0.2, 2.0, lag) == "ok"
-    finally:
-        stop.set()
-        await hogging
-        await lag.close()
