@@ -312,7 +312,7 @@ class VllmAttentionBackend:
             slot_mapping=torch.tensor(layout.slot_mapping, dtype=torch.long, device=device),
             block_table=block_table[nd:],
             seq_lens=lens[nd:],
-            query_start_loc=torch.tensor(starts[nd:], dtype=torch.int32, device=device) - nd,
+            query_start_loc=torch.tensor([s - nd for s in starts[nd:]], dtype=torch.int32, device=device),
             num_seqs=len(tables) - nd,
             max_query_len=max_query_len,
             max_seq_len=max(seq_lens),
