@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,13 +20,17 @@ from tests.gateway.conftest import (
     gateway_over,
     running_fleet,
 )
+from tests.support.checkpoints import endless_checkpoint
 
 LONG = 3000  # output tokens of a generation that is still running when the test cancels it
 
 
 @pytest.fixture(scope="module")
-def node(llama_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
-    models = {"meridian-small": (llama_checkpoint, "small")}
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+    # A model that never ends its reply of itself: the cancel tests' LONG generations must still
+    # run when the cancel comes (the plain tiny Llama's greedy "Go on and on" ends after ~200
+    # tokens, in well under a second).
+    models = {"meridian-small": (endless_checkpoint(tmp_path_factory.mktemp("checkpoints")), "small")}
     with running_fleet(
         [("eu-west-1", "eu-west", "eu")], models, tmp_path_factory.mktemp("node-logs")
     ) as fleet:

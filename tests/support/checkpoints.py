@@ -7,9 +7,11 @@ test session; the folders are read-only by convention — a test that needs a va
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+from safetensors.torch import load_file, save_file
 
 from regional_node.checkpoints import Arch, init_checkpoint
 
@@ -24,6 +26,23 @@ def make_checkpoint(tmp_dir: Path, arch: Arch = "llama", size: str = "tiny", **o
     suffix = "".join(f"-{key}={value}" for key, value in sorted(overrides.items()))
     out_dir = Path(tmp_dir) / f"{arch}-{size}{suffix}"
     return init_checkpoint(out_dir, arch=arch, size=size, force=True, **overrides)
+
+
+def endless_checkpoint(tmp_dir: Path) -> Path:
+    """A tiny Llama that never ends a reply of itself, for tests that must catch a generation
+    still running: greedy output runs to `max_tokens`.
+
+    The Responses API has no `ignore_eos`, and the plain tiny Llama's greedy replies end on their
+    own within a few hundred tokens, a fraction of a second, so such a test would race the model.
+    Here the end-of-sequence tokens' `lm_head` rows are zero: their logit is exactly 0, while the
+    largest of the other ~2000 random logits is positive, so argmax never picks them.
+    """
+    path = make_checkpoint(tmp_dir, "llama", "tiny")
+    eos_ids = json.loads((path / "generation_config.json").read_text())["eos_token_id"]
+    weights = load_file(path / "model.safetensors")
+    weights["lm_head.weight"][eos_ids] = 0.0
+    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
+    return path
 
 
 @pytest.fixture(scope="session")
