@@ -104,11 +104,6 @@ async def within(
     state = {"finished": False, "expired": False}
     handles: list[asyncio.Handle] = []
 
-    def expire() -> None:
-        if not state["finished"]:
-            state["expired"] = True
-            task.cancel()
-
     def on_deadline(deadline: float, last_look: bool = False) -> None:
         if state["finished"]:
             return
@@ -126,7 +121,8 @@ async def within(
             handles.append(loop.call_at(allowed_end, on_deadline, allowed_end))
             return
         if last_look:
-            expire()
+            state["expired"] = True
+            task.cancel()
         else:
             # Look again one iteration later, with that iteration's length as lag: a reply read,
             # or a long iteration begun, after this callback would otherwise go unseen.

@@ -37,7 +37,7 @@ def endless_checkpoint(tmp_dir: Path) -> Path:
     Here the end-of-sequence tokens' `lm_head` rows are zero: their logit is exactly 0, while the
     largest of the other ~2000 random logits is positive, so argmax never picks them.
     """
-    path = make_checkpoint(tmp_dir, "llama", "tiny")
+    path = init_checkpoint(Path(tmp_dir) / "llama-tiny-endless", arch="llama", size="tiny", force=True)
     eos_ids = json.loads((path / "generation_config.json").read_text())["eos_token_id"]
     weights = load_file(path / "model.safetensors")
     weights["lm_head.weight"][eos_ids] = 0.0
