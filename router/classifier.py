@@ -48,12 +48,17 @@ class EscalationHistory:
     """The tenant's recent `auto` traffic of this model family, as the gateway's thrash guard
     (gateway/escalation/thrash.py) measured it; plain values, so classifying stays pure."""
 
-    # The share (0..1) of recent `auto` requests the confidence cascade escalated to the large
-    # tier: a tenant whose traffic keeps escalating is better started there.
+    # The share (0..1) of recent judged `auto` requests the confidence cascade escalated to the
+    # large tier: a tenant whose traffic keeps escalating is better started there. 0 (or NaN)
+    # while the guard has too few verdicts to tell.
     rate: float = 0.0
     # The rate went over the guard's limit: every `auto` request starts on the large tier until
     # the cool-down ends, whatever the classifier says.
     cooling_down: bool = False
+    # This request is in the sampled share that starts small (and so is judged) even when the
+    # rate alone would start it large: the rate is measured only on judged requests, so without
+    # a sample a rate that sends everything large could never come down.
+    judge_sample: bool = False
 
 
 NO_HISTORY = EscalationHistory()
@@ -105,7 +110,8 @@ class TierChoice:
     tier: ModelTier
     reason: str
     score: float | None = None  # the classifier's score; None for the other rules
-    # What decided, a closed set for metrics labels: classifier, length, thrash_cooldown.
+    # What decided, a closed set for metrics labels: classifier, length, thrash_cooldown,
+    # judge_sample.
     rule: str = "classifier"
 
 
@@ -137,10 +143,12 @@ def contributions(features: RequestFeatures, weights: ClassifierWeights) -> dict
 
 
 def classify(features: RequestFeatures, weights: ClassifierWeights = DEFAULT_WEIGHTS) -> TierChoice:
-    """The tier to start on: large when bias + Σ contributions ≥ threshold.
+    """The tier to start on: large when bias + Σ contributions ≥ threshold, except for a request
+    in the judge sample (`history.judge_sample`) that only the escalation rate pushed over: that
+    one starts small, so the cascade judges it and the rate keeps being measured.
 
     The reason reads `classifier=1.10>=1.00(reasoning+0.60,math+0.50)`: the score, the comparison,
-    and the (at most three) largest contributions.
+    and the (at most three) largest contributions; `judge_sample,classifier=...` for the sample.
     """
     parts = contributions(features, weights)
     score = weights.bias + sum(parts.values())
@@ -149,4 +157,8 @@ def classify(features: RequestFeatures, weights: ClassifierWeights = DEFAULT_WEI
     why = ",".join(f"{name}+{value:.2f}" for value, name in top)
     comparison = ">=" if large else "<"
     reason = f"classifier={score:.2f}{comparison}{weights.threshold:.2f}" + (f"({why})" if why else "")
+    if large and features.history.judge_sample:
+        own = weights.bias + sum(v for k, v in parts.items() if k != "escalation_rate")
+        if own < weights.threshold:
+            return TierChoice("small", f"judge_sample,{reason}", score, rule="judge_sample")
     return TierChoice("large" if large else "small", reason, score)

@@ -6,6 +6,6 @@ package holds what the gateway keeps between requests.
 """
 
 from gateway.escalation.config import AutoConfig, EscalationSection
-from gateway.escalation.thrash import ThrashGuard, ThrashRule
+from gateway.escalation.thrash import RateRule, ThrashGuard, ThrashRule
 
-__all__ = ["AutoConfig", "EscalationSection", "ThrashGuard", "ThrashRule"]
+__all__ = ["AutoConfig", "EscalationSection", "RateRule", "ThrashGuard", "ThrashRule"]

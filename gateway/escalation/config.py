@@ -17,6 +17,10 @@ auto:
     max_rate: 0.5
     min_requests: 20
     cool_down_s: 120
+  escalation_rate:            # the classifier's escalation_rate feature (gateway/escalation/thrash.py)
+    half_life_s: 60           # a verdict's weight halves every this long
+    min_judged: 5             # no rate until the verdicts' weights add up to this
+    judge_share: 0.1          # of requests the rate alone would start large, this share starts small
 
 Defined here rather than in gateway/config.py because the structs translate to router values
 (`to_router()`), next to the guard that uses the thrash part, as quota/config.py does for quota.
@@ -28,7 +32,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from gateway.escalation.thrash import ThrashRule
+from gateway.escalation.thrash import RateRule, ThrashRule
 from router.classifier import ClassifierWeights
 from router.confidence import MAX_K_TOKENS, ConfidenceRule
 from router.tiers import AutoPolicy, AutoRule
@@ -36,6 +40,7 @@ from router.tiers import AutoPolicy, AutoRule
 _DEFAULT_WEIGHTS = ClassifierWeights()
 _DEFAULT_CONFIDENCE = ConfidenceRule()
 _DEFAULT_THRASH = ThrashRule()
+_DEFAULT_RATE = RateRule()
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 Share = Annotated[float, msgspec.Meta(ge=0, le=1)]
@@ -100,12 +105,22 @@ class ThrashSection(_Section):
         return ThrashRule(**msgspec.structs.asdict(self))
 
 
+class EscalationRateSection(_Section):
+    half_life_s: Seconds = _DEFAULT_RATE.half_life_s
+    min_judged: Annotated[float, msgspec.Meta(ge=0)] = _DEFAULT_RATE.min_judged
+    judge_share: Share = _DEFAULT_RATE.judge_share
+
+    def to_rule(self) -> RateRule:
+        return RateRule(**msgspec.structs.asdict(self))
+
+
 class AutoConfig(_Section):
     rule: Literal["classifier", "length"] = "classifier"
     classifier: ClassifierSection = msgspec.field(default_factory=ClassifierSection)
     length: LengthSection = msgspec.field(default_factory=LengthSection)
     escalation: EscalationSection = msgspec.field(default_factory=EscalationSection)
     thrash: ThrashSection = msgspec.field(default_factory=ThrashSection)
+    escalation_rate: EscalationRateSection = msgspec.field(default_factory=EscalationRateSection)
 
     def to_router(self) -> AutoPolicy:
         return AutoPolicy(

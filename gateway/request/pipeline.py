@@ -95,7 +95,9 @@ class RequestPipeline:
         )
         self._auto = config.auto.to_router()
         # Escalations per (tenant, auto family): the cascade records, planning reads.
-        self.escalations = ThrashGuard(config.auto.thrash.to_rule())
+        self.escalations = ThrashGuard(
+            config.auto.thrash.to_rule(), rate=config.auto.escalation_rate.to_rule()
+        )
 
     # -- the two request shapes ---------------------------------------------------------------
 
@@ -223,7 +225,7 @@ class RequestPipeline:
         assert ctx.tenant is not None, "authenticate() before planning"
         tenant = ctx.tenant
         family = auto_family(tenant, self._catalog) if request.model == AUTO_MODEL else None
-        history = self.escalations.history(tenant.tenant_id, family)
+        history = self.escalations.history(tenant.tenant_id, family, ctx.request_id)
         plan = plan_request(
             endpoint, request, body, tenant, self._catalog, self._config.token_estimate, self._auto, history
         )

@@ -261,3 +261,33 @@ def test_escalation_off_serves_the_starting_tier(nodes: list[NodeProcess], tmp_p
         _, _, headers = stream_auto(running, "doubter", max_tokens=8)
     assert headers["x-meridian-model"] == SMALL
     assert "->large" not in headers["x-meridian-route"]
+
+
+def test_one_escalation_does_not_start_the_tenants_next_requests_on_the_large_tier(
+    nodes: list[NodeProcess], tmp_path: Path
+) -> None:
+    # The ratchet: one escalation made the tenant's escalation rate 1.0, and with the classifier's
+    # default weight of 1.0 on it, every short prompt after it started large, where nothing was
+    # judged, so the rate could not fall until the thrash window ended.
+    regions = write_regions(tmp_path / "regions.yaml", nodes)
+    config = gateway_config(
+        regions,
+        auto={
+            "escalation": {"k_tokens": K, "window": 3},
+            # The doubter's colours are judged and escalate too, each one more verdict: a minimum
+            # above all six keeps the answer from hinging on how far their weights have decayed.
+            "escalation_rate": {"min_judged": 10},
+        },
+    )
+    with run_gateway(config, tenants=TENANTS) as running, client(running, "doubter") as c:
+        first = c.chat.completions.with_raw_response.create(
+            model="auto", messages=[{"role": "user", "content": PROMPT}], max_tokens=8, **GREEDY
+        )
+        assert first.headers["x-meridian-route"].startswith("auto:small->large;")
+        routes = [
+            c.chat.completions.with_raw_response.create(
+                model="auto", messages=[{"role": "user", "content": "Name a colour."}], max_tokens=8, **GREEDY
+            ).headers["x-meridian-route"]
+            for _ in range(5)
+        ]
+    assert all(route.startswith("auto:small") for route in routes), routes

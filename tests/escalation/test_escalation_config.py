@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from gateway.config import ConfigError, TokenEstimateConfig, config_from_dict
+from gateway.escalation import RateRule
 from gateway.policy import PolicyError, hash_api_key, load_policy_dir, load_policy_file
 from gateway.request.plan import plan_request
 from protocol import ChatCompletionRequest, decode_request
@@ -82,6 +83,7 @@ def test_the_auto_section_defaults_to_the_classifier() -> None:
 
     assert config.auto.to_router().rule == "classifier"
     assert config.auto.escalation.to_router() == ConfidenceRule()
+    assert config.auto.escalation_rate.to_rule() == RateRule()
 
 
 def test_the_auto_section_sets_weights_rule_and_escalation_defaults() -> None:
@@ -94,6 +96,7 @@ def test_the_auto_section_sets_weights_rule_and_escalation_defaults() -> None:
                 "length": {"large_above_tokens": 100},
                 "escalation": {"threshold": -1.0, "k_tokens": 4, "window": 2},
                 "thrash": {"max_rate": 0.3, "cool_down_s": 10},
+                "escalation_rate": {"half_life_s": 30, "min_judged": 8, "judge_share": 0.2},
             },
         }
     )
@@ -103,6 +106,7 @@ def test_the_auto_section_sets_weights_rule_and_escalation_defaults() -> None:
     assert auto.classifier.threshold == 0.8 and auto.classifier.code == 0.9
     assert config.auto.escalation.to_router() == ConfidenceRule(threshold=-1.0, k_tokens=4, window=2)
     assert config.auto.thrash.to_rule().max_rate == 0.3
+    assert config.auto.escalation_rate.to_rule() == RateRule(half_life_s=30, min_judged=8, judge_share=0.2)
 
 
 @pytest.mark.parametrize(
@@ -113,6 +117,8 @@ def test_the_auto_section_sets_weights_rule_and_escalation_defaults() -> None:
         ({"escalation": {"k_tokens": 0}}, "$.auto.escalation.k_tokens"),
         ({"escalation": {"k_tokens": 4, "window": 5}}, "$.auto.escalation.window"),
         ({"thrash": {"max_rate": 1.5}}, "$.auto.thrash.max_rate"),
+        ({"escalation_rate": {"judge_share": 1.5}}, "$.auto.escalation_rate.judge_share"),
+        ({"escalation_rate": {"half_life_s": 0}}, "$.auto.escalation_rate.half_life_s"),
     ],
 )
 def test_auto_section_errors_name_the_field(auto: dict[str, Any], field: str) -> None:

@@ -125,3 +125,39 @@ def test_a_longer_request_never_moves_down_a_tier(prompt: int, more: int, max_to
     longer = replace(shorter, prompt_tokens=prompt + more)
 
     assert not (classify(shorter).tier == "large" and classify(longer).tier == "small")
+
+
+def test_a_sampled_request_that_only_the_escalation_rate_sends_large_starts_small() -> None:
+    plain = features("Name a colour.")
+    pushed = replace(plain, history=EscalationHistory(rate=1.0))
+
+    assert classify(pushed).tier == "large"
+    sampled = classify(replace(pushed, history=EscalationHistory(rate=1.0, judge_sample=True)))
+    assert (sampled.tier, sampled.rule) == ("small", "judge_sample")
+    assert sampled.reason.startswith("judge_sample,classifier=1.") and ";" not in sampled.reason
+
+
+def test_a_sampled_request_large_on_its_own_features_still_starts_large() -> None:
+    proof = features("Prove that the square root of 2 is irrational, step by step.")
+    sampled = replace(proof, history=EscalationHistory(rate=1.0, judge_sample=True))
+
+    assert classify(sampled).tier == "large" and classify(sampled).rule == "classifier"
+
+
+@given(rate=st.floats(0, 1), prompt=st.integers(0, 5000), flags=st.tuples(st.booleans(), st.booleans()))
+def test_the_judge_sample_never_moves_a_request_up_a_tier(
+    rate: float, prompt: int, flags: tuple[bool, bool]
+) -> None:
+    request = RequestFeatures(
+        prompt_tokens=prompt,
+        max_tokens=None,
+        has_code=flags[0],
+        has_math=flags[1],
+        history=EscalationHistory(rate),
+    )
+    sampled = replace(request, history=EscalationHistory(rate, judge_sample=True))
+    unrated = replace(request, history=EscalationHistory(0.0))
+
+    assert classify(sampled).tier in {classify(request).tier, "small"}
+    if classify(sampled).tier != classify(request).tier:
+        assert classify(unrated).tier == "small"
