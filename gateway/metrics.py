@@ -7,6 +7,26 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 # Gateway-added latency is milliseconds; whole requests on CPU nodes run to tens of seconds.
+# Signed: an estimate's error either way, finest near zero.
+_ERROR_BUCKETS = (
+    -2.5,
+    -1.0,
+    -0.5,
+    -0.25,
+    -0.1,
+    -0.05,
+    -0.025,
+    -0.01,
+    0.0,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+)
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 # The gateway's own share of a request: a fraction of a millisecond when all is well.
 _OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -111,9 +131,20 @@ class GatewayMetrics:
         )
         self.pool_wait = Gauge(
             "meridian_gateway_pool_queue_wait_seconds",
-            "Estimated queueing delay before a new request's first step, per model pool and traffic "
+            "Estimated time to a new one-token request's first token, per model pool and traffic "
             "tier, over the whole fleet (router/overload.py); computed when scraped.",
             ["model", "tier"],
+            registry=r,
+        )
+        # How good admission's estimate is: for each admitted request that got a first token, the
+        # TTFT that followed (from admission to the first chunk) minus the estimate admission
+        # decided on. Positive: the pool was slower than estimated (admission let too much in).
+        # Signed buckets, so Prometheus keeps no _sum: read it with histogram_quantile.
+        self.admission_estimate_error = Histogram(
+            "meridian_gateway_admission_estimate_error_seconds",
+            "Observed time to first token minus admission's estimate, per model pool and traffic tier.",
+            ["model", "tier"],
+            buckets=_ERROR_BUCKETS,
             registry=r,
         )
         # Tiered escalation for `model: "auto"` (router/classifier.py, router/confidence.py,

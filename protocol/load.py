@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import msgspec
 
+from protocol.first_token import StepCost
+
 
 class ModelEntry(msgspec.Struct, kw_only=True):
     name: str
@@ -35,8 +37,16 @@ class ModelLoad(msgspec.Struct, kw_only=True):
     waiting_tokens_by_tier: dict[str, int] = msgspec.field(default_factory=dict)
     queue_bound_tokens: dict[str, int] = msgspec.field(default_factory=dict)  # per tier; absent: unbounded
     drain_tokens_per_s: float = 0.0  # prompt + generated tokens processed per second, recent window
+    # The inputs of the time-to-first-token estimate (protocol/first_token.py), so the gateway can
+    # run it again with the requests it admitted since this report: requests waiting per tier,
+    # the engine's batch limits, its fitted step cost, and how fast it frees sequence slots.
+    waiting_requests_by_tier: dict[str, int] = msgspec.field(default_factory=dict)
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int = 0
+    step_cost: StepCost = msgspec.field(default_factory=StepCost)
+    finish_rate: float = 0.0
     # Estimated seconds to a new request's first token, per tier (the node's own admission
-    # estimate: a free slot, then its prefill steps at the recent step time), and the largest.
+    # estimate: a free slot, then its prefill steps at the fitted step cost), and the largest.
     first_token_s_by_tier: dict[str, float] = msgspec.field(default_factory=dict)
     queue_wait_s: float = 0.0
 

@@ -12,7 +12,7 @@ from router.classifier import (
 )
 from router.confidence import Confidence, ConfidenceRule, judge, rule_for
 from router.errors import ModelNotAllowedError, RoutingError, UnknownModelError
-from router.overload import PoolWait, node_wait_s, pool_wait
+from router.overload import PendingRequest, PoolWait, pool_wait
 from router.params import DEFAULT_PARAMS, RoutingParams
 from router.retry import MAX_ATTEMPTS_BOUND, RetryPolicy, backoff_delays, next_targets
 from router.rollout import checkpoint_drift, choose_version, node_version, rollout_point
@@ -70,6 +70,7 @@ __all__ = [
     "ModelVersion",
     "NodeInfo",
     "NodeLoad",
+    "PendingRequest",
     "PoolWait",
     "ProviderInfo",
     "RequestFeatures",
@@ -99,7 +100,6 @@ __all__ = [
     "judge",
     "next_targets",
     "node_version",
-    "node_wait_s",
     "pool_wait",
     "rendezvous_rank",
     "resolve_model",

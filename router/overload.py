@@ -1,75 +1,117 @@
 """Time to first token: how long a new request would wait for its first token in a model's pool.
 
-One node, one model, a new request of traffic tier T. The node reports its own estimate for T
-(`first_token_s_by_tier`: a free slot, then the prefill steps ahead of the request at the node's
-recent step time, which grows with the batch — regional_node/engine/admission.py, the estimate the
-node itself admits by). A node that does not report one (older than the field) is estimated from
-its queue, with the tokens ahead of the request:
+Each node reports, per model, what protocol/first_token.py's estimate needs: the requests and
+prompt tokens waiting per tier, the sequences running, the engine's batch limits
+(`max_num_seqs`, `max_num_batched_tokens`), its fitted step cost and how fast it frees slots. This
+module runs that estimate the way the node will run the request:
 
-- interactive: the node's waiting interactive tokens (the node schedules interactive work before
-  batch work), or every waiting token of the model when the node does not report tiers;
-- batch: every waiting token of the model (it queues behind both tiers).
+- ahead of a new interactive request: the node's waiting interactive work (nodes schedule it
+  first); ahead of a batch request: everything waiting;
+- plus the requests the gateway admitted to this pool after the node's report was asked for
+  (`pending`, until their first token): the node cannot have counted them yet, and without them a
+  burst would pour a whole probe interval's arrivals into one queue. Routing sends each to the
+  node where it starts soonest, so they are placed that way here too, one by one in admission
+  order, then the new request goes where it would start soonest;
+- a node whose queue for the tier is at its `queue_bound_tokens` would refuse the request: its
+  estimate is infinite.
 
-    node wait = tokens ahead / drain rate
-
-where the drain rate is the node's measured `drain_tokens_per_s`, or `fallback_drain_tokens_per_s`
-while it has none (a node that has not served yet). A node whose queue for T is at its
-`queue_bound_tokens` would refuse the request: its wait is infinite.
+A node that reports no step cost (not stepped yet, or older than the field) is estimated from its
+own reported `first_token_s_by_tier` plus the slots its pending requests take; a node with no
+report for the model counts as idle.
 
 The pool is the nodes routing may use for the request: serving the model, healthy, inside the
 tenant's residency (`router.candidates`, the same screen `route` uses, so an estimate never looks
-at a node the request could not go to). Routing sends a request to the least loaded of them, so
-
-    pool wait = max(min over the pool's nodes of node wait, pending_tokens / Σ their drain rates)
-
-`pending_tokens` are the tokens ahead of T that the caller (the gateway) has admitted to this pool
-and that have not had their first token yet: a node reports them only at the next probe, and
-without this term a spike could pour a whole probe interval's arrivals into one queue. It is the
-max, not the sum, because the nodes' last reports may already hold some of those tokens.
+at a node the request could not go to).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from protocol.first_token import EngineQueue, StepCost, first_token_s
 from router.candidates import screen_nodes
-from router.types import FleetSnapshot, NodeLoad, Residency, TrafficTier
+from router.types import FleetSnapshot, ModelQueue, Residency, TrafficTier
+
+
+@dataclass(frozen=True)
+class PendingRequest:
+    """A request the gateway admitted to a pool that has not had its first token yet."""
+
+    tokens: int  # its prompt's estimated tokens
+    tier: TrafficTier
+    admitted_at: float  # the gateway's time.monotonic(), comparable with NodeLoad.asked_at
 
 
 @dataclass(frozen=True)
 class PoolWait:
-    """The estimated wait before a new request's first step, and what it rests on."""
+    """The estimated time to a new request's first token in its pool, and what it rests on."""
 
     wait_s: float  # may be math.inf: every node's queue for the tier is at its bound
     nodes: int  # the pool's nodes (at least one)
-    drain_tokens_per_s: float  # summed over the pool's nodes
+    # Nothing is ahead of the request on the node it would go to (no request running, waiting or
+    # pending there): no pool could start it sooner, so no target should refuse it.
+    idle: bool = False
 
 
-def node_wait_s(
-    load: NodeLoad | None, *, model: str, tier: TrafficTier, fallback_drain_tokens_per_s: float
-) -> tuple[float, float]:
-    """(wait in seconds, drain rate used) for a new `tier` request of `model` on one node."""
-    queue = load.models.get(model) if load is not None else None
-    if queue is None:
-        # No report for the model (not probed yet, or a node older than per-model reports).
-        return 0.0, fallback_drain_tokens_per_s
-    rate = queue.drain_tokens_per_s
-    if not rate > 0:  # also NaN
-        rate = fallback_drain_tokens_per_s
+@dataclass(frozen=True)
+class _Node:
+    """One node's queue ahead of the new request, and the estimate it gives."""
+
+    queue: EngineQueue | None  # None: the estimate is `reported_s` plus the slot wait alone
+    reported_s: float
+    bounded: bool  # the tier's queue is at its bound
+
+    def estimate(self, prompt_tokens: int) -> float:
+        if self.bounded:
+            return math.inf
+        if self.queue is None:
+            return self.reported_s
+        if not self.queue.step_cost.measured:
+            return self.reported_s + first_token_s(self.queue, prompt_tokens, unknown_s=0.0)
+        return first_token_s(self.queue, prompt_tokens, unknown_s=0.0)
+
+    @property
+    def idle(self) -> bool:
+        q = self.queue
+        return q is None or (q.running == 0 and q.waiting_requests == 0 and q.waiting_tokens == 0)
+
+    def plus(self, request: PendingRequest) -> _Node:
+        q = self.queue or EngineQueue(
+            0, 0, 0, max_num_seqs=None, max_num_batched_tokens=0, step_cost=StepCost()
+        )
+        return dataclasses.replace(
+            self,
+            queue=dataclasses.replace(
+                q, waiting_requests=q.waiting_requests + 1, waiting_tokens=q.waiting_tokens + request.tokens
+            ),
+        )
+
+
+def _ahead(queue: ModelQueue | None, tier: TrafficTier) -> _Node:
+    if queue is None:  # no report for the model (not probed yet, or a node older than per-model reports)
+        return _Node(None, 0.0, bounded=False)
     by_tier = queue.waiting_tokens_by_tier
+    requests = queue.waiting_requests_by_tier
     if tier == "interactive" and by_tier:
-        ahead = by_tier.get("interactive", 0)
+        tokens, waiting = by_tier.get("interactive", 0), requests.get("interactive", 0)
     else:
-        ahead = max(queue.waiting_tokens, sum(by_tier.values()))
+        tokens, waiting = max(queue.waiting_tokens, sum(by_tier.values())), sum(requests.values())
     bound = queue.queue_bound_tokens.get(tier)
     queued_for_tier = by_tier.get(tier, queue.waiting_tokens) if by_tier else queue.waiting_tokens
-    if bound is not None and queued_for_tier >= bound:
-        return math.inf, rate
-    reported = queue.first_token_s_by_tier.get(tier)
-    if reported is not None:
-        return reported, rate
-    return max(ahead, 0) / rate, rate
+    engine = EngineQueue(
+        waiting_requests=max(waiting, 0),
+        waiting_tokens=max(tokens, 0),
+        running=max(queue.num_running, 0),
+        max_num_seqs=queue.max_num_seqs,
+        max_num_batched_tokens=queue.max_num_batched_tokens,
+        step_cost=queue.step_cost,
+        finish_rate=queue.finish_rate,
+    )
+    reported = 0.0 if queue.step_cost.measured else queue.first_token_s_by_tier.get(tier, 0.0)
+    return _Node(engine, reported, bounded=bound is not None and queued_for_tier >= bound)
 
 
 def pool_wait(
@@ -78,21 +120,26 @@ def pool_wait(
     model: str,
     residency: Residency,
     tier: TrafficTier,
-    fallback_drain_tokens_per_s: float,
-    pending_tokens: int = 0,
+    prompt_tokens: int = 1,
+    pending: Sequence[PendingRequest] = (),
 ) -> PoolWait | None:
-    """The pool's estimated wait (module docstring); None when no node may serve the request, in
-    which case routing, not admission, has the answer (a 503 that says why)."""
-    assert fallback_drain_tokens_per_s > 0, "the fallback drain rate must be positive"
+    """The pool's estimate for a new request of `prompt_tokens` (module docstring); None when no
+    node may serve the request, in which case routing, not admission, has the answer (a 503 that
+    says why). `pending`: the gateway's admitted requests for this model without a first token."""
     nodes = screen_nodes(fleet.nodes, model=model, residency=residency, exclude=frozenset()).admitted
     if not nodes:
         return None
-    waits = [
-        node_wait_s(n.load, model=model, tier=tier, fallback_drain_tokens_per_s=fallback_drain_tokens_per_s)
-        for n in nodes
-    ]
-    drain = sum(rate for _, rate in waits)
-    best = min(wait for wait, _ in waits)
-    return PoolWait(
-        wait_s=max(best, max(pending_tokens, 0) / drain), nodes=len(nodes), drain_tokens_per_s=drain
+    ahead = [_ahead(n.load.models.get(model) if n.load is not None else None, tier) for n in nodes]
+    asked = [n.load.asked_at if n.load is not None else -math.inf for n in nodes]
+    # Interactive requests wait behind pending interactive requests only; batch behind all.
+    relevant = sorted(
+        (p for p in pending if tier == "batch" or p.tier == "interactive"), key=lambda p: p.admitted_at
     )
+    for request in relevant:
+        unreported = [i for i, at in enumerate(asked) if request.admitted_at >= at]
+        if not unreported:
+            continue  # every node was asked after it was admitted: it is in their reports
+        best = min(unreported, key=lambda i: ahead[i].estimate(request.tokens))
+        ahead[best] = ahead[best].plus(request)
+    best_node = min(ahead, key=lambda node: node.estimate(prompt_tokens))
+    return PoolWait(wait_s=best_node.estimate(prompt_tokens), nodes=len(nodes), idle=best_node.idle)

@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from protocol.first_token import StepCost
+
 ModelTier = Literal["small", "large"]
 TrafficTier = Literal["interactive", "batch"]
 FailMode = Literal["open", "closed"]
@@ -128,6 +130,14 @@ class ModelQueue:
     drain_tokens_per_s: float = 0.0  # 0: not measured yet
     # The node's own estimate of a new request's time to first token, per tier; empty: not reported.
     first_token_s_by_tier: Mapping[str, float] = field(default_factory=dict)
+    # The estimate's inputs (protocol/first_token.py), so admission can add its own admissions.
+    # An unmeasured step_cost: a node that reports none (older, or not stepped yet).
+    waiting_requests_by_tier: Mapping[str, int] = field(default_factory=dict)
+    num_running: int = 0
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int = 0
+    step_cost: StepCost = field(default_factory=StepCost)
+    finish_rate: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -140,6 +150,9 @@ class NodeLoad:
     num_waiting: int = 0
     models: Mapping[str, ModelQueue] = field(default_factory=dict)  # by logical model name
     versions: Mapping[str, ModelVersion] = field(default_factory=dict)  # by model; empty: not reported
+    # When the report was asked for (the gateway's time.monotonic()): requests admitted after it
+    # cannot be in it (router/overload.py).
+    asked_at: float = float("-inf")
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,11 @@
 """The admission controller: admit, degrade, queue or refuse a request against its tier's target.
 
 A request's pool is the nodes that may serve its model for its tenant (residency included); its
-estimate is router.overload.pool_wait for the request's traffic tier. With `target` the tier's
-`target_ttft_s`:
+estimate is router.overload.pool_wait: the request's time to first token on the node where it
+would start soonest, the way that node runs it (free slots, prefill steps of up to
+max_num_batched_tokens at the node's fitted step cost), with the requests this gateway admitted
+since the node's last report put ahead of it. With `target` the tier's `target_ttft_s`, a request
+whose pool has nothing ahead of it is always admitted (no pool could start it sooner); otherwise:
 
 - interactive: admitted while the estimate is at most the target. Over it, a tenant with
   `allow_degrade` is served by the small tier of the same family (router.degrade_model) when that
@@ -18,11 +21,12 @@ estimate is router.overload.pool_wait for the request's traffic tier. With `targ
   admitted request starts (its tokens leave the pending count), and by each waiter every
   `recheck_interval_s` (nodes report once per probe interval).
 
-Admitted requests hold a Ticket: their prompt tokens count as pending on the pool
-(router.overload's `pending_tokens`) until the request's first token or its end, so the gateway's
-own admissions raise the estimate before the nodes' next reports do. Refusals carry a Retry-After
-of the time the pool needs to get under the target at its drain rate (at least 1 s, at most
-`max_retry_after_s`).
+Admitted requests hold a Ticket: they count as pending on the pool (router.overload's
+`pending`) until the request's first token (`started`) or its end (`release`), so the gateway's
+own admissions raise the estimate before the nodes' next reports do. At the first token the
+ticket records how far the TTFT that followed was from the estimate admission decided on
+(`meridian_gateway_admission_estimate_error_seconds`). Refusals carry a Retry-After of the
+seconds the estimate is over the target (at least 1 s, at most `max_retry_after_s`).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections import Counter
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -38,28 +42,34 @@ from gateway.admission.errors import Overloaded, ShedReason
 from gateway.admission.queue import FairQueue, Waiter
 from gateway.config import AdmissionConfig
 from gateway.metrics import GatewayMetrics
-from router import degrade_model, pool_wait
-from router.overload import PoolWait
+from router import PendingRequest, PoolWait, degrade_model, pool_wait
 from router.types import CatalogModel, FleetSnapshot, Residency, TenantPolicy, TrafficTier
 
 TIERS: tuple[TrafficTier, ...] = ("interactive", "batch")
 
 
 class Ticket:
-    """An admitted request's prompt tokens, pending on its pool until `release()` (idempotent):
-    call it at the first token, or when the request ends without one."""
+    """An admitted request, pending on its pool until its first token (`started`) or its end
+    without one (`release`); either is idempotent, and the first one called counts."""
 
     def __init__(
-        self, controller: AdmissionController | None, key: tuple[str, TrafficTier], tokens: int
+        self, controller: AdmissionController | None, model: str, request: PendingRequest, estimate_s: float
     ) -> None:
         self._controller = controller
-        self._key = key
-        self._tokens = tokens
+        self._model = model
+        self._request = request
+        self._estimate_s = estimate_s
+
+    def started(self) -> None:
+        """The first token is here: record the estimate's error, and leave the pool's pending."""
+        controller, self._controller = self._controller, None
+        if controller is not None:
+            controller._started(self._model, self._request, self._estimate_s)
 
     def release(self) -> None:
         controller, self._controller = self._controller, None
         if controller is not None:
-            controller._release(self._key, self._tokens)
+            controller._release(self._model, self._request)
 
 
 @dataclass(frozen=True)
@@ -85,7 +95,8 @@ class AdmissionController:
         self._metrics = metrics
         self._clock = clock
         self._queues = {tier: FairQueue(config.tier(tier).max_queue) for tier in TIERS}
-        self._pending: Counter[tuple[str, TrafficTier]] = Counter()
+        # By model: the admitted requests without a first token yet, by id() (each is kept alive here).
+        self._pending: defaultdict[str, dict[int, PendingRequest]] = defaultdict(dict)
         # Until when batch is held back: interactive requests lately had to wait or were refused.
         self._batch_held_until = -math.inf
         for tier in TIERS:
@@ -100,7 +111,8 @@ class AdmissionController:
     async def admit(self, tenant: TenantPolicy, model: CatalogModel, prompt_tokens: int) -> Admitted:
         """Admitted (maybe degraded) once the request may go upstream; raises Overloaded."""
         if not self._config.enabled:
-            return Admitted(model, None, Ticket(None, (model.name, tenant.traffic_tier), 0))
+            request = PendingRequest(prompt_tokens, tenant.traffic_tier, self._clock())
+            return Admitted(model, None, Ticket(None, model.name, request, math.nan))
         tier = tenant.traffic_tier
         queue = self._queues[tier]
         if not queue:
@@ -175,59 +187,71 @@ class AdmissionController:
         fleet = self._fleet()
         interactive = self._config.interactive.target_ttft_s
         if tenant.traffic_tier == "interactive":
-            if _within(self._estimate(fleet, model.name, tenant.residency, "interactive"), interactive):
-                return self._admitted(tenant, model, tokens, degraded_from=None)
+            estimate = self._estimate(fleet, model.name, tenant.residency, "interactive", tokens)
+            if _within(estimate, interactive):
+                return self._admitted(tenant, model, tokens, estimate, degraded_from=None)
             small = degrade_model(model.name, tenant, self._catalog)
             if small is not None:
-                estimate = self._estimate(fleet, small.name, tenant.residency, "interactive")
-                if estimate is not None and estimate.wait_s <= interactive:
-                    return self._admitted(tenant, small, tokens, degraded_from=model.name)
+                estimate = self._estimate(fleet, small.name, tenant.residency, "interactive", tokens)
+                if estimate is not None and _within(estimate, interactive):
+                    return self._admitted(tenant, small, tokens, estimate, degraded_from=model.name)
             return None
         if self._queues["interactive"] or self._clock() < self._batch_held_until:
             return None
-        if not _within(self._estimate(fleet, model.name, tenant.residency, "interactive"), interactive):
-            return None
         if not _within(
-            self._estimate(fleet, model.name, tenant.residency, "batch"), self._config.batch.target_ttft_s
+            self._estimate(fleet, model.name, tenant.residency, "interactive", tokens), interactive
         ):
             return None
-        return self._admitted(tenant, model, tokens, degraded_from=None)
+        estimate = self._estimate(fleet, model.name, tenant.residency, "batch", tokens)
+        if not _within(estimate, self._config.batch.target_ttft_s):
+            return None
+        return self._admitted(tenant, model, tokens, estimate, degraded_from=None)
 
     def _admitted(
-        self, tenant: TenantPolicy, model: CatalogModel, tokens: int, *, degraded_from: str | None
+        self,
+        tenant: TenantPolicy,
+        model: CatalogModel,
+        tokens: int,
+        estimate: PoolWait | None,
+        *,
+        degraded_from: str | None,
     ) -> Admitted:
-        key = (model.name, tenant.traffic_tier)
-        self._pending[key] += tokens
+        request = PendingRequest(tokens, tenant.traffic_tier, self._clock())
+        self._pending[model.name][id(request)] = request
         if degraded_from is not None:
             self._metrics.labelled(self._metrics.degraded, tenant.tenant_id, tenant.traffic_tier).inc()
-        return Admitted(model, degraded_from, Ticket(self, key, tokens))
+        estimate_s = estimate.wait_s if estimate is not None else math.nan
+        return Admitted(model, degraded_from, Ticket(self, model.name, request, estimate_s))
 
-    def _release(self, key: tuple[str, TrafficTier], tokens: int) -> None:
-        self._pending[key] -= tokens
-        if self._pending[key] <= 0:
-            del self._pending[key]
+    def _started(self, model: str, request: PendingRequest, estimate_s: float) -> None:
+        if math.isfinite(estimate_s):
+            observed = self._clock() - request.admitted_at
+            self._metrics.admission_estimate_error.labels(model, request.tier).observe(observed - estimate_s)
+        self._release(model, request)
+
+    def _release(self, model: str, request: PendingRequest) -> None:
+        pending = self._pending[model]
+        pending.pop(id(request), None)
+        if not pending:
+            del self._pending[model]
         if any(self._queues.values()):
             self.pump()
 
     def _estimate(
-        self, fleet: FleetSnapshot, model: str, residency: Residency, tier: TrafficTier
+        self, fleet: FleetSnapshot, model: str, residency: Residency, tier: TrafficTier, tokens: int
     ) -> PoolWait | None:
-        # Interactive requests wait behind pending interactive tokens only (nodes schedule them
-        # first); batch requests behind everything pending.
-        pending = self._pending[(model, "interactive")]
-        if tier == "batch":
-            pending += self._pending[(model, "batch")]
+        pending = self._pending.get(model)
         return pool_wait(
             fleet,
             model=model,
             residency=residency,
             tier=tier,
-            fallback_drain_tokens_per_s=self._config.fallback_drain_tokens_per_s,
-            pending_tokens=pending,
+            prompt_tokens=tokens,
+            pending=tuple(pending.values()) if pending else (),
         )
 
     def _fleet_wait(self, model: str, tier: TrafficTier) -> float:
-        estimate = self._estimate(self._fleet(), model, Residency(), tier)
+        estimate = self._estimate(self._fleet(), model, Residency(), tier, 1)
         return estimate.wait_s if estimate is not None else math.nan
 
     def _shed(
@@ -242,14 +266,15 @@ class AdmissionController:
         )
 
     def _retry_after(self, tenant: TenantPolicy, model: CatalogModel) -> int:
-        """Seconds until the pool is under the tier's target at its drain rate: [1, max]."""
+        """The seconds the pool's estimate is over the tier's target: [1, max]."""
         tier = tenant.traffic_tier
-        estimate = self._estimate(self._fleet(), model.name, tenant.residency, tier)
+        estimate = self._estimate(self._fleet(), model.name, tenant.residency, tier, 1)
         over = estimate.wait_s - self._config.tier(tier).target_ttft_s if estimate is not None else 0.0
         cap = self._config.max_retry_after_s
         return cap if not math.isfinite(over) else min(cap, max(1, math.ceil(over)))
 
 
 def _within(estimate: PoolWait | None, target_s: float) -> bool:
-    # No pool at all is routing's to answer (a 503 that says why), not admission's.
-    return estimate is None or estimate.wait_s <= target_s
+    # No pool at all is routing's to answer (a 503 that says why), not admission's; a pool with
+    # nothing ahead of the request starts it as soon as any could.
+    return estimate is None or estimate.idle or estimate.wait_s <= target_s

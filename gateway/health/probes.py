@@ -95,7 +95,8 @@ class NodeProber:
                 logger.exception("health probe round failed")
 
     async def _probe(self, node: NodeInfo) -> ProbeResult:
-        ready, load = await asyncio.gather(self._ready(node), self._load(node))
+        asked_at = time.monotonic()
+        ready, load = await asyncio.gather(self._ready(node), self._load(node, asked_at))
         now = time.monotonic()
         if load is not None:
             return ProbeResult(ready=ready, load=load, checked_at=now, load_at=now)
@@ -127,7 +128,7 @@ class NodeProber:
         answer = await self._get(node, "/ready")
         return answer is not None and answer[0] == 200
 
-    async def _load(self, node: NodeInfo) -> NodeLoad | None:
+    async def _load(self, node: NodeInfo, asked_at: float) -> NodeLoad | None:
         answer = await self._get(node, "/load")
         if answer is None or answer[0] != 200:
             return None
@@ -148,6 +149,12 @@ class NodeProber:
                     queue_bound_tokens=m.queue_bound_tokens,
                     drain_tokens_per_s=m.drain_tokens_per_s,
                     first_token_s_by_tier=m.first_token_s_by_tier,
+                    waiting_requests_by_tier=m.waiting_requests_by_tier,
+                    num_running=m.num_running,
+                    max_num_seqs=m.max_num_seqs,
+                    max_num_batched_tokens=m.max_num_batched_tokens,
+                    step_cost=m.step_cost,
+                    finish_rate=m.finish_rate,
                 )
                 for name, m in report.per_model.items()
             },
@@ -156,4 +163,5 @@ class NodeProber:
                 for name, m in report.per_model.items()
                 if m.version
             },
+            asked_at=asked_at,
         )

@@ -173,7 +173,7 @@ class RequestPipeline:
             except BaseException:
                 await opened.aclose()  # the node aborts the request and frees its KV blocks
                 raise
-            ticket.release()  # the first chunk is here: the prompt has left the node's queue
+            ticket.started()  # the first chunk is here: the prompt has left the node's queue
             if plan.cascade is not None:
                 plan, opened = await self._cascade(ctx, plan, opened)
             relay = StreamRelay(opened, plan, ctx.latency)
@@ -318,7 +318,9 @@ class RequestPipeline:
                 raise Overloaded(
                     model=plan.model.name, tier=ctx.tenant.traffic_tier, reason="over_target", retry_after_s=1
                 )
-            return await self._open(ctx, plan, self._route(ctx, plan))
+            opened = await self._open(ctx, plan, self._route(ctx, plan))
+            admitted.ticket.started()  # _open returns with the first chunk
+            return opened
         finally:
             admitted.ticket.release()
 

@@ -6,17 +6,16 @@ first token is already past it. Tiers are admitted in PRIORITY_RANK order, so wh
 a new request is its own tier's queue and every higher one's: an interactive request waits only
 behind interactive work, a batch request behind everything.
 
-The time to first token (`first_token_s`) has two parts:
-- a slot: the engine runs at most `max_num_seqs` sequences. With the requests ahead taking the
-  free slots first, a request that finds none waits for running ones to finish, at the rate they
-  have lately been finishing;
-- its steps: the step in progress, then the steps that prefill the prompt tokens ahead of it and
-  its own (`max_num_batched_tokens` per step), each as long as the engine's recent steps. A step
-  costs more as the batch grows (on a CPU above all), so this part grows with load even while
-  nothing waits: that is what a spike does first, before any queue forms.
-Without a measured step time (an engine that has not stepped lately) the steps part falls back to
-the tokens ahead over the measured drain rate (drain.py). An idle engine (nothing running, nothing
-waiting) estimates 0: it cannot serve a request sooner, so no limit should turn one away.
+The time to first token (`first_token_s`) is protocol/first_token.py's estimate, the one the
+gateway runs too: a sequence slot (requests ahead take the free ones first; without one, running
+sequences must finish at the rate they lately have), then the prefill steps of the prompt tokens
+ahead and its own (`max_num_batched_tokens` per step, beside the running sequences' decode
+tokens), each as long as the engine's fitted cost for that batch (drain.py's `step_cost`). A step
+costs more as the batch grows (on a CPU above all), so the estimate grows with load even while
+nothing waits: that is what a spike does first, before any queue forms. Without a measured step
+cost (an engine that has not stepped yet) the steps part falls back to the tokens ahead over the
+measured drain rate. An idle engine (nothing running, nothing waiting) is never refused by a wait
+limit: it cannot serve a request sooner.
 
 The refusal carries a Retry-After: for the token bound, the seconds the engine needs, at its drain
 rate, to work the queue down far enough to admit the request; for the wait limit, the seconds the
@@ -30,7 +29,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
+from protocol import first_token
+from protocol.first_token import EngineQueue, StepCost
 from regional_node.engine.errors import QueueFullError
 from regional_node.engine.sequence import PRIORITY_RANK
 
@@ -55,11 +57,31 @@ class QueueState:
     waiting_tokens: Mapping[str, int]  # per tier
     waiting_requests: Mapping[str, int] = field(default_factory=dict)  # per tier
     drain_tokens_per_s: float = 0.0  # drain.py; 0: not measured
-    step_s: float = 0.0  # recent step duration (drain.py); 0: not measured
-    step_tokens: int = 0  # max_num_batched_tokens; 0: unknown
-    free_slots: int | None = None  # max_num_seqs minus running sequences; None: not limited
-    finish_rate: float = 0.0  # requests finished per second lately (drain.py)
+    step_cost: StepCost = field(default_factory=StepCost)  # drain.py's fit; unmeasured: no step yet
+    max_num_batched_tokens: int = 0  # 0: unknown
+    max_num_seqs: int | None = None  # None: not limited
+    finish_rate: float = 0.0  # requests finished per second while busy (drain.py's slot_rate)
     running: int = 0  # sequences running now
+
+    def idle(self) -> bool:
+        return (
+            self.running == 0
+            and not any(self.waiting_requests.values())
+            and not any(self.waiting_tokens.values())
+        )
+
+    def ahead_of(self, tier: str) -> EngineQueue:
+        """What a new `tier` request waits behind: its own tier's queue and every higher one's."""
+        rank = PRIORITY_RANK[tier]
+        return EngineQueue(
+            waiting_requests=sum(n for t, n in self.waiting_requests.items() if PRIORITY_RANK[t] <= rank),
+            waiting_tokens=tokens_ahead(self.waiting_tokens, tier),
+            running=self.running,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            step_cost=self.step_cost,
+            finish_rate=self.finish_rate,
+        )
 
 
 def tokens_ahead(waiting: Mapping[str, int], tier: str) -> int:
@@ -79,22 +101,32 @@ def estimated_wait_s(tokens: int, drain_tokens_per_s: float, unknown_s: float) -
 
 def first_token_s(state: QueueState, tier: str, num_tokens: int, unknown_s: float) -> float:
     """Estimated seconds from now to a new `tier` request's first token (module docstring)."""
-    rank = PRIORITY_RANK[tier]
-    requests_ahead = sum(n for other, n in state.waiting_requests.items() if PRIORITY_RANK[other] <= rank)
-    ahead = tokens_ahead(state.waiting_tokens, tier)
-    if state.running == 0 and requests_ahead == 0 and ahead == 0:
-        # An idle engine: nothing to wait behind, and its first token is as fast as it gets, so
-        # no wait limit should refuse it (however slow the last steps were on a busy machine).
-        return 0.0
-    slot_s = 0.0
-    if state.free_slots is not None:
-        short = requests_ahead + 1 - state.free_slots
-        if short > 0:
-            slot_s = short / state.finish_rate if state.finish_rate > 0 else float(unknown_s)
-    if state.step_s > 0 and state.step_tokens > 0:
-        steps = 1 + math.ceil((ahead + max(num_tokens, 1)) / state.step_tokens)
-        return slot_s + steps * state.step_s
-    return slot_s + estimated_wait_s(ahead, state.drain_tokens_per_s, unknown_s)
+    queue = state.ahead_of(tier)
+    estimate = first_token.first_token_s(queue, num_tokens, unknown_s=unknown_s)
+    if not state.step_cost.measured:
+        estimate += estimated_wait_s(queue.waiting_tokens, state.drain_tokens_per_s, unknown_s)
+    return estimate
+
+
+def report(state: QueueState, limits: QueueLimits) -> dict[str, Any]:
+    """The queue's part of an engine's `stats()` (the node's /load: protocol/load.py's ModelLoad),
+    the same keys for every engine: the queue per tier, its bounds, the inputs of the
+    time-to-first-token estimate (so the gateway can run it again with its own admissions added),
+    and the estimate itself per tier (`queue_wait_s`: the lowest tier's, which waits behind all)."""
+    unknown = limits.max_retry_after_s
+    first = {tier: first_token_s(state, tier, 0, unknown) for tier in PRIORITY_RANK}
+    return {
+        "waiting_tokens_by_tier": dict(state.waiting_tokens),
+        "waiting_requests_by_tier": dict(state.waiting_requests),
+        "queue_bound_tokens": dict(limits.max_waiting_tokens),
+        "drain_tokens_per_s": state.drain_tokens_per_s,
+        "step_cost": state.step_cost,
+        "finish_rate": state.finish_rate,
+        "max_num_seqs": state.max_num_seqs,
+        "max_num_batched_tokens": state.max_num_batched_tokens,
+        "first_token_s_by_tier": first,
+        "queue_wait_s": max(first.values()),
+    }
 
 
 def retry_after_s(tokens: float, drain_tokens_per_s: float, cap: int) -> int:
@@ -125,7 +157,7 @@ def check(limits: QueueLimits, state: QueueState, tier: str, num_tokens: int) ->
             retry_after_s=wait,
         )
     max_wait = limits.max_wait_s.get(tier)
-    if max_wait is None:
+    if max_wait is None or state.idle():
         return
     # An estimate resting on nothing measured (no step time, no drain or finish rate) is unknown,
     # not long: only the token bound applies then.

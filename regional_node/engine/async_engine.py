@@ -171,21 +171,14 @@ class AsyncEngine:
 
     def stats(self) -> dict[str, Any]:
         """The step thread's snapshot after its latest step, with the adds it has not taken yet
-        counted as waiting, the drain rate as of now, the queue's limits, and the estimated time to
-        first token of a new request per tier (`queue_wait_s`: the lowest tier's, which waits
-        behind every tier). Safe from any thread."""
+        counted as waiting, and the queue's report as of now (admission.report). Safe from any
+        thread."""
         with self._cond:
             stats = dict(self._stats)
             state = self._queue_state()
             stats["waiting_tokens"] = stats.get("waiting_tokens", 0) + sum(self._unpublished.values())
             stats["num_waiting"] = stats.get("num_waiting", 0) + sum(self._unpublished_requests.values())
-        stats["waiting_tokens_by_tier"] = dict(state.waiting_tokens)
-        stats["drain_tokens_per_s"] = state.drain_tokens_per_s
-        stats["queue_bound_tokens"] = dict(self.limits.max_waiting_tokens)
-        unknown = self.limits.max_retry_after_s
-        first_token = {tier: admission.first_token_s(state, tier, 0, unknown) for tier in PRIORITY_RANK}
-        stats["first_token_s_by_tier"] = first_token
-        stats["queue_wait_s"] = max(first_token.values())
+        stats.update(admission.report(state, self.limits))
         return stats
 
     def _queue_state(self) -> QueueState:
@@ -201,12 +194,10 @@ class AsyncEngine:
                 tier: requests.get(tier, 0) + n for tier, n in self._unpublished_requests.items()
             },
             drain_tokens_per_s=drain.rate(),
-            step_s=drain.step_time_s(),
-            step_tokens=int(published.get("max_num_batched_tokens", 0) or 0),
-            free_slots=None
-            if max_seqs is None
-            else max(int(max_seqs) - int(published.get("num_running", 0)), 0),
-            finish_rate=drain.finish_rate(),
+            step_cost=drain.step_cost(),
+            max_num_batched_tokens=int(published.get("max_num_batched_tokens", 0) or 0),
+            max_num_seqs=None if max_seqs is None else int(max_seqs),
+            finish_rate=drain.slot_rate(),
             running=int(published.get("num_running", 0)),
         )
 

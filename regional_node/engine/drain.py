@@ -11,9 +11,16 @@ honest however the engine is used:
 - idle gaps between steps inside the window do count: it is throughput, what a queue behind the
   engine actually sees, not the speed of one step.
 
-It also keeps the duration of the last few steps (`step_time_s`): how long the *next* step will
-take is best guessed from the latest ones, since a step's cost follows the batch, which a spike
-changes within a second (the 5 s window would lag it).
+It also fits what a step costs for its batch (`step_cost`: protocol/first_token.py's StepCost,
+duration = base + per-token cost * batched tokens) by least squares over recent steps of every
+size: a few steps per size band are kept however long ago they ran, so a long decode-only spell
+does not forget what a prefill step costs, and an idle spell does not forget anything. This is
+what the time-to-first-token estimate runs the next steps at; a throughput averaged over a
+window (`rate`) says nothing after an idle spell, and charges a burst of prompts as if they were
+processed one token at a time.
+
+The finish rate (requests per second freeing sequence slots) is kept likewise: `slot_rate`
+is the window's, or the last one measured while busy.
 
 Thread-safe: the step thread records, any thread reads.
 """
@@ -25,12 +32,18 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from protocol.first_token import StepCost
+
 # Long enough to smooth the difference between prefill-heavy and decode-only steps, short enough
 # to follow a change of load within a few of the gateway's /load probes.
 DRAIN_WINDOW_S = 5.0
-# Steps averaged for the current step time: enough to smooth one prefill-heavy step, few enough to
-# follow a batch that grows by a request or two per step.
-RECENT_STEPS = 8
+# Steps kept per size band (batched tokens 1, 2-3, 4-7, ...) for the step-cost fit: enough to
+# smooth one noisy step, few enough to follow a machine whose speed changes (another process
+# takes a core) within a few steps of each size.
+STEPS_PER_BAND = 8
+# The least spread of batched tokens (largest minus smallest) that can tell a per-token cost from
+# noise; below it the fit is the mean step time.
+MIN_TOKEN_SPREAD = 8
 
 
 class DrainMeter:
@@ -41,7 +54,9 @@ class DrainMeter:
         self._steps: deque[tuple[float, float, int, int]] = deque()
         self._tokens = 0
         self._finished = 0
-        self._recent: deque[tuple[float, float]] = deque(maxlen=RECENT_STEPS)  # (end, duration)
+        # By size band (tokens.bit_length()): the latest (tokens, duration) steps of that size.
+        self._bands: dict[int, deque[tuple[int, float]]] = {}
+        self._busy_finish_rate = 0.0
         self._lock = threading.Lock()
 
     def record(self, start: float, end: float, tokens: int, finished: int = 0) -> None:
@@ -51,8 +66,12 @@ class DrainMeter:
             self._steps.append((start, end, tokens, finished))
             self._tokens += tokens
             self._finished += finished
-            self._recent.append((end, max(end - start, 0.0)))
+            if tokens > 0 and end > start:  # a step of unknown length (stats.py) says nothing of its cost
+                band = self._bands.setdefault(tokens.bit_length(), deque(maxlen=STEPS_PER_BAND))
+                band.append((tokens, max(end - start, 0.0)))
             self._prune(end)
+        if finished:
+            self._busy_finish_rate = self.finish_rate() or self._busy_finish_rate
 
     def rate(self) -> float:
         """Tokens per second over the window; 0.0 when no step ended within it."""
@@ -73,13 +92,17 @@ class DrainMeter:
                 return 0.0, 0.0
             return self._tokens / span, self._finished / span
 
-    def step_time_s(self) -> float:
-        """Mean duration of the last RECENT_STEPS steps that ended within the window; 0.0 when none
-        did (an idle engine's next step is a small one, and its old steps say nothing about it)."""
-        horizon = self._clock() - self.window_s
+    def slot_rate(self) -> float:
+        """Requests finished per second: the window's, or the last rate measured while requests
+        were finishing (an idle engine frees slots as fast as it last did); 0.0 before any."""
+        return self.finish_rate() or self._busy_finish_rate
+
+    def step_cost(self) -> StepCost:
+        """A step's duration by its batched tokens, fitted on the kept steps (module docstring);
+        StepCost() (unmeasured) before the first step."""
         with self._lock:
-            recent = [duration for end, duration in self._recent if end >= horizon]
-        return sum(recent) / len(recent) if recent else 0.0
+            points = [point for band in self._bands.values() for point in band]
+        return fit_step_cost(points)
 
     def _prune(self, now: float) -> None:
         horizon = now - self.window_s
@@ -88,3 +111,24 @@ class DrainMeter:
             _, _, tokens, finished = steps.popleft()
             self._tokens -= tokens
             self._finished -= finished
+
+
+def fit_step_cost(points: list[tuple[int, float]]) -> StepCost:
+    """Least squares `duration = base + per_token * tokens` over (tokens, duration) points, both
+    coefficients kept non-negative; the mean duration as `base` when the tokens barely vary."""
+    if not points:
+        return StepCost()
+    n = len(points)
+    mean_t = sum(t for t, _ in points) / n
+    mean_d = sum(d for _, d in points) / n
+    spread = max(t for t, _ in points) - min(t for t, _ in points)
+    var_t = sum((t - mean_t) ** 2 for t, _ in points)
+    if spread < MIN_TOKEN_SPREAD or var_t <= 0:
+        return StepCost(base_s=mean_d)
+    per_token = sum((t - mean_t) * (d - mean_d) for t, d in points) / var_t
+    if per_token <= 0:  # noise swamped the token count: steps cost the same whatever their size
+        return StepCost(base_s=mean_d)
+    base = mean_d - per_token * mean_t
+    if base < 0:  # a line through the origin fits better than a negative fixed cost
+        return StepCost(per_token_s=sum(t * d for t, d in points) / sum(t * t for t, _ in points))
+    return StepCost(base_s=base, per_token_s=per_token)

@@ -273,10 +273,8 @@ class LLMEngine:
             "waiting_tokens": sched.waiting.num_tokens,
             "waiting_tokens_by_tier": sched.waiting.tokens_by_tier(),
             "waiting_requests_by_tier": sched.waiting.requests_by_tier(),
-            "drain_tokens_per_s": self.drain.rate(),
-            # What admission's time-to-first-token estimate needs (admission.py).
-            "finish_rate": self.drain.finish_rate(),
-            "step_time_s": self.drain.step_time_s(),
+            # What admission's time-to-first-token estimate needs (admission.py reads these and
+            # the drain meter through AsyncEngine._queue_state).
             "max_num_seqs": self.engine_config.max_num_seqs,
             "block_size": self.engine_config.block_size,
             "max_num_batched_tokens": self.engine_config.max_num_batched_tokens,

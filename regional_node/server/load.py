@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from protocol.first_token import StepCost
 from protocol.load import LoadReport, ModelEntry, ModelLoad
 from regional_node.server.checkpoint import checkpoint_hash
 from regional_node.server.config import ModelConfig, NodeConfig
@@ -75,6 +76,13 @@ def _model_load(config: ModelConfig, stats: Mapping[str, Any], max_model_len: in
         },
         queue_bound_tokens=config.queue_bounds(),
         drain_tokens_per_s=float(stats.get("drain_tokens_per_s", 0.0) or 0.0),
+        waiting_requests_by_tier={
+            str(tier): int(n) for tier, n in (stats.get("waiting_requests_by_tier") or {}).items()
+        },
+        max_num_seqs=stats.get("max_num_seqs"),
+        max_num_batched_tokens=_int(stats, "max_num_batched_tokens"),
+        step_cost=stats.get("step_cost") or StepCost(),
+        finish_rate=float(stats.get("finish_rate", 0.0) or 0.0),
         first_token_s_by_tier={
             str(tier): float(wait) for tier, wait in (stats.get("first_token_s_by_tier") or {}).items()
         },

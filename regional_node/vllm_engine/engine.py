@@ -117,7 +117,13 @@ class VllmEngine:
         self.totals = totals
         self.drain = drain
         self._active: set[str] = set()
+        # Per tier, from a request's arrival until vLLM's first output for it: its prompt tokens,
+        # and the requests.
         self._waiting: dict[str, int] = dict.fromkeys(PRIORITY_RANK, 0)
+        self._waiting_requests: dict[str, int] = dict.fromkeys(PRIORITY_RANK, 0)
+        scheduler = config.scheduler_config
+        self._max_num_seqs = int(scheduler.max_num_seqs)
+        self._max_num_batched_tokens = int(scheduler.max_num_batched_tokens)
         self._running = False
         self._arrivals = itertools.count()
 
@@ -198,6 +204,7 @@ class VllmEngine:
         admission.check(self.limits, self._queue_state(), priority, tokens)
         self._active.add(request_id)
         self._waiting[priority] += tokens
+        self._waiting_requests[priority] += 1
         waiting, done = True, False
         inputs: dict[str, Any] = {"prompt_token_ids": list(state.seq.token_ids)}
         if cache_salt:
@@ -208,6 +215,7 @@ class VllmEngine:
                 async for output in stream:
                     if waiting:
                         self._waiting[priority] -= tokens
+                        self._waiting_requests[priority] -= 1
                         waiting = False
                     delta = _delta(state, output)
                     done = delta.finished
@@ -222,6 +230,7 @@ class VllmEngine:
         finally:
             if waiting:
                 self._waiting[priority] -= tokens
+                self._waiting_requests[priority] -= 1
             self._active.discard(request_id)
             if not done:
                 with contextlib.suppress(Exception):
@@ -232,13 +241,22 @@ class VllmEngine:
         await self._llm.abort(request_id)
 
     def _queue_state(self) -> QueueState:
-        # vLLM's stats come per logging interval, not per step: there is no step time to go by,
-        # so the estimate is the waiting tokens over the drain rate (admission.py's fallback).
-        return QueueState(dict(self._waiting), drain_tokens_per_s=self.drain.rate())
+        # vLLM reports each engine iteration to the stat logger (stats.py), which fits the step
+        # cost; running is what is in flight here past its first output.
+        waiting = sum(self._waiting_requests.values())
+        return QueueState(
+            dict(self._waiting),
+            waiting_requests=dict(self._waiting_requests),
+            drain_tokens_per_s=self.drain.rate(),
+            step_cost=self.drain.step_cost(),
+            max_num_batched_tokens=self._max_num_batched_tokens,
+            max_num_seqs=self._max_num_seqs,
+            finish_rate=self.drain.slot_rate(),
+            running=max(len(self._active) - waiting, 0),
+        )
 
     def stats(self) -> dict[str, Any]:
         t = self.totals
-        drain = self.drain.rate()
         waiting = dict(self._waiting)
         query, hit = t.prefix_cache_query_tokens, t.prefix_cache_hit_tokens
         # vLLM sends its scheduler stats with each engine step's output, so they are as of the
@@ -255,23 +273,14 @@ class VllmEngine:
             "num_running": running,
             "num_waiting": min(t.num_waiting, in_flight - running),
             "waiting_tokens": sum(waiting.values()),
-            "waiting_tokens_by_tier": waiting,
-            "drain_tokens_per_s": drain,
             "num_preemptions": t.num_preemptions,
             "prefix_cache_query_tokens": query,
             "prefix_cache_hit_tokens": hit,
             "prefix_cache_hit_rate": hit / query if query else 0.0,
             "prompt_tokens_total": t.prompt_tokens_total,
             "generation_tokens_total": t.generation_tokens_total,
-            "queue_bound_tokens": dict(self.limits.max_waiting_tokens),
-            "queue_wait_s": admission.estimated_wait_s(
-                sum(waiting.values()), drain, self.limits.max_retry_after_s
-            ),
-            "first_token_s_by_tier": {
-                tier: admission.first_token_s(self._queue_state(), tier, 0, self.limits.max_retry_after_s)
-                for tier in waiting
-            },
             "block_size": self._block_size,
+            **admission.report(self._queue_state(), self.limits),
         }
 
 

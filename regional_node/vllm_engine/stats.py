@@ -62,7 +62,12 @@ def stat_logger_factory(totals: EngineTotals, drain: DrainMeter) -> Any:
                 if prompt + generated:
                     # vLLM reports once per engine iteration: a busy engine's iteration ran since
                     # the previous report; after an idle spell, the idle time is not its.
-                    drain.record(self._last if self._busy else now, now, prompt + generated)
+                    drain.record(
+                        self._last if self._busy else now,
+                        now,
+                        prompt + generated,
+                        len(iteration_stats.finished_requests),
+                    )
                 self._last = now
                 self._busy = totals.num_running + totals.num_waiting > 0
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from protocol.first_token import StepCost
 from regional_node.engine.admission import (
     QueueLimits,
     QueueState,
@@ -14,11 +15,12 @@ from regional_node.engine.admission import (
 )
 from regional_node.engine.admission import check as check_state
 from regional_node.engine.block_manager import BlockManager
-from regional_node.engine.drain import DrainMeter
+from regional_node.engine.drain import DrainMeter, fit_step_cost
 from regional_node.engine.errors import QueueFullError
 from regional_node.engine.scheduler import Scheduler
 from regional_node.engine.sequence import Sequence
 
+STEP_50MS = StepCost(base_s=0.05)
 LIMITS = QueueLimits(max_waiting_tokens={"interactive": 400, "batch": 1000}, max_retry_after_s=30)
 
 
@@ -92,56 +94,92 @@ def test_tokens_ahead_and_the_estimated_wait_follow_tier_priority() -> None:
 def test_the_time_to_first_token_is_the_step_in_progress_plus_the_prefill_steps_at_the_recent_step_time() -> (
     None
 ):
-    state = QueueState({"interactive": 0, "batch": 0}, step_s=0.05, step_tokens=256, free_slots=4, running=2)
+    state = QueueState(
+        {"interactive": 0, "batch": 0},
+        step_cost=STEP_50MS,
+        max_num_batched_tokens=256,
+        max_num_seqs=6,
+        running=2,
+    )
     # Nothing ahead: the step in progress, then one step with its prompt.
     assert first_token_s(state, "interactive", 40, 60) == pytest.approx(0.1)
     # 600 interactive tokens ahead plus its own 40: three prefill steps after the current one.
     ahead = QueueState(
-        {"interactive": 600, "batch": 10**6}, step_s=0.05, step_tokens=256, free_slots=4, running=2
+        {"interactive": 600, "batch": 10**6},
+        step_cost=STEP_50MS,
+        max_num_batched_tokens=256,
+        max_num_seqs=6,
+        running=2,
     )
     assert first_token_s(ahead, "interactive", 40, 60) == pytest.approx(0.2)
     # The same queue at twice the step time (a bigger batch): twice the wait, with nothing more waiting.
     slower = QueueState(
-        {"interactive": 600, "batch": 0}, step_s=0.1, step_tokens=256, free_slots=4, running=2
+        {"interactive": 600, "batch": 0},
+        step_cost=StepCost(base_s=0.1),
+        max_num_batched_tokens=256,
+        max_num_seqs=6,
+        running=2,
     )
     assert first_token_s(slower, "interactive", 40, 60) == pytest.approx(0.4)
-    # Idle (nothing running or waiting): 0, however slow the last steps were.
-    idle = QueueState({"interactive": 0, "batch": 0}, step_s=0.5, step_tokens=256, free_slots=4)
-    assert first_token_s(idle, "interactive", 40, 60) == 0.0
+    # Idle (nothing running or waiting): one step of its own prompt, no step in progress.
+    idle = QueueState(
+        {"interactive": 0, "batch": 0},
+        step_cost=StepCost(base_s=0.5),
+        max_num_batched_tokens=256,
+        max_num_seqs=4,
+    )
+    assert first_token_s(idle, "interactive", 40, 60) == pytest.approx(0.5)
 
 
 def test_without_a_free_slot_a_request_also_waits_for_running_ones_to_finish() -> None:
     base = {
         "waiting_tokens": {"interactive": 10, "batch": 10},
-        "step_s": 0.05,
-        "step_tokens": 256,
+        "step_cost": STEP_50MS,
+        "max_num_batched_tokens": 256,
         "running": 4,
     }
     # One interactive request waits and no slot is free: two must finish, at 4 per second.
-    full = QueueState(**base, waiting_requests={"interactive": 1, "batch": 1}, free_slots=0, finish_rate=4.0)
+    full = QueueState(
+        **base, waiting_requests={"interactive": 1, "batch": 1}, max_num_seqs=4, finish_rate=4.0
+    )
     assert first_token_s(full, "interactive", 10, 60) == pytest.approx(0.5 + 0.1)
     # A batch request also waits for the waiting batch request's slot.
     assert first_token_s(full, "batch", 10, 60) == pytest.approx(0.75 + 0.1)
     # Two free slots take the waiting interactive request and this one: no slot wait.
-    roomy = QueueState(**base, waiting_requests={"interactive": 1, "batch": 5}, free_slots=2, finish_rate=4.0)
+    roomy = QueueState(
+        **base, waiting_requests={"interactive": 1, "batch": 5}, max_num_seqs=6, finish_rate=4.0
+    )
     assert first_token_s(roomy, "interactive", 10, 60) == pytest.approx(0.1)
     # Slots full and nothing finished lately: unknown.
-    stuck = QueueState(**base, waiting_requests={}, free_slots=0)
+    stuck = QueueState(**base, waiting_requests={}, max_num_seqs=4)
     assert first_token_s(stuck, "interactive", 10, 60) == pytest.approx(60 + 0.1)
 
 
 def test_a_wait_limit_refuses_on_the_step_time_estimate_even_with_an_empty_queue() -> None:
     limits = QueueLimits(max_wait_s={"interactive": 0.15}, max_retry_after_s=30)
-    quick = QueueState({"interactive": 0, "batch": 0}, step_s=0.05, step_tokens=256, free_slots=8, running=1)
+    quick = QueueState(
+        {"interactive": 0, "batch": 0},
+        step_cost=STEP_50MS,
+        max_num_batched_tokens=256,
+        max_num_seqs=9,
+        running=1,
+    )
     check_state(limits, quick, "interactive", 40)  # 0.1 s
-    busy = QueueState({"interactive": 0, "batch": 0}, step_s=0.1, step_tokens=256, free_slots=8, running=1)
+    busy = QueueState(
+        {"interactive": 0, "batch": 0},
+        step_cost=StepCost(base_s=0.1),
+        max_num_batched_tokens=256,
+        max_num_seqs=9,
+        running=1,
+    )
     with pytest.raises(QueueFullError) as caught:
         check_state(limits, busy, "interactive", 40)  # 0.2 s: the batch has grown
     assert (caught.value.reason, caught.value.retry_after_s) == ("queue_wait", 1)
     # Full slots with no finish measured are unknown, not long: admitted on the steps alone.
-    check_state(
-        limits, QueueState({"interactive": 0}, step_s=0.05, step_tokens=256, free_slots=0), "interactive", 4
+    full = QueueState(
+        {"interactive": 0}, step_cost=STEP_50MS, max_num_batched_tokens=256, max_num_seqs=1, running=1
     )
+    check_state(limits, full, "interactive", 4)  # 0.1 s
     # Batch has no wait limit here.
     check_state(limits, busy, "batch", 40)
 
@@ -168,20 +206,39 @@ def test_the_drain_rate_is_tokens_over_the_recent_window_and_falls_to_zero_when_
     assert meter.rate() == 0.0
 
 
-def test_the_step_time_follows_the_latest_steps_and_the_finish_rate_the_window() -> None:
+def test_the_step_cost_is_fitted_on_steps_of_every_size_and_outlasts_idle_spells() -> None:
     clock = Clock()
     meter = DrainMeter(window_s=5.0, clock=clock)
-    assert (meter.step_time_s(), meter.finish_rate()) == (0.0, 0.0)
-    for _ in range(20):  # 20 quick steps, then 8 slow ones: the step time is the slow ones'
-        meter.record(clock.now, clock.now + 0.01, 10, finished=1)
-        clock.now += 0.01
-    for _ in range(8):
-        meter.record(clock.now, clock.now + 0.1, 10)
-        clock.now += 0.1
-    assert meter.step_time_s() == pytest.approx(0.1)
-    assert meter.finish_rate() == pytest.approx(20 / 1.0)
-    clock.now += 6.0  # idle past the window: nothing recent to go by
-    assert (meter.step_time_s(), meter.finish_rate()) == (0.0, 0.0)
+    assert not meter.step_cost().measured and (meter.finish_rate(), meter.slot_rate()) == (0.0, 0.0)
+    # Prefill steps of 64..512 tokens and decode steps of 1..8, each 10 ms + 0.1 ms a token.
+    for tokens in (512, 3, 256, 8, 64, 1, 128, 5):
+        duration = 0.010 + 0.0001 * tokens
+        meter.record(clock.now, clock.now + duration, tokens, finished=1)
+        clock.now += duration
+    cost = meter.step_cost()
+    assert (cost.base_s, cost.per_token_s) == (pytest.approx(0.010), pytest.approx(0.0001))
+    finish_rate = meter.finish_rate()
+    assert finish_rate > 0 and meter.slot_rate() == finish_rate
+    # A long decode-only spell keeps only a few steps of its size: the prefill sizes stay known.
+    for _ in range(1000):
+        meter.record(clock.now, clock.now + 0.0104, 4)
+        clock.now += 0.0104
+    assert meter.step_cost().step_s(512) == pytest.approx(0.0612, rel=0.05)
+    # Idle past the window: the throughput and the window's finish rate are gone, but what a step
+    # costs and how fast slots freed while busy are not.
+    clock.now += 60.0
+    assert (meter.rate(), meter.finish_rate()) == (0.0, 0.0)
+    assert meter.step_cost().step_s(512) == pytest.approx(0.0612, rel=0.05)
+    assert meter.slot_rate() == pytest.approx(finish_rate, rel=0.1)  # as of the last finish
+
+
+def test_the_step_cost_fit_never_goes_negative_and_needs_a_spread_of_sizes() -> None:
+    assert fit_step_cost([(4, 0.02), (5, 0.03), (6, 0.01)]) == StepCost(base_s=pytest.approx(0.02))
+    # Bigger steps measured faster (noise): no per-token cost, the mean step.
+    assert fit_step_cost([(1, 0.05), (500, 0.01)]) == StepCost(base_s=pytest.approx(0.03))
+    # A line through the origin where the intercept would be negative.
+    fitted = fit_step_cost([(10, 0.001), (100, 0.1)])
+    assert fitted.base_s == 0 and fitted.per_token_s > 0
 
 
 def test_after_an_idle_spell_the_rate_starts_from_the_first_new_step() -> None:

@@ -1,7 +1,7 @@
 """The admission controller (gateway/admission), on injected load snapshots and an injected clock.
 
-Load is stated as waiting tokens on nodes that report no drain rate, so the fallback rate of
-1000 tokens/s applies: 3000 waiting tokens are a 3 s estimate against the 1 s interactive target.
+Load is stated as waiting tokens on nodes whose steps cost 1 ms a token (and nothing else) and take
+any number of tokens: 3000 waiting tokens are a 3 s estimate against the 1 s interactive target.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import pytest
 from gateway.admission import AdmissionController, Admitted, Overloaded
 from gateway.config import AdmissionConfig
 from gateway.metrics import GatewayMetrics
+from protocol.first_token import StepCost
 from router.types import (
     CatalogModel,
     FleetSnapshot,
@@ -56,11 +57,21 @@ class Fleet:
 
     def __init__(self) -> None:
         self.waiting: dict[tuple[str, str], int] = {(LARGE.name, "eu-west"): 0, (SMALL.name, "eu-west"): 0}
+        self.cost = StepCost(per_token_s=0.001)
+        self.budget = 0  # max_num_batched_tokens; 0: a step takes every waiting token
+        self.max_num_seqs: int | None = None
 
     def __call__(self) -> FleetSnapshot:
         nodes = []
         for (model, region), waiting in self.waiting.items():
-            load = NodeLoad(waiting_tokens=waiting, models={model: ModelQueue(waiting_tokens=waiting)})
+            queue = ModelQueue(
+                waiting_tokens=waiting,
+                waiting_requests_by_tier={"interactive": 1 if waiting else 0},
+                step_cost=self.cost,
+                max_num_batched_tokens=self.budget,
+                max_num_seqs=self.max_num_seqs,
+            )
+            load = NodeLoad(waiting_tokens=waiting, models={model: queue})
             jurisdiction = "eu" if region.startswith("eu") else "us"
             nodes.append(
                 NodeInfo(f"{model}@{region}", "http://x", region, jurisdiction, frozenset({model}), load=load)
@@ -109,7 +120,7 @@ async def queued(
 
 async def test_admitted_while_the_estimate_is_within_the_target() -> None:
     s = setup()
-    s.fleet.waiting[(LARGE.name, "eu-west")] = 1000  # 1 s: at the target
+    s.fleet.waiting[(LARGE.name, "eu-west")] = 990  # with its own 10 tokens, 1 s: at the target
 
     admitted = await s.controller.admit(tenant("a"), LARGE, 10)
 
@@ -163,14 +174,14 @@ async def test_past_the_deadline_a_waiter_is_refused_with_retry_after() -> None:
     with pytest.raises(Overloaded) as refused:
         await task
     assert refused.value.reason == "deadline"
-    assert refused.value.retry_after_s == 3  # ceil(3.5 s - 1 s target)
+    assert refused.value.retry_after_s == 3  # ceil(3.501 s - 1 s target)
     assert s.metric("meridian_gateway_shed_total", tenant="a", tier="interactive", reason="deadline") == 1
     assert s.waiting() == 0
 
 
 async def test_a_full_queue_refuses_at_once() -> None:
     s = setup(interactive={"target_ttft_s": 1.0, "queue_deadline_s": 2.0, "max_queue": 1})
-    s.fleet.waiting[(LARGE.name, "eu-west")] = 3000
+    s.fleet.waiting[(LARGE.name, "eu-west")] = 2900
     first = await queued(s, tenant("a"))
 
     with pytest.raises(Overloaded) as refused:
@@ -194,10 +205,10 @@ async def test_a_tier_that_does_not_queue_refuses_at_once() -> None:
 async def test_tenants_take_turns_in_the_queue() -> None:
     s = setup()
     s.fleet.waiting[(LARGE.name, "eu-west")] = 3000
-    greedy = [await queued(s, tenant("greedy"), tokens=600) for _ in range(3)]
-    modest = await queued(s, tenant("modest"), tokens=600)
+    greedy = [await queued(s, tenant("greedy"), tokens=400) for _ in range(3)]
+    modest = await queued(s, tenant("modest"), tokens=400)
 
-    # Idle again: room for two 600-token prompts under the 1 s target (pending tokens count).
+    # Idle again: room for two 400-token prompts under the 1 s target (pending tokens count).
     s.fleet.waiting[(LARGE.name, "eu-west")] = 0
     s.controller.pump()
     for _ in range(5):
@@ -213,8 +224,8 @@ async def test_admitted_tokens_count_until_the_first_token_then_free_the_queue()
     s = setup()
     first = await s.controller.admit(tenant("a"), LARGE, 1500)
 
-    second = await queued(s, tenant("b"), tokens=10)  # 1500 pending tokens: 1.5 s
-    first.ticket.release()
+    second = await queued(s, tenant("b"), tokens=10)  # 1500 pending tokens: 1.51 s
+    first.ticket.started()
 
     assert (await second).model == LARGE
 
@@ -297,4 +308,41 @@ async def test_the_pool_estimate_is_exported_per_model() -> None:
     s = setup()
     s.fleet.waiting[(LARGE.name, "eu-west")] = 2500
 
-    assert s.metric("meridian_gateway_pool_queue_wait_seconds", model=LARGE.name, tier="interactive") == 2.5
+    assert s.metric("meridian_gateway_pool_queue_wait_seconds", model=LARGE.name, tier="interactive") == (
+        pytest.approx(2.501)
+    )
+
+
+async def test_a_burst_of_up_to_max_num_seqs_to_an_idle_pool_is_admitted_whole() -> None:
+    # A CPU node: 20 ms a step plus 0.2 ms a batched token, 16 slots, 512 tokens a step, idle.
+    # Sixteen short prompts arrive at once: the node prefills them in two steps (about 250 ms),
+    # within a 500 ms target, so none may wait or be refused. (Charged at a fixed 1,000 tokens a
+    # second, as before, they were 0.96 s of work: most of the burst was refused.)
+    s = setup(interactive={"target_ttft_s": 0.5, "queue_deadline_s": 0, "max_queue": 8})
+    s.fleet.cost, s.fleet.budget, s.fleet.max_num_seqs = StepCost(base_s=0.02, per_token_s=0.0002), 512, 16
+
+    burst = await asyncio.gather(*(s.controller.admit(tenant(f"t{i % 3}"), LARGE, 60) for i in range(16)))
+
+    assert len(burst) == 16 and all(a.model == LARGE for a in burst)
+    # The seventeenth waits for a slot: with no finish rate measured, unknown is not long either.
+    assert (await s.controller.admit(tenant("t0"), LARGE, 60)).model == LARGE
+
+
+async def test_each_first_token_records_how_far_it_was_from_the_estimate() -> None:
+    s = setup()
+    s.fleet.waiting[(LARGE.name, "eu-west")] = 490  # with its own 10 tokens: a 0.5 s estimate
+
+    admitted = await s.controller.admit(tenant("a"), LARGE, 10)
+    s.clock.now += 0.8  # the first token came 0.8 s after admission: 0.3 s later than estimated
+    admitted.ticket.started()
+    admitted.ticket.started()  # once only
+
+    labels = {"model": LARGE.name, "tier": "interactive"}
+    assert s.metric("meridian_gateway_admission_estimate_error_seconds_count", **labels) == 1
+    # Signed buckets (Prometheus keeps no _sum for them): the 0.3 s error lies in (0.25, 0.5].
+    bucket = "meridian_gateway_admission_estimate_error_seconds_bucket"
+    assert (s.metric(bucket, le="0.25", **labels), s.metric(bucket, le="0.5", **labels)) == (0, 1)
+    # A request that ends without a first token records nothing.
+    other = await s.controller.admit(tenant("a"), LARGE, 10)
+    other.ticket.release()
+    assert s.metric("meridian_gateway_admission_estimate_error_seconds_count", **labels) == 1

@@ -1,13 +1,30 @@
-"""The pool's queueing-delay estimate (router/overload.py) and routing a degraded request."""
+"""The pool's time-to-first-token estimate (router/overload.py) and routing a degraded request."""
 
 from __future__ import annotations
 
 import math
 
-from router import FleetSnapshot, ModelQueue, NodeInfo, NodeLoad, RouteRequest, pool_wait, route
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from protocol.first_token import EngineQueue, StepCost, first_token_s
+from regional_node.engine.admission import QueueState
+from regional_node.engine.admission import first_token_s as node_first_token_s
+from router import (
+    FleetSnapshot,
+    ModelQueue,
+    NodeInfo,
+    NodeLoad,
+    PendingRequest,
+    RouteRequest,
+    pool_wait,
+    route,
+)
 from tests.router.builders import JURISDICTION_OF, LARGE, SMALL, fleet, tenant
 
-FALLBACK = 1000.0
+# A CPU engine: 10 ms a step plus 0.1 ms a batched token; 8 slots, 256 tokens a step.
+COST = StepCost(base_s=0.010, per_token_s=0.0001)
 
 
 def queued(
@@ -17,17 +34,28 @@ def queued(
     model: str = LARGE,
     waiting: int = 0,
     by_tier: dict[str, int] | None = None,
+    requests: dict[str, int] | None = None,
     bound: dict[str, int] | None = None,
-    drain: float = 0.0,
+    running: int = 0,
+    max_num_seqs: int | None = 8,
+    budget: int = 256,
+    cost: StepCost = COST,
+    finish_rate: float = 0.0,
     first_token: dict[str, float] | None = None,
+    asked_at: float = 0.0,
     healthy: bool = True,
 ) -> NodeInfo:
     queue = ModelQueue(
         waiting_tokens=waiting,
         waiting_tokens_by_tier=by_tier or {},
         queue_bound_tokens=bound or {},
-        drain_tokens_per_s=drain,
         first_token_s_by_tier=first_token or {},
+        waiting_requests_by_tier=requests or {},
+        num_running=running,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        step_cost=cost,
+        finish_rate=finish_rate,
     )
     return NodeInfo(
         node_id=node_id,
@@ -36,89 +64,200 @@ def queued(
         jurisdiction=JURISDICTION_OF[region],
         models=frozenset({model}),
         healthy=healthy,
-        load=NodeLoad(waiting_tokens=waiting, models={model: queue}),
+        load=NodeLoad(waiting_tokens=waiting, num_running=running, models={model: queue}, asked_at=asked_at),
     )
 
 
-def wait(
-    snapshot: FleetSnapshot, tier: str = "interactive", *, pending: int = 0, **policy: object
-) -> float | None:
-    estimate = pool_wait(
+def burst(n: int, tokens: int = 30, tier: str = "interactive", at: float = 1.0) -> list[PendingRequest]:
+    return [PendingRequest(tokens, tier, at) for _ in range(n)]  # type: ignore[arg-type]
+
+
+def estimate(
+    snapshot: FleetSnapshot,
+    tier: str = "interactive",
+    *,
+    tokens: int = 30,
+    pending: list[PendingRequest] | None = None,
+    **policy: object,
+):
+    return pool_wait(
         snapshot,
         model=LARGE,
         residency=tenant(**policy).residency,  # type: ignore[arg-type]
         tier=tier,  # type: ignore[arg-type]
-        fallback_drain_tokens_per_s=FALLBACK,
-        pending_tokens=pending,
+        prompt_tokens=tokens,
+        pending=pending or [],
     )
-    return None if estimate is None else estimate.wait_s
 
 
-def test_wait_is_queued_tokens_over_the_measured_drain_rate() -> None:
-    assert wait(fleet(queued("a", waiting=3000, drain=1500.0))) == 2.0
+def wait(snapshot: FleetSnapshot, tier: str = "interactive", **kwargs: object) -> float | None:
+    found = estimate(snapshot, tier, **kwargs)  # type: ignore[arg-type]
+    return None if found is None else found.wait_s
 
 
-def test_a_nodes_own_time_to_first_token_estimate_wins_over_its_queue() -> None:
-    # Nothing waits, but the node's steps have slowed (a CPU node filling up): its estimate counts.
-    busy = queued("a", drain=1500.0, first_token={"interactive": 0.4, "batch": 0.9})
-    assert wait(fleet(busy), "interactive") == 0.4
-    assert wait(fleet(busy), "batch") == 0.9
-    # The best node of the pool, as ever; a tier the node does not estimate falls back to its queue.
-    assert wait(fleet(busy, queued("b", waiting=300, drain=1500.0))) == 0.2
-    assert wait(fleet(queued("c", waiting=3000, drain=1500.0, first_token={"batch": 5.0}))) == 2.0
-    # A queue at its bound still refuses whatever the node estimates.
-    full = queued(
-        "d", by_tier={"interactive": 800}, bound={"interactive": 800}, first_token={"interactive": 0.1}
+def test_an_idle_node_starts_a_request_with_one_step_of_its_prompt() -> None:
+    found = estimate(fleet(queued("a")), tokens=30)
+    assert found is not None and found.idle
+    assert found.wait_s == pytest.approx(COST.step_s(30))
+
+
+def test_a_burst_up_to_the_free_slots_is_one_batched_prefill_step_not_a_token_at_a_time() -> None:
+    # Seven short prompts admitted since the idle node's report, and this one: the node may be in
+    # a step with the first, then batches the rest (240 tokens) into one step. (The old estimate
+    # divided the pending tokens by a 1,000 tok/s fallback rate: 0.24 s, shedding most of such a
+    # burst at make up's 50 ms target.)
+    found = estimate(fleet(queued("a")), pending=burst(7))
+    assert found is not None and not found.idle
+    assert found.wait_s == pytest.approx(COST.step_s(0) + COST.step_s(8 * 30))
+
+
+def test_prompts_beyond_one_step_take_more_steps_beside_the_running_decodes() -> None:
+    # 4 running sequences take 4 of the 256 tokens of every step; 600 waiting + 30 own prompt
+    # tokens take three steps of 252, after the step in progress.
+    node = queued("a", by_tier={"interactive": 600}, requests={"interactive": 3}, running=4)
+    expected = COST.step_s(4) + 3 * COST.step_s(4) + COST.per_token_s * 630
+    assert wait(fleet(node)) == pytest.approx(expected)
+
+
+def test_without_a_free_slot_a_request_waits_for_running_ones_to_finish() -> None:
+    node = queued("a", running=8, finish_rate=4.0)
+    # One must finish (at 4 a second), then the step in progress and its own prefill step.
+    assert wait(fleet(node)) == pytest.approx(0.25 + 2 * COST.step_s(8) + COST.per_token_s * 30)
+    # No finish rate measured yet: unknown, not long (the node's own bounds judge).
+    assert wait(fleet(queued("b", running=8))) == pytest.approx(2 * COST.step_s(8) + COST.per_token_s * 30)
+
+
+def test_interactive_waits_only_behind_interactive_work_batch_behind_all() -> None:
+    node = queued(
+        "a",
+        waiting=1000,
+        by_tier={"interactive": 100, "batch": 900},
+        requests={"interactive": 1, "batch": 9},
+        max_num_seqs=None,
     )
-    assert wait(fleet(full)) == math.inf
-
-
-def test_an_unmeasured_drain_rate_uses_the_fallback() -> None:
-    assert wait(fleet(queued("a", waiting=3000))) == 3.0
-
-
-def test_the_best_node_of_the_pool_decides() -> None:
-    assert wait(fleet(queued("busy", waiting=9000), queued("calm", waiting=500))) == 0.5
-
-
-def test_interactive_waits_only_behind_interactive_tokens_batch_behind_all() -> None:
-    snapshot = fleet(queued("a", waiting=5000, by_tier={"interactive": 1000, "batch": 4000}))
-
-    assert wait(snapshot, "interactive") == 1.0
-    assert wait(snapshot, "batch") == 5.0
+    interactive, batch = wait(fleet(node), "interactive"), wait(fleet(node), "batch")
+    assert interactive == pytest.approx(COST.step_s(0) + COST.step_s(0) + COST.per_token_s * 130)
+    assert batch == pytest.approx(COST.step_s(0) + 5 * COST.step_s(0) + COST.per_token_s * 1030)
+    # Pending batch requests are not ahead of an interactive one either.
+    assert wait(fleet(node), "interactive", pending=burst(5, 200, "batch")) == interactive
 
 
 def test_a_queue_at_its_bound_is_an_infinite_wait() -> None:
-    snapshot = fleet(queued("a", waiting=800, by_tier={"interactive": 800}, bound={"interactive": 800}))
+    node = queued("a", waiting=800, by_tier={"interactive": 800}, bound={"interactive": 800})
+    assert wait(fleet(node)) == math.inf
+    assert wait(fleet(node), "batch") < 1.0
 
-    assert wait(snapshot) == math.inf
-    assert wait(snapshot, "batch") == 0.8
+
+def test_pending_requests_admitted_before_the_report_was_asked_for_are_in_it_already() -> None:
+    node = queued("a", by_tier={"interactive": 240}, requests={"interactive": 8}, asked_at=5.0)
+    reported = wait(fleet(node))
+    assert wait(fleet(node), pending=burst(8, at=4.0)) == reported
+    assert wait(fleet(node), pending=burst(8, at=6.0)) > reported
 
 
-def test_pending_tokens_raise_the_estimate_over_the_pools_drain_rate() -> None:
-    snapshot = fleet(queued("a", drain=500.0), queued("b", drain=1500.0))
+def test_pending_requests_go_where_they_start_soonest_then_the_new_one_does() -> None:
+    # Two idle nodes: of two pending requests each takes one, so the third starts beside one.
+    two = fleet(queued("a"), queued("b"))
+    assert wait(two, pending=burst(2)) == pytest.approx(COST.step_s(0) + COST.step_s(60))
+    # One node with its 8 slots busy (one frees a second), one free: the free one takes them all.
+    assert wait(
+        fleet(queued("full", running=8, finish_rate=1.0), queued("free")), pending=burst(3)
+    ) == pytest.approx(COST.step_s(0) + COST.step_s(120))
 
-    assert wait(snapshot, pending=4000) == 2.0
-    # The nodes' own reports may already hold the pending tokens: the larger view wins, not the sum.
-    assert wait(fleet(queued("a", waiting=6000, drain=2000.0)), pending=4000) == 3.0
+
+def test_a_node_that_reports_no_step_cost_is_estimated_by_its_own_report() -> None:
+    node = queued("a", cost=StepCost(), first_token={"interactive": 0.4, "batch": 0.9})
+    assert wait(fleet(node), "interactive") == 0.4
+    assert wait(fleet(node), "batch") == 0.9
 
 
 def test_the_pool_is_only_nodes_inside_the_residency() -> None:
-    snapshot = fleet(queued("eu", "eu-west", waiting=9000), queued("us", "us-east"))
+    busy = queued("eu", "eu-west", by_tier={"interactive": 9000}, requests={"interactive": 5})
+    snapshot = fleet(busy, queued("us", "us-east"))
 
-    assert wait(snapshot) == 0.0
-    assert wait(snapshot, jurisdictions=("eu",)) == 9.0
+    assert wait(snapshot) == pytest.approx(COST.step_s(30))
+    assert wait(snapshot, jurisdictions=("eu",)) > 1.0
     assert wait(fleet(queued("us", "us-east")), jurisdictions=("eu",)) is None
 
 
 def test_unhealthy_nodes_and_nodes_of_other_models_are_not_in_the_pool() -> None:
-    snapshot = fleet(queued("down", healthy=False), queued("small", model=SMALL), queued("up", waiting=2000))
-
-    assert wait(snapshot) == 2.0
+    waiting = {"interactive": 2000}
+    snapshot = fleet(
+        queued("down", healthy=False), queued("small", model=SMALL), queued("up", by_tier=waiting)
+    )
+    assert wait(snapshot) == wait(fleet(queued("up", by_tier=waiting)))
 
 
 def test_a_node_without_a_report_for_the_model_counts_as_idle() -> None:
-    assert wait(fleet(NodeInfo("a", "http://a", "eu-west", "eu", frozenset({LARGE})))) == 0.0
+    found = estimate(fleet(NodeInfo("a", "http://a", "eu-west", "eu", frozenset({LARGE}))))
+    assert found is not None and found.idle and found.wait_s == 0.0
+
+
+queues = st.builds(
+    EngineQueue,
+    waiting_requests=st.integers(0, 64),
+    waiting_tokens=st.integers(0, 20_000),
+    running=st.integers(0, 64),
+    max_num_seqs=st.one_of(st.none(), st.integers(1, 64)),
+    max_num_batched_tokens=st.integers(0, 4096),
+    step_cost=st.builds(StepCost, base_s=st.floats(0, 0.5), per_token_s=st.floats(0, 0.01)),
+    finish_rate=st.one_of(st.just(0.0), st.floats(0.01, 100)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(queue=queues, prompt=st.integers(0, 8000), extra=st.integers(1, 4000))
+def test_more_work_ahead_never_shortens_the_estimate(queue: EngineQueue, prompt: int, extra: int) -> None:
+    base = first_token_s(queue, prompt, unknown_s=0.0)
+    assert base >= 0 and math.isfinite(base)
+    more_tokens = EngineQueue(**{**queue.__dict__, "waiting_tokens": queue.waiting_tokens + extra})
+    more_requests = EngineQueue(**{**queue.__dict__, "waiting_requests": queue.waiting_requests + 1})
+    assert first_token_s(more_tokens, prompt, unknown_s=0.0) >= base - 1e-12
+    assert first_token_s(more_requests, prompt, unknown_s=0.0) >= base - 1e-12
+    assert first_token_s(queue, prompt + extra, unknown_s=0.0) >= base - 1e-12
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    interactive=st.tuples(st.integers(0, 20), st.integers(0, 5000)),
+    batch=st.tuples(st.integers(0, 20), st.integers(0, 5000)),
+    running=st.integers(0, 16),
+    finish_rate=st.floats(0.1, 50),
+    prompt=st.integers(1, 2000),
+    tier=st.sampled_from(["interactive", "batch"]),
+)
+def test_the_gateway_estimates_a_node_exactly_as_the_node_estimates_itself(
+    interactive: tuple[int, int],
+    batch: tuple[int, int],
+    running: int,
+    finish_rate: float,
+    prompt: int,
+    tier: str,
+) -> None:
+    # One mechanism: with nothing pending, the gateway's estimate from a node's /load report is the
+    # node's own admission estimate for the same queue.
+    (ir, it), (br, bt) = interactive, batch
+    state = QueueState(
+        {"interactive": it, "batch": bt},
+        waiting_requests={"interactive": ir, "batch": br},
+        step_cost=COST,
+        max_num_batched_tokens=256,
+        max_num_seqs=16,
+        finish_rate=finish_rate,
+        running=running,
+    )
+    node = queued(
+        "a",
+        waiting=it + bt,
+        by_tier={"interactive": it, "batch": bt},
+        requests={"interactive": ir, "batch": br},
+        running=running,
+        max_num_seqs=16,
+        finish_rate=finish_rate,
+    )
+    assert wait(fleet(node), tier, tokens=prompt) == pytest.approx(
+        node_first_token_s(state, tier, prompt, unknown_s=0.0)
+    )
 
 
 def test_a_degraded_request_is_routed_to_the_small_tier_marked_degraded() -> None:

@@ -1,0 +1,80 @@
+"""How long a new request waits for its first token on one engine: the model both sides share.
+
+The node admits by it (regional_node/engine/admission.py) and reports its inputs in `/load`; the
+gateway's admission (router/overload.py) runs it again with the requests it has admitted since
+the node's last report put in front, so both estimate one way. It follows how the engine (ours,
+and vLLM's V1 scheduler alike) runs a request:
+
+- a sequence slot: at most `max_num_seqs` sequences run. Those running and those queued ahead
+  take the free slots first; a request that finds none waits for running ones to finish, at the
+  rate they free slots (`finish_rate`, measured while busy);
+- prefill steps: each step batches at most `max_num_batched_tokens` tokens, one decode token per
+  running sequence first, then prompt tokens in arrival (priority) order. The request's first
+  token comes with the step that finishes its prompt, after the prompts ahead of it. A burst of
+  short prompts is one step, not one step per prompt;
+- a step's duration follows its batched tokens: `StepCost`, `base_s + per_token_s * tokens`,
+  fitted by the node on its recent steps (drain.py). It is the cost of a batch shape, so it
+  holds after an idle spell, when a throughput averaged over a window has nothing to go by.
+
+Pure arithmetic over numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import msgspec
+
+
+class StepCost(msgspec.Struct, frozen=True, kw_only=True):
+    """One engine step's duration for `tokens` batched tokens: `base_s + per_token_s * tokens`.
+    Both 0: not measured yet (an engine that has not stepped)."""
+
+    base_s: float = 0.0
+    per_token_s: float = 0.0
+
+    @property
+    def measured(self) -> bool:
+        return self.base_s > 0 or self.per_token_s > 0
+
+    def step_s(self, tokens: int) -> float:
+        return self.base_s + self.per_token_s * max(tokens, 0)
+
+
+@dataclass(frozen=True)
+class EngineQueue:
+    """What is ahead of a new request on one engine, and how the engine runs it."""
+
+    waiting_requests: int  # queued ahead of it (its own tier and higher), not yet running
+    waiting_tokens: int  # their prompt tokens still to prefill
+    running: int  # sequences running (each decodes one token per step)
+    max_num_seqs: int | None  # None: no slot limit known
+    max_num_batched_tokens: int  # 0: unknown (then one step takes every prompt)
+    step_cost: StepCost
+    finish_rate: float = 0.0  # requests finished per second while busy; 0: not measured
+
+
+def first_token_s(queue: EngineQueue, prompt_tokens: int, *, unknown_s: float) -> float:
+    """Estimated seconds from now to the first token of a new request of `prompt_tokens` tokens
+    (module docstring). `unknown_s` stands for a wait nothing measured can bound (no slot free and
+    no finish rate yet): 0 to treat it as no wait (admit, let the engine's own bounds judge), a
+    large number to treat it as long."""
+    slot_s = 0.0
+    if queue.max_num_seqs is not None:
+        short = queue.running + queue.waiting_requests + 1 - queue.max_num_seqs
+        if short > 0:
+            slot_s = short / queue.finish_rate if queue.finish_rate > 0 else unknown_s
+    cost = queue.step_cost
+    if not cost.measured:
+        return slot_s
+    prefill = max(queue.waiting_tokens, 0) + max(prompt_tokens, 1)
+    budget = queue.max_num_batched_tokens if queue.max_num_batched_tokens > 0 else prefill
+    decode = min(max(queue.running, 0), budget - 1)
+    steps = math.ceil(prefill / (budget - decode))
+    # The step in progress (a busy engine is mid-step when the request arrives; its prompt tokens,
+    # if any, are still counted as waiting), then the steps that prefill the prompts ahead and
+    # this one, each with the running sequences' decode tokens.
+    busy = queue.running > 0 or queue.waiting_requests > 0
+    in_progress = cost.step_s(decode) if busy else 0.0
+    return slot_s + in_progress + steps * cost.step_s(decode) + cost.per_token_s * prefill
