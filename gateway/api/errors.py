@@ -46,7 +46,9 @@ def to_api_error(exc: BaseException, *, request_id: str = "-") -> APIError:
     if isinstance(exc, Overloaded):
         return RateLimitError(exc.message, code="overloaded", headers={"retry-after": str(exc.retry_after_s)})
     if isinstance(exc, NoRouteError):
-        return ServiceUnavailableError(exc.message, code="no_region_available")
+        # Most often every node inside the residency is briefly out (ejected for 1 s at first, or
+        # a missed probe, re-probed each second): a client should come back soon, not give up.
+        return ServiceUnavailableError(exc.message, code="no_region_available", headers={"retry-after": "1"})
     if isinstance(exc, UpstreamsExhausted):
         return _exhausted(exc)
     if isinstance(exc, UpstreamRejected):

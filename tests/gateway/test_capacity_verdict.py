@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from gateway.api.errors import to_api_error
 from gateway.health.breaker import Outcome
+from gateway.request.errors import NoRouteError
 from gateway.upstreams.base import UpstreamError
 from gateway.upstreams.errors import UpstreamsExhausted
 from gateway.upstreams.failover import verdict
@@ -48,3 +49,14 @@ def test_every_target_overloaded_ends_in_429_with_the_soonest_retry_after() -> N
     assert error.status_code == 429 and error.headers["retry-after"] == "4"
     mixed = UpstreamsExhausted("m", [*failures, (_target("n3"), UpstreamError("down", status_code=502))])
     assert not mixed.all_at_capacity() and to_api_error(mixed).status_code == 503
+
+
+def test_no_route_is_a_503_that_says_when_to_come_back() -> None:
+    # Every node of the residency briefly out (ejected, or a missed probe): the spike drill's
+    # clients must be told to retry, like every other refusal.
+    error = to_api_error(NoRouteError("m", "no healthy node serving 'm' in jurisdictions eu"))
+    assert (error.status_code, error.code, error.headers) == (
+        503,
+        "no_region_available",
+        {"retry-after": "1"},
+    )
