@@ -174,7 +174,8 @@ class GatewayMetrics:
         )
         self.auto_escalation_rate = Gauge(
             "meridian_gateway_auto_escalation_rate",
-            "The share of a tenant's recent `auto` requests (the thrash guard's window) that escalated.",
+            "The escalation rate the classifier weighs for a tenant's `auto` requests: the time-decayed "
+            "share of its judged requests that escalated (auto.escalation_rate); 0 below min_judged.",
             ["tenant", "family"],
             registry=r,
         )
