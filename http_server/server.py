@@ -17,7 +17,7 @@ import msgspec
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from http_server.limits import ServerLimits
+from http_server.limits import LAST_LOOK_S, ServerLimits
 from protocol.errors import APIError, RequestTimeoutError, ServiceUnavailableError, error_for_status
 
 logger = logging.getLogger("meridian.http")
@@ -59,6 +59,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._head_timer: asyncio.TimerHandle | None = None
+        self._head_last_look = False
         self._head_bytes = 0
         self._refused = False
 
@@ -125,8 +126,10 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if self._head_bytes > self.limits.max_header_bytes:
             raise _HeadersTooLarge()  # the parser stops; uvicorn then calls send_400_response
 
-    def _start_head_timer(self) -> None:
-        self._head_timer = self.loop.call_later(self.limits.header_timeout_s, self._head_timed_out)
+    def _start_head_timer(self, delay: float | None = None) -> None:
+        self._head_last_look = delay is not None
+        delay = self.limits.header_timeout_s if delay is None else delay
+        self._head_timer = self.loop.call_later(delay, self._head_timed_out)
 
     def _stop_head_timer(self) -> None:
         if self._head_timer is not None:
@@ -136,6 +139,11 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def _head_timed_out(self) -> None:
         self._head_timer = None
         if self.transport.is_closing():
+            return
+        if not self._head_last_look:
+            # A busy or starved process may not have read what the client sent in time: the
+            # verdict waits for one more read of the socket (completing the headers stops it).
+            self._start_head_timer(LAST_LOOK_S)
             return
         if self.cycle is not None and not self.cycle.response_complete:
             # A request is still being answered (pipelining): close once it is done instead.

@@ -4,6 +4,7 @@ app stands in for the gateway and the node; both serve through the same `server_
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
@@ -27,6 +28,27 @@ class EchoApp:
 
     def __init__(self) -> None:
         self.disconnects = 0
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def stall(self, seconds: float) -> None:
+        """Block the server's event loop for `seconds` from now, as a busy or starved process
+        would: from an I/O callback, after which uvloop runs the timers that fell due before it
+        next reads its sockets."""
+        loop = self.loop
+        assert loop is not None
+        started = threading.Event()
+        readable, writer = socket.socketpair()
+
+        def block() -> None:
+            loop.remove_reader(readable)
+            started.set()
+            time.sleep(seconds)
+            readable.close()
+
+        loop.call_soon_threadsafe(loop.add_reader, readable, block)
+        writer.send(b"!")
+        assert started.wait(5)
+        writer.close()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -67,6 +89,7 @@ def served() -> Iterator[tuple[int, EchoApp]]:
     while not server.started:
         assert time.monotonic() < deadline
         time.sleep(0.01)
+    app.loop = server.servers[0].get_loop()
     yield port, app
     server.should_exit = True
     thread.join(timeout=10)
@@ -180,6 +203,29 @@ def test_a_body_sent_too_slowly_gets_408(served) -> None:
         sock.sendall(post_head(500) + b"12345678")  # 8 of the 500 bytes announced
         status, _, body, closed = read_response(sock)
     assert status == 408 and "8 bytes received" in error_of(body)["message"] and closed
+
+
+def test_headers_that_arrived_while_the_server_was_stalled_are_served_not_timed_out(served) -> None:
+    """The header timeout measures the client: a server too busy to read in time reads before it
+    judges (uvloop runs the overdue timer before it reads the socket)."""
+    port, app = served
+    with connect(port) as sock:
+        time.sleep(0.2)  # accepted: its header timer runs
+        app.stall(LIMITS.header_timeout_s * 3)
+        sock.sendall(post_head(5) + b"hello")  # in time, but unread until the stall ends
+        status, _, body, _ = read_response(sock, closes=False)
+    assert status == 200 and json.loads(body) == {"size": 5}
+
+
+def test_a_body_that_arrived_while_the_server_was_stalled_is_served_not_timed_out(served) -> None:
+    port, app = served
+    with connect(port) as sock:
+        sock.sendall(post_head(5))
+        time.sleep(0.2)  # the app waits for the body: its body timer runs
+        app.stall(LIMITS.body_timeout_s * 3)
+        sock.sendall(b"hello")
+        status, _, body, _ = read_response(sock, closes=False)
+    assert status == 200 and json.loads(body) == {"size": 5}
 
 
 def test_a_declared_body_over_the_limit_is_refused_before_it_is_sent(served) -> None:
