@@ -74,6 +74,18 @@ def build_parser() -> argparse.ArgumentParser:
             type=float,
             help=f"refuse a {tier} request whose estimated time to first token is past this (503)",
         )
+    cpu = parser.add_argument_group("the engines' share of the machine (see the `cpu` config)")
+    cpu.add_argument(
+        "--engine-cpus",
+        metavar="LIST",
+        help="cores the engines may run on, e.g. 0-2,5 (default: every core but the last)",
+    )
+    cpu.add_argument(
+        "--engine-threads", type=int, help="compute threads per engine (default: one per engine core)"
+    )
+    cpu.add_argument(
+        "--engine-nice", type=int, help="levels nicer than the node the engines run, 0-19 (default 10)"
+    )
     parser.add_argument("--no-warmup", action="store_true", help="mark ready without a warm-up generation")
     return parser
 
@@ -109,6 +121,13 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
             raw[field] = value
     if args.no_warmup:
         raw["warmup"] = False
+    cpu_flags = {
+        key: getattr(args, key)
+        for key in ("engine_cpus", "engine_threads", "engine_nice")
+        if getattr(args, key) is not None
+    }
+    if cpu_flags:
+        raw["cpu"] = {**(raw.get("cpu") or {}), **cpu_flags}
     if args.model:
         raw["models"] = [parse_model_flag(value) for value in args.model]
     engine_flags = {

@@ -17,6 +17,7 @@ from typing import Any, Literal
 import yaml
 
 from meridian.federation.process_group import free_port
+from regional_node.cpu_share import available_cpus, format_cpu_list, split_engine_cpus
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,8 @@ class NodeSpec:
     jurisdiction: str
     host: str
     port: int
+    # The cores this node's engines compute on (its `--engine-cpus`); empty: the node's default.
+    engine_cpus: frozenset[int] = frozenset()
 
     @property
     def url(self) -> str:
@@ -141,6 +144,10 @@ class FederationPlan:
         command += ["--node-id", node.node_id, "--region", node.region, "--jurisdiction", node.jurisdiction]
         for model in self.models:
             command += ["--model", f"{model.name}={self.checkpoint_dir(model)}:{model.tier}"]
+        if node.engine_cpus:
+            # Each node's engines on cores of their own, nicer than its API (the node's default
+            # engine_nice); with more cores than nodes, the last is left to the gateway and APIs.
+            command += ["--engine-cpus", format_cpu_list(node.engine_cpus)]
         # The node's hard bound on interactive time to first token (regional_node/engine/admission.py):
         # past it a request is refused (503 overloaded) instead of slowing every stream it joins.
         command += ["--interactive-max-wait-s", str(NODE_INTERACTIVE_MAX_WAIT_S)]
@@ -204,7 +211,11 @@ def plan_federation(
     policies: Path,
     pick_port: Callable[[], int] = free_port,
     trained: bool = True,
+    cpus: frozenset[int] | None = None,
 ) -> FederationPlan:
+    """`cpus`: the machine's cores (default: those this process may use), shared out as the
+    nodes' engine cores by regional_node/cpu_share.py's split_engine_cpus."""
+    engine_cpus = split_engine_cpus(available_cpus() if cpus is None else cpus, len(REGIONS))
     nodes = tuple(
         NodeSpec(
             node_id=f"{region}-1",
@@ -212,8 +223,9 @@ def plan_federation(
             jurisdiction=jurisdiction,
             host="127.0.0.1",
             port=pick_port(),
+            engine_cpus=share,
         )
-        for region, jurisdiction in REGIONS
+        for (region, jurisdiction), share in zip(REGIONS, engine_cpus, strict=True)
     )
     return FederationPlan(
         state_dir=state_dir, host=host, port=port, policies=policies, nodes=nodes, trained=trained

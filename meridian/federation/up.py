@@ -169,7 +169,9 @@ async def run_up(options: UpOptions, *, announce: Announce = print) -> int:
     api_key = options.demo_api_key or f"sk-meridian-demo-{secrets.token_urlsafe(18)}"
     node_token = secrets.token_urlsafe(32)
     env = {**os.environ, "MERIDIAN_NODE_TOKEN": node_token, "PYTHONUNBUFFERED": "1"}
-    # One thread per node process: several engines on a small machine otherwise fight for cores.
+    # The nodes' engines set their own threads and cores (plan.py gives each node its
+    # --engine-cpus; regional_node/server/README.md, "CPU share"); whatever else a node or a
+    # training child computes with torch (loading a checkpoint) takes one thread.
     env.setdefault("OMP_NUM_THREADS", "1")
     nodes = [
         ChildProcess(n.node_id, plan.node_command(n), env=env, log_path=plan.log_dir / f"{n.node_id}.log")

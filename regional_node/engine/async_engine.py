@@ -17,6 +17,7 @@ against the same stale queue.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import uuid
 from collections import deque
@@ -24,6 +25,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import torch
+
+from regional_node.cpu_share import CpuShare
 from regional_node.engine import admission
 from regional_node.engine.admission import QueueLimits, QueueState
 from regional_node.engine.errors import EngineError, InvalidRequestError, StepFailedError
@@ -48,9 +52,14 @@ class _Command:
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine, limits: QueueLimits | None = None) -> None:
+    def __init__(
+        self, engine: LLMEngine, limits: QueueLimits | None = None, *, cpu_share: CpuShare | None = None
+    ) -> None:
+        """`cpu_share`: the cores, compute threads and niceness the step thread computes with
+        (regional_node/cpu_share.py); None leaves it as the process is."""
         self.engine = engine
         self.limits = limits or QueueLimits()
+        self.cpu_share = cpu_share
         self._cond = threading.Condition()
         self._commands: deque[_Command] = deque()
         self._stopping = False
@@ -222,6 +231,14 @@ class AsyncEngine:
             self._cond.notify()
 
     def _run(self) -> None:
+        if self.cpu_share is not None:
+            # Before the first step: torch's intra-op threads, started by this thread's first
+            # parallel region, inherit its cores and niceness.
+            try:
+                self.cpu_share.enter()
+            except OSError as exc:  # cores taken away since start-up: compute unconfined, not never
+                logging.getLogger(__name__).warning("engine step thread left unconfined: %s", exc)
+            torch.set_num_threads(self.cpu_share.threads)
         engine = self.engine
         while True:
             with self._cond:

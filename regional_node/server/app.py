@@ -19,6 +19,7 @@ from litestar import Litestar, Request, Response
 from litestar.di import Provide
 
 from http_server import ClientDisconnected
+from regional_node.cpu_share import available_cpus, omp_num_threads
 from regional_node.discovery import consul_presence
 from regional_node.server.auth import bearer_guard
 from regional_node.server.config import NodeConfig, effective_token
@@ -40,7 +41,10 @@ def create_app(
 ) -> Litestar:
     """A node app serving `config.models` on the engine `config.engine` names; `loader` is for
     tests' fake engines."""
-    pool = ModelPool(config.models, loader=loader or engine_loader(config.engine), warmup=config.warmup)
+    share = config.cpu.share(available_cpus(), omp_num_threads()) if config.cpu is not None else None
+    pool = ModelPool(
+        config.models, loader=loader or engine_loader(config.engine, share), warmup=config.warmup
+    )
     tracing = start_tracing(os.environ, default_service="meridian-node")
     tracer = NodeTracer(tracing, node_id=config.node_id, region=config.region) if tracing else None
     node = NodeState(

@@ -16,6 +16,13 @@ import yaml
 from msgspec import UNSET, UnsetType
 
 from http_server import ServerLimits
+from regional_node.cpu_share import (
+    CpuShare,
+    available_cpus,
+    default_engine_cpus,
+    format_cpu_list,
+    parse_cpu_list,
+)
 from regional_node.discovery.consul_registration import ConsulRegistrationConfig
 
 Tier = Literal["small", "large"]
@@ -31,6 +38,9 @@ PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
 Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
 Name = Annotated[str, msgspec.Meta(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")]
+# Cores as taskset writes them: "0-2,5".
+CpuList = Annotated[str, msgspec.Meta(pattern=r"^ *[0-9]+( *- *[0-9]+)?( *, *[0-9]+( *- *[0-9]+)?)* *$")]
+Niceness = Annotated[int, msgspec.Meta(ge=0, le=19)]
 
 
 class ConfigError(Exception):
@@ -117,6 +127,34 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return self.queue.max_waiting_tokens(self.engine.max_num_batched_tokens)
 
 
+class CpuSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    """The node's share of the machine: where and how hard its engines compute (see
+    regional_node/cpu_share.py). The HTTP API is not confined: it may run on every core, at the
+    node's own niceness, so it answers while the engines are saturated."""
+
+    # The cores the engines' threads and processes may run on ("0-2,5"); null: every core this
+    # process may use but the last, which is left to the API and the node's neighbours (the
+    # gateway, other nodes); a 1-core machine's one core is shared.
+    engine_cpus: CpuList | None = None
+    # Compute threads per engine: torch's intra-op threads (ours), vLLM's OpenMP threads (one bound
+    # to each of the first engine_threads engine cores); null: one per engine core, at most
+    # OMP_NUM_THREADS where that is set.
+    engine_threads: PositiveInt | None = None
+    # How many levels nicer than the node the engines run: the API and the processes beside the
+    # node get a core first whenever they need one. 0: the engines run level with the API.
+    engine_nice: Niceness = 10
+
+    def engine_cpu_set(self, available: frozenset[int]) -> frozenset[int]:
+        return parse_cpu_list(self.engine_cpus) if self.engine_cpus else default_engine_cpus(available)
+
+    def share(self, available: frozenset[int], max_threads: int | None = None) -> CpuShare:
+        """The resolved share on a machine whose usable cores are `available`; `max_threads`
+        (OMP_NUM_THREADS) caps the default thread count, never an explicit engine_threads."""
+        cpus = self.engine_cpu_set(available)
+        threads = self.engine_threads or min(len(cpus), max_threads or len(cpus))
+        return CpuShare(cpus=cpus, threads=threads, nice=self.engine_nice)
+
+
 class NodeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     node_id: Name = msgspec.field(default_factory=lambda: f"node-{socket.gethostname()}")
     engine: EngineKind = "meridian"
@@ -135,6 +173,9 @@ class NodeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     consul: ConsulRegistrationConfig | None = None
     # What the node's HTTP server allows its clients (http_server/limits.py documents each).
     server: ServerLimits = msgspec.field(default_factory=ServerLimits)
+    # The engines' share of the machine's cores (threads, affinity, niceness); see CpuSettings.
+    # None (`cpu: null`): unconfined, as the process is (and vLLM binds its threads itself).
+    cpu: CpuSettings | None = msgspec.field(default_factory=CpuSettings)
 
     def model_names(self) -> list[str]:
         return [model.name for model in self.models]
@@ -168,7 +209,10 @@ def convert_config(raw: Any, *, source: str) -> NodeConfig:
 
 
 def validate_config(config: NodeConfig, *, source: str) -> NodeConfig:
-    """Checks that span fields: at least one model, unique names, checkpoint folders that exist."""
+    """Checks that span fields: at least one model, unique names, checkpoint folders that exist, an
+    engine CPU share within the cores this process may use."""
+    if config.cpu is not None:
+        _check_cpu(config.cpu, available_cpus(), source=source)
     if not config.models:
         raise ConfigError(f"{source}: models: no models configured; add one (--model NAME=PATH[:TIER])")
     seen: set[str] = set()
@@ -182,6 +226,24 @@ def validate_config(config: NodeConfig, *, source: str) -> NodeConfig:
                 "(no config.json); create one with `meridian model init`"
             )
     return config
+
+
+def _check_cpu(cpu: CpuSettings, available: frozenset[int], *, source: str) -> None:
+    try:
+        cpus = cpu.engine_cpu_set(available)
+    except ValueError as exc:
+        raise ConfigError(f"{source}: cpu.engine_cpus: {exc}") from None
+    missing = cpus - available
+    if missing:
+        raise ConfigError(
+            f"{source}: cpu.engine_cpus: core(s) {format_cpu_list(missing)} are not available to this "
+            f"process (it may use {format_cpu_list(available)})"
+        )
+    if cpu.engine_threads is not None and cpu.engine_threads > len(cpus):
+        raise ConfigError(
+            f"{source}: cpu.engine_threads: {cpu.engine_threads} threads on {len(cpus)} engine core(s) "
+            f"({format_cpu_list(cpus)}); at most one thread per core"
+        )
 
 
 def effective_token(config: NodeConfig) -> str | None:

@@ -8,6 +8,7 @@ handlers only ever ask it for a ready model by name.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from protocol import NotFoundError, ServiceUnavailableError
+from regional_node.cpu_share import CpuShare
 from regional_node.server.config import EngineKind, ModelConfig
 from regional_node.server.node_engine import NodeEngine
 
@@ -29,23 +31,24 @@ PoolState = Literal["loading", "ready", "failed", "stopped"]
 EngineLoader = Callable[[ModelConfig], NodeEngine]
 
 
-def engine_loader(kind: EngineKind) -> EngineLoader:
-    """The real loader for `engine: meridian` or `engine: vllm`. The engine (and torch, and vLLM)
-    is imported only when a model loads, so the HTTP port opens first."""
-    return load_vllm_engine if kind == "vllm" else load_engine
+def engine_loader(kind: EngineKind, share: CpuShare | None = None) -> EngineLoader:
+    """The real loader for `engine: meridian` or `engine: vllm`, whose engines compute within
+    `share` (None: unconfined). The engine (and torch, and vLLM) is imported only when a model
+    loads, so the HTTP port opens first."""
+    return functools.partial(load_vllm_engine if kind == "vllm" else load_engine, share=share)
 
 
-def load_engine(model: ModelConfig) -> NodeEngine:
+def load_engine(model: ModelConfig, share: CpuShare | None = None) -> NodeEngine:
     from regional_node.engine import AsyncEngine, LLMEngine
 
     engine = LLMEngine.from_pretrained(model.path, **model.engine.engine_kwargs())
-    return AsyncEngine(engine, queue_limits(model))
+    return AsyncEngine(engine, queue_limits(model), cpu_share=share)
 
 
-def load_vllm_engine(model: ModelConfig) -> NodeEngine:
+def load_vllm_engine(model: ModelConfig, share: CpuShare | None = None) -> NodeEngine:
     from regional_node.vllm_engine import VllmEngine
 
-    return VllmEngine.from_settings(model.path, model.engine, queue_limits(model))
+    return VllmEngine.from_settings(model.path, model.engine, queue_limits(model), cpu_share=share)
 
 
 def queue_limits(model: ModelConfig) -> QueueLimits:

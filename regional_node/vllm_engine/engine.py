@@ -26,13 +26,15 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from regional_node.cpu_share import CpuShare, child_processes, format_cpu_list
 from regional_node.engine import admission
 from regional_node.engine.admission import QueueLimits, QueueState
 from regional_node.engine.drain import DrainMeter
@@ -129,9 +131,15 @@ class VllmEngine:
 
     @classmethod
     def from_settings(
-        cls, path: str | Path, settings: EngineSettings, limits: QueueLimits | None = None
+        cls,
+        path: str | Path,
+        settings: EngineSettings,
+        limits: QueueLimits | None = None,
+        *,
+        cpu_share: CpuShare | None = None,
     ) -> VllmEngine:
-        """Start vLLM's engine for the checkpoint at `path` (blocking: loads the weights)."""
+        """Start vLLM's engine for the checkpoint at `path` (blocking: loads the weights), its
+        processes confined to `cpu_share` (None: as vLLM places them itself)."""
         try:
             from vllm.engine.arg_utils import AsyncEngineArgs
             from vllm.v1.engine.async_llm import AsyncLLM
@@ -147,7 +155,13 @@ class VllmEngine:
             raise EngineConfigError(f"engine: vllm: {exc}") from exc
         # vLLM's stat logger exists before the VllmEngine does: both share these.
         totals, drain = EngineTotals(), DrainMeter()
-        llm = AsyncLLM.from_engine_args(args, stat_loggers=[stat_logger_factory(totals, drain)])
+        with _omp_binding(cpu_share, settings.device, kwargs):
+            llm = AsyncLLM.from_engine_args(args, stat_loggers=[stat_logger_factory(totals, drain)])
+        if cpu_share is not None:
+            # vLLM's engine core and its worker (and what they started) are this process's
+            # descendants; the API's own threads stay where they are.
+            for pid in child_processes(os.getpid()):
+                cpu_share.place(pid)
         return cls(llm, path=Path(path), limits=limits, totals=totals, drain=drain)
 
     # -- NodeEngine -------------------------------------------------------------------------------
@@ -282,6 +296,27 @@ class VllmEngine:
             "block_size": self._block_size,
             **admission.report(self._queue_state(), self.limits),
         }
+
+
+@contextlib.contextmanager
+def _omp_binding(share: CpuShare | None, device: str, kwargs: dict[str, Any]) -> Iterator[None]:
+    """While vLLM starts: on CPU with one worker, bind its OpenMP threads to the share's first
+    `threads` cores (vLLM's own `auto` binding takes every core but one and leaves its engine-core
+    process unbound). vLLM's processes read it when they start; the node's own env is restored."""
+    single = all(int(kwargs.get(key) or 1) == 1 for key in ("tensor_parallel_size", "pipeline_parallel_size"))
+    if share is None or device != "cpu" or not single:
+        yield
+        return
+    name = "VLLM_CPU_OMP_THREADS_BIND"
+    before = os.environ.get(name)
+    os.environ[name] = format_cpu_list(sorted(share.cpus)[: share.threads])
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def _vllm_params(state: RequestState) -> Any:

@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 
 from regional_node.cli import build_parser, config_from_args, node_main, parse_model_flag
+from regional_node.cpu_share import available_cpus
 from regional_node.server import ConfigError, load_config, validate_config
+from regional_node.server.config import CpuSettings
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -71,6 +73,9 @@ def test_queue_bounds_default_to_engine_steps_and_null_means_unbounded(tmp_path:
         ),
         ("port: 99999\n", "port"),
         ("listen_port: 1\n", "listen_port"),
+        ("cpu: {engine_cpus: 'first two'}\n", "cpu.engine_cpus"),
+        ("cpu: {engine_threads: 0}\n", "cpu.engine_threads"),
+        ("cpu: {engine_nice: 20}\n", "cpu.engine_nice"),
     ],
     ids=[
         "bad_tier",
@@ -82,6 +87,9 @@ def test_queue_bounds_default_to_engine_steps_and_null_means_unbounded(tmp_path:
         "unknown_queue_field",
         "bad_port",
         "unknown_field",
+        "bad_cpu_list",
+        "zero_threads",
+        "nice_past_19",
     ],
 )
 def test_invalid_yaml_names_file_and_field(tmp_path: Path, text: str, field: str) -> None:
@@ -111,6 +119,42 @@ def test_validation_needs_models_unique_names_and_checkpoints(tmp_path: Path, ll
     missing = _write(tmp_path, "models:\n  - {name: a, path: /no/such/folder}\n")
     with pytest.raises(ConfigError, match=r"models\[0\].path"):
         validate_config(load_config(missing), source="node.yaml")
+
+
+@pytest.mark.parametrize(
+    ("cores", "engine_cpus", "threads"),
+    [({0}, {0}, 1), ({0, 1}, {0}, 1), ({0, 1, 2, 3}, {0, 1, 2}, 3), ({2, 5, 7}, {2, 5}, 2)],
+)
+def test_the_engines_default_share_leaves_the_last_core_to_the_api(
+    cores: set[int], engine_cpus: set[int], threads: int
+) -> None:
+    share = CpuSettings().share(frozenset(cores))
+    assert (share.cpus, share.threads, share.nice) == (engine_cpus, threads, 10)
+    # OMP_NUM_THREADS caps the default thread count, not the cores.
+    capped = CpuSettings().share(frozenset(cores), max_threads=1)
+    assert (capped.cpus, capped.threads) == (engine_cpus, 1)
+
+
+def test_an_engine_share_names_its_cores_threads_and_niceness(tmp_path: Path) -> None:
+    config = load_config(_write(tmp_path, "cpu: {engine_cpus: '0-2,5', engine_threads: 2, engine_nice: 5}\n"))
+    share = config.cpu.share(frozenset(range(8)))
+    assert (share.cpus, share.threads, share.nice) == ({0, 1, 2, 5}, 2, 5)
+
+
+def test_cpu_null_leaves_the_engines_unconfined(tmp_path: Path, llama_checkpoint: Path) -> None:
+    config = load_config(_write(tmp_path, f"models:\n  - {{name: a, path: {llama_checkpoint}}}\ncpu: null\n"))
+    assert validate_config(config, source="node.yaml").cpu is None
+
+
+def test_validation_needs_engine_cores_this_process_may_use(tmp_path: Path, llama_checkpoint: Path) -> None:
+    models = f"models:\n  - {{name: a, path: {llama_checkpoint}}}\n"
+    beyond = max(available_cpus()) + 1
+    outside = load_config(_write(tmp_path, models + f"cpu: {{engine_cpus: '0,{beyond}'}}\n"))
+    with pytest.raises(ConfigError, match=rf"cpu.engine_cpus: core\(s\) {beyond} are not available"):
+        validate_config(outside, source="node.yaml")
+    crowded = load_config(_write(tmp_path, models + "cpu: {engine_cpus: '0', engine_threads: 2}\n"))
+    with pytest.raises(ConfigError, match=r"cpu\.engine_threads: 2 threads on 1 engine core"):
+        validate_config(crowded, source="node.yaml")
 
 
 @pytest.mark.parametrize(
@@ -145,6 +189,10 @@ def test_flags_override_the_file_and_apply_engine_settings(tmp_path: Path, llama
             "--no-prefix-caching",
             "--interactive-max-wait-s",
             "0.15",
+            "--engine-cpus",
+            "0",
+            "--engine-nice",
+            "3",
         ]
     )
     config = config_from_args(args)
@@ -155,6 +203,7 @@ def test_flags_override_the_file_and_apply_engine_settings(tmp_path: Path, llama
     queue = config.models[0].queue
     assert (queue.interactive_max_wait_s, queue.batch_max_wait_s) == (0.15, None)
     assert queue.batch_max_waiting_tokens == 500
+    assert (config.cpu.engine_cpus, config.cpu.engine_threads, config.cpu.engine_nice) == ("0", None, 3)
 
 
 def test_cli_reports_config_errors_with_exit_code_2(capsys: pytest.CaptureFixture[str]) -> None:

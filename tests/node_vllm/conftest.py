@@ -4,6 +4,9 @@ AsyncLLM), token auth on both. The tests skip when vLLM is not installed.
 The checkpoint is the tiny Llama with head_dim 32 (vLLM's CPU attention has no head size 16).
 vLLM's engine runs eagerly (`enforce_eager`: no torch.compile warm-up, which adds half a minute to
 start-up on this machine) on a KV pool just large enough for one sequence of MAX_MODEL_LEN tokens.
+Both nodes take the default CPU share (regional_node/server/README.md, "CPU share"): their engines
+compute on every core but the last, 10 levels nicer than the node, so the tests' own client and
+the nodes' APIs keep a core while vLLM's engine is saturated.
 """
 
 from __future__ import annotations
@@ -27,8 +30,8 @@ MODEL = "tiny"
 TOKEN = "vllm-node-token"
 BLOCK_SIZE = 32  # vLLM's CPU blocks hold 32 tokens here (its default block size is 128)
 # vLLM's positions for the tiny Llama: room for test_vllm_node's long generations, which must
-# outlast the seconds a /load answer can take while vLLM's engine core busies both cores (4096
-# positions did not: a 4000-token stream once ended before the test saw it running).
+# outlast the tests' waits on a loaded machine (4096 positions did not: a 4000-token stream once
+# ended before the test saw it running).
 MAX_MODEL_LEN = 32768
 NUM_KV_BLOCKS = MAX_MODEL_LEN // BLOCK_SIZE + 8  # vLLM refuses a pool that cannot hold one whole sequence
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -15,6 +16,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from regional_node.cpu_share import available_cpus, child_processes, default_engine_cpus
 from tests.node.conftest import Node
 from tests.node_vllm.conftest import MODEL, needs_vllm
 
@@ -24,6 +26,8 @@ GREEDY: dict[str, Any] = {"temperature": 0, "extra_body": {"return_token_ids": T
 PROMPT = "Far across the sea"
 # Tokens: far more than vLLM generates in the seconds these tests wait (within conftest's MAX_MODEL_LEN).
 LONG = 30000
+# Deadlines for conditions a loaded 2-core machine reaches in seconds: generous, never a speed.
+DEADLINE_S = 120.0
 
 
 def completion(node: Node, max_tokens: int = 24, **extra: Any) -> tuple[list[int], str, str]:
@@ -149,17 +153,52 @@ def test_auth_health_and_unknown_model(vllm_node: Node) -> None:
         client.completions.create(model="nope", prompt="hi", max_tokens=2)
 
 
+def test_vllms_processes_compute_in_the_engines_share_and_the_api_does_not(vllm_node: Node) -> None:
+    """The default share (server README, "CPU share"): vLLM's engine core and worker run on every
+    core but the last and 10 levels nicer than the node, whose own process stays as it was."""
+    node_pid = vllm_node.process.process.pid
+    engine = child_processes(node_pid)
+    assert engine, "vLLM's engine processes are the node's children"
+    base = os.getpriority(os.PRIO_PROCESS, node_pid)
+    cores = default_engine_cpus(available_cpus())
+    for pid in engine:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(ProcessLookupError, FileNotFoundError):
+                assert os.sched_getaffinity(int(tid)) <= cores
+                assert os.getpriority(os.PRIO_PROCESS, int(tid)) == min(base + 10, 19)
+    assert os.sched_getaffinity(node_pid) == available_cpus()
+
+
+@pytest.mark.slow
+def test_a_request_arriving_while_the_engine_is_saturated_is_queued_and_served(vllm_node: Node) -> None:
+    """No 408 from the HTTP server and no starved API: with every engine core busy, /load answers
+    and a new request (streamed or not) is read at once, queued in vLLM and served."""
+    with httpx.Client(base_url=vllm_node.url, headers=vllm_node.headers, timeout=DEADLINE_S) as http:
+        with contextlib.ExitStack() as streams:
+            for i in range(3):
+                streams.enter_context(_running_stream(http, f"busy {i} {PROMPT}"))
+            load = http.get("/load")
+            assert load.status_code == 200 and load.json()["num_running"] >= 3
+            body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 8, "ignore_eos": True}
+            response = http.post("/v1/completions", json=body)
+            assert response.status_code == 200, response.text
+            assert response.json()["choices"][0]["finish_reason"] == "length"
+            with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as stream:
+                assert stream.status_code == 200
+                events = [line for line in stream.iter_lines() if line.startswith("data: ")]
+            assert events[-1] == "data: [DONE]"
+
+
 def test_load_moves_under_load_and_returns_to_idle(vllm_node: Node) -> None:
     def busy(load: dict[str, Any]) -> bool:
         return load["num_running"] > 0 and load["kv_blocks_used"] > 0
 
-    # Long streams, held open while /load is polled: vLLM's engine core busies both cores of a
-    # small machine, so a /load answer can take seconds, longer than short requests last.
-    with httpx.Client(base_url=vllm_node.url, headers=vllm_node.headers, timeout=30) as http:
+    # Long streams, held open while /load is polled.
+    with httpx.Client(base_url=vllm_node.url, headers=vllm_node.headers, timeout=DEADLINE_S) as http:
         with contextlib.ExitStack() as streams:
             for i in range(3):
                 streams.enter_context(_running_stream(http, f"{i} {PROMPT}"))
-            loaded = _wait_for(vllm_node, busy, timeout=90.0)
+            loaded = _wait_for(vllm_node, busy)
     model = loaded["per_model"][MODEL]
     assert 0 < model["kv_cache_usage"] <= 1 and model["kv_blocks_total"] > 0
     idle = _wait_for(vllm_node, lambda load: load["num_running"] == 0 and load["kv_blocks_used"] == 0)
@@ -168,13 +207,12 @@ def test_load_moves_under_load_and_returns_to_idle(vllm_node: Node) -> None:
 
 def test_client_disconnect_aborts_the_vllm_request(vllm_node: Node) -> None:
     generated_before = _generated_tokens(vllm_node)
-    with httpx.Client(base_url=vllm_node.url, headers=vllm_node.headers, timeout=30) as http:
+    with httpx.Client(base_url=vllm_node.url, headers=vllm_node.headers, timeout=DEADLINE_S) as http:
         with _running_stream(http, PROMPT):
-            # vLLM's engine core busies a small machine's cores, which slows /load's answers.
-            _wait_for(vllm_node, lambda load: load["num_running"] >= 1, timeout=90.0)
+            _wait_for(vllm_node, lambda load: load["num_running"] >= 1)
     idle = _wait_for(vllm_node, lambda load: load["num_running"] == 0 and load["kv_blocks_used"] == 0)
     assert idle["num_waiting"] == 0
-    metrics = httpx.get(f"{vllm_node.url}/metrics", headers=vllm_node.headers, timeout=5).text
+    metrics = httpx.get(f"{vllm_node.url}/metrics", headers=vllm_node.headers, timeout=DEADLINE_S).text
     assert 'outcome="disconnected"' in metrics
     # Aborted, not run to its end and then found idle.
     assert _generated_tokens(vllm_node) - generated_before < LONG
@@ -194,7 +232,7 @@ def _running_stream(http: httpx.Client, prompt: str) -> Iterator[None]:
 
 
 def _generated_tokens(node: Node) -> float:
-    metrics = httpx.get(f"{node.url}/metrics", headers=node.headers, timeout=5).text
+    metrics = httpx.get(f"{node.url}/metrics", headers=node.headers, timeout=DEADLINE_S).text
     return sum(
         sample.value
         for family in text_string_to_metric_families(metrics)
@@ -204,11 +242,13 @@ def _generated_tokens(node: Node) -> float:
     )
 
 
-def _wait_for(node: Node, condition: Any, timeout: float = 30.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    load = node.load()
-    while not condition(load) and time.monotonic() < deadline:
-        time.sleep(0.1)
-        load = node.load()
+def _wait_for(node: Node, condition: Any) -> dict[str, Any]:
+    """/load once `condition` holds of it; each call and the whole wait bounded by DEADLINE_S."""
+    deadline = time.monotonic() + DEADLINE_S
+    with httpx.Client(base_url=node.url, headers=node.headers, timeout=DEADLINE_S) as http:
+        load = http.get("/load").raise_for_status().json()
+        while not condition(load) and time.monotonic() < deadline:
+            time.sleep(0.1)
+            load = http.get("/load").raise_for_status().json()
     assert condition(load), json.dumps(load)  # the whole of it: pytest's repr elides keys
     return load
