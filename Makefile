@@ -43,6 +43,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/quota.py
 	$(PY) benchmarks/usage_query.py
 	$(PY) benchmarks/gateway_overhead.py
+	$(PY) benchmarks/admission.py
 
 # Locust against a running `make up` (another terminal); MERIDIAN_API_KEY selects the tenant.
 # The overload drill (issue 14) against a running `make up`: steady mix, 20x spike, back; writes
