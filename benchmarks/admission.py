@@ -70,6 +70,7 @@ from gateway_bench.report import percentile
 from gateway_bench.systems import NODE_TOKEN, REPO, python_env
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.config import AdmissionConfig, TimeoutsConfig
 from gateway.policy import hash_api_key
 from regional_node.checkpoints import init_checkpoint
 
@@ -736,9 +737,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="shorter runs (6 s each, sweep 4 s)")
     parser.add_argument("--duration-s", type=float, default=20.0, help="each offered-load run")
     parser.add_argument("--sweep-s", type=float, default=8.0, help="each capacity-sweep step")
-    parser.add_argument("--target-s", type=float, default=0.5, help="interactive TTFT target")
-    parser.add_argument("--queue-deadline-s", type=float, default=0.5, help="interactive gateway queue wait")
-    parser.add_argument("--probe-interval-s", type=float, default=1.0, help="the gateways' probe interval")
+    # The gateway's own defaults, so the benchmark measures what a deployment gets.
+    interactive, timeouts = AdmissionConfig().interactive, TimeoutsConfig()
+    parser.add_argument(
+        "--target-s", type=float, default=interactive.target_ttft_s, help="interactive TTFT target"
+    )
+    parser.add_argument(
+        "--queue-deadline-s",
+        type=float,
+        default=interactive.queue_deadline_s,
+        help="interactive gateway queue wait",
+    )
+    parser.add_argument(
+        "--probe-interval-s",
+        type=float,
+        default=timeouts.probe_interval_s,
+        help="the gateways' probe interval",
+    )
     parser.add_argument(
         "--size", default="small", help="checkpoint size (regional_node/checkpoints/sizes.py)"
     )

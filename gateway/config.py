@@ -114,7 +114,10 @@ class TimeoutsConfig(_Section):
     read_s: Positive = 120.0  # a whole non-streaming response
     stream_idle_s: Positive = 30.0  # the longest gap between two streamed chunks (first one included)
     probe_s: Positive = 0.5  # one health probe (/ready, /load)
-    probe_interval_s: Positive = 1.0  # between probe rounds
+    # Between probe rounds. Admission estimates from the nodes' last /load reports: at tens of
+    # requests a second a report a second old has missed most of what finished since
+    # (benchmarks/admission.py: at 2x capacity, goodput 45% of capacity with 1 s, 99% with 0.25 s).
+    probe_interval_s: Positive = 0.25
 
 
 class RetryConfig(_Section):
@@ -166,12 +169,13 @@ class AdmissionConfig(_Section):
 
     enabled: bool = True
     # Interactive follows the design's SLO, time to first token under 1 s at p90: admitted while
-    # the estimate is within 0.5 s, a request waits in the gateway at most 0.5 s more, so one that
-    # waited its whole deadline still starts within the SLO; the rest of the second is for the
-    # gateway's hop, the first decode step and the estimate's error
-    # (meridian_gateway_admission_estimate_error_seconds).
+    # the estimate (plus what the gateway queue already took) is within 0.5 s, leaving the rest of
+    # the second for the gateway's hop and the estimate's misses. The queue smooths arrivals
+    # between two /load probes, no more: a waiter admitted late is a slow first token, and under
+    # overload a long queue turns every admission into one (benchmarks/admission.py: at 2x
+    # capacity, goodput 20% of capacity with a 0.5 s deadline, 45% with 0.1 s, same probes).
     interactive: TierAdmissionConfig = msgspec.field(
-        default_factory=lambda: TierAdmissionConfig(target_ttft_s=0.5, queue_deadline_s=0.5, max_queue=256)
+        default_factory=lambda: TierAdmissionConfig(target_ttft_s=0.5, queue_deadline_s=0.1, max_queue=256)
     )
     batch: TierAdmissionConfig = msgspec.field(
         default_factory=lambda: TierAdmissionConfig(target_ttft_s=60.0, queue_deadline_s=30.0, max_queue=1024)

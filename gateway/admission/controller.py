@@ -7,7 +7,9 @@ max_num_batched_tokens at the node's fitted step cost), with the requests this g
 since the node's last report put ahead of it. With `target` the tier's `target_ttft_s`, a request
 whose pool has nothing ahead of it is always admitted (no pool could start it sooner); otherwise:
 
-- interactive: admitted while the estimate is at most the target. Over it, a tenant with
+- interactive: admitted while the estimate is at most the target, less the time the request has
+  already waited in the gateway queue (so a waiter is admitted only while it can still start
+  within its target, and waits no longer than the target). Over it, a tenant with
   `allow_degrade` is served by the small tier of the same family (router.degrade_model) when that
   pool's estimate is under the target; any other interactive request waits in the interactive
   queue.
@@ -15,8 +17,8 @@ whose pool has nothing ahead of it is always admitted (no pool could start it so
   gateway or had to wait or was refused in the last `batch_holdoff_s`, the pool's interactive
   estimate is at most the interactive target, and its batch estimate at most the batch target.
   Otherwise it waits in the batch queue.
-- the queues: bounded (`max_queue`; one more is refused at once), each waiter refused when its
-  `queue_deadline_s` passes, tenants served round-robin (queue.py). Once a tier has waiters, a
+- the queues: bounded (`max_queue`; one more is refused at once), each waiter refused once it
+  has waited `queue_deadline_s` (or the tier's target, if shorter), tenants served round-robin (queue.py). Once a tier has waiters, a
   new request joins the queue instead of overtaking them. The queues are looked at again when an
   admitted request starts (its tokens leave the pending count), and by each waiter every
   `recheck_interval_s` (nodes report once per probe interval).
@@ -25,7 +27,8 @@ Admitted requests hold a Ticket: they count as pending on the pool (router.overl
 `pending`) until the request's first token (`started`) or its end (`release`), so the gateway's
 own admissions raise the estimate before the nodes' next reports do. At the first token the
 ticket records how far the TTFT that followed was from the estimate admission decided on
-(`meridian_gateway_admission_estimate_error_seconds`). Refusals carry a Retry-After of the
+(`meridian_gateway_admission_estimate_error_seconds`), and the pool's recent error corrects its
+next estimates (feedback.py). Refusals carry a Retry-After of the
 seconds the estimate is over the target (at least 1 s, at most `max_retry_after_s`).
 """
 
@@ -39,6 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gateway.admission.errors import Overloaded, ShedReason
+from gateway.admission.feedback import EstimateFeedback
 from gateway.admission.queue import FairQueue, Waiter
 from gateway.config import AdmissionConfig
 from gateway.metrics import GatewayMetrics
@@ -53,18 +57,24 @@ class Ticket:
     without one (`release`); either is idempotent, and the first one called counts."""
 
     def __init__(
-        self, controller: AdmissionController | None, model: str, request: PendingRequest, estimate_s: float
+        self,
+        controller: AdmissionController | None,
+        model: str,
+        request: PendingRequest,
+        estimate: PoolWait | None = None,
+        correction_s: float = 0.0,
     ) -> None:
         self._controller = controller
         self._model = model
         self._request = request
-        self._estimate_s = estimate_s
+        self._estimate = estimate  # the raw estimate admission decided on, with `correction_s`
+        self._correction_s = correction_s
 
     def started(self) -> None:
         """The first token is here: record the estimate's error, and leave the pool's pending."""
         controller, self._controller = self._controller, None
         if controller is not None:
-            controller._started(self._model, self._request, self._estimate_s)
+            controller._started(self._model, self._request, self._estimate, self._correction_s)
 
     def release(self) -> None:
         controller, self._controller = self._controller, None
@@ -97,6 +107,7 @@ class AdmissionController:
         self._queues = {tier: FairQueue(config.tier(tier).max_queue) for tier in TIERS}
         # By model: the admitted requests without a first token yet, by id() (each is kept alive here).
         self._pending: defaultdict[str, dict[int, PendingRequest]] = defaultdict(dict)
+        self._feedback = EstimateFeedback()
         # Until when batch is held back: interactive requests lately had to wait or were refused.
         self._batch_held_until = -math.inf
         for tier in TIERS:
@@ -112,7 +123,7 @@ class AdmissionController:
         """Admitted (maybe degraded) once the request may go upstream; raises Overloaded."""
         if not self._config.enabled:
             request = PendingRequest(prompt_tokens, tenant.traffic_tier, self._clock())
-            return Admitted(model, None, Ticket(None, model.name, request, math.nan))
+            return Admitted(model, None, Ticket(None, model.name, request))
         tier = tenant.traffic_tier
         queue = self._queues[tier]
         if not queue:
@@ -127,9 +138,10 @@ class AdmissionController:
         if queue.full:
             raise self._shed(tenant, model, "queue_full", waited_s=None)
         now = self._clock()
-        waiter = Waiter(
-            tenant, model, prompt_tokens, enqueued_at=now, deadline=now + settings.queue_deadline_s
-        )
+        # A waiter is admitted only while it can still start within its target (the wait counts),
+        # so it waits no longer than the target either.
+        patience = min(settings.queue_deadline_s, settings.target_ttft_s)
+        waiter = Waiter(tenant, model, prompt_tokens, enqueued_at=now, deadline=now + patience)
         queue.push(waiter)
         try:
             self.pump()
@@ -171,7 +183,8 @@ class AdmissionController:
                 for waiter in queue.heads():
                     if tier == "batch" and self._queues["interactive"]:
                         return
-                    admitted = self._decide(waiter.tenant, waiter.model, waiter.tokens)
+                    waited = now - waiter.enqueued_at
+                    admitted = self._decide(waiter.tenant, waiter.model, waiter.tokens, waited_s=waited)
                     if admitted is None:
                         continue
                     queue.remove(waiter)
@@ -182,30 +195,46 @@ class AdmissionController:
 
     # -- decisions ------------------------------------------------------------------------------
 
-    def _decide(self, tenant: TenantPolicy, model: CatalogModel, tokens: int) -> Admitted | None:
-        """Admitted now (maybe degraded), or None: the request must wait."""
+    def _decide(
+        self, tenant: TenantPolicy, model: CatalogModel, tokens: int, *, waited_s: float = 0.0
+    ) -> Admitted | None:
+        """Admitted now (maybe degraded), or None: the request must wait. `waited_s`: how long it
+        has waited in the gateway queue, which its time to first token includes."""
         fleet = self._fleet()
         interactive = self._config.interactive.target_ttft_s
         if tenant.traffic_tier == "interactive":
+            left = interactive - waited_s
             estimate = self._estimate(fleet, model.name, tenant.residency, "interactive", tokens)
-            if _within(estimate, interactive):
+            if self._within(estimate, model.name, "interactive", left):
                 return self._admitted(tenant, model, tokens, estimate, degraded_from=None)
             small = degrade_model(model.name, tenant, self._catalog)
             if small is not None:
                 estimate = self._estimate(fleet, small.name, tenant.residency, "interactive", tokens)
-                if estimate is not None and _within(estimate, interactive):
+                if estimate is not None and self._within(estimate, small.name, "interactive", left):
                     return self._admitted(tenant, small, tokens, estimate, degraded_from=model.name)
             return None
         if self._queues["interactive"] or self._clock() < self._batch_held_until:
             return None
-        if not _within(
-            self._estimate(fleet, model.name, tenant.residency, "interactive", tokens), interactive
-        ):
+        # Batch goes only where interactive load leaves room.
+        interactive_now = self._estimate(fleet, model.name, tenant.residency, "interactive", tokens)
+        if not self._within(interactive_now, model.name, "interactive", interactive):
             return None
         estimate = self._estimate(fleet, model.name, tenant.residency, "batch", tokens)
-        if not _within(estimate, self._config.batch.target_ttft_s):
+        if not self._within(estimate, model.name, "batch", self._config.batch.target_ttft_s - waited_s):
             return None
         return self._admitted(tenant, model, tokens, estimate, degraded_from=None)
+
+    def _within(self, estimate: PoolWait | None, model: str, tier: TrafficTier, budget_s: float) -> bool:
+        """May a request start: no pool at all is routing's to answer (a 503 that says why), not
+        admission's; a pool with nothing ahead of the request starts it as soon as any could;
+        otherwise its estimate, corrected by what the pool's estimates lately missed by, must
+        fit the time the request has left."""
+        if estimate is None or estimate.idle:
+            return True
+        return self._corrected_s(estimate, model, tier) <= budget_s
+
+    def _corrected_s(self, estimate: PoolWait, model: str, tier: TrafficTier) -> float:
+        return max(estimate.wait_s + self._feedback.correction_s(model, tier, self._clock()), 0.0)
 
     def _admitted(
         self,
@@ -216,17 +245,24 @@ class AdmissionController:
         *,
         degraded_from: str | None,
     ) -> Admitted:
-        request = PendingRequest(tokens, tenant.traffic_tier, self._clock())
+        now, tier = self._clock(), tenant.traffic_tier
+        request = PendingRequest(tokens, tier, now)
         self._pending[model.name][id(request)] = request
         if degraded_from is not None:
-            self._metrics.labelled(self._metrics.degraded, tenant.tenant_id, tenant.traffic_tier).inc()
-        estimate_s = estimate.wait_s if estimate is not None else math.nan
-        return Admitted(model, degraded_from, Ticket(self, model.name, request, estimate_s))
+            self._metrics.labelled(self._metrics.degraded, tenant.tenant_id, tier).inc()
+        correction = self._feedback.correction_s(model.name, tier, now)
+        return Admitted(model, degraded_from, Ticket(self, model.name, request, estimate, correction))
 
-    def _started(self, model: str, request: PendingRequest, estimate_s: float) -> None:
-        if math.isfinite(estimate_s):
-            observed = self._clock() - request.admitted_at
-            self._metrics.admission_estimate_error.labels(model, request.tier).observe(observed - estimate_s)
+    def _started(
+        self, model: str, request: PendingRequest, estimate: PoolWait | None, correction_s: float
+    ) -> None:
+        # An idle pool's estimate did not decide anything, but it is still one to learn from.
+        if estimate is not None and math.isfinite(estimate.wait_s):
+            now = self._clock()
+            observed = now - request.admitted_at
+            decided = max(estimate.wait_s + correction_s, 0.0)
+            self._metrics.admission_estimate_error.labels(model, request.tier).observe(observed - decided)
+            self._feedback.observe(model, request.tier, observed - estimate.wait_s, now)
         self._release(model, request)
 
     def _release(self, model: str, request: PendingRequest) -> None:
@@ -269,12 +305,7 @@ class AdmissionController:
         """The seconds the pool's estimate is over the tier's target: [1, max]."""
         tier = tenant.traffic_tier
         estimate = self._estimate(self._fleet(), model.name, tenant.residency, tier, 1)
-        over = estimate.wait_s - self._config.tier(tier).target_ttft_s if estimate is not None else 0.0
+        target = self._config.tier(tier).target_ttft_s
+        over = self._corrected_s(estimate, model.name, tier) - target if estimate is not None else 0.0
         cap = self._config.max_retry_after_s
         return cap if not math.isfinite(over) else min(cap, max(1, math.ceil(over)))
-
-
-def _within(estimate: PoolWait | None, target_s: float) -> bool:
-    # No pool at all is routing's to answer (a 503 that says why), not admission's; a pool with
-    # nothing ahead of the request starts it as soon as any could.
-    return estimate is None or estimate.idle or estimate.wait_s <= target_s

@@ -1,4 +1,4 @@
-"""Active health probes: every node's `/ready` and `/load`, about once a second, short timeouts.
+"""Active health probes: every node's `/ready` and `/load`, four times a second by default, short timeouts.
 
 Results feed NodeInfo.healthy and NodeInfo.load in the fleet snapshot. A node the prober has not
 heard from yet counts as not ready, so a node added to the directory gets traffic only after
@@ -29,9 +29,10 @@ logger = logging.getLogger(__name__)
 
 
 # A ready node whose /load answer is missed (a busy node can miss the short probe timeout) keeps
-# its last report for this many rounds: read as "no report" it would look idle, exactly when it
-# is busiest, and admission would pour work into it.
+# its last report for this many rounds, and at least this long: read as "no report" it would look
+# idle, exactly when it is busiest, and admission would pour work into it.
 _LOAD_KEPT_ROUNDS = 3
+_LOAD_KEPT_MIN_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ class NodeProber:
             and last is not None
             and last.load is not None
             and last.load_at is not None
-            and now - last.load_at <= _LOAD_KEPT_ROUNDS * self._interval_s
+            and now - last.load_at <= max(_LOAD_KEPT_ROUNDS * self._interval_s, _LOAD_KEPT_MIN_S)
         ):
             return ProbeResult(ready=ready, load=last.load, checked_at=now, load_at=last.load_at)
         return ProbeResult(ready=ready, load=None, checked_at=now)

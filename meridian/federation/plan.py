@@ -60,7 +60,7 @@ REGIONS = (("us-east", "us"), ("eu-west", "eu"))
 
 # Overload (gateway/README.md, "Overload"): the gateway's defaults, which follow the design's
 # interactive SLO (time to first token under 1 s at p90): admit while the estimate is within
-# 0.5 s, wait in the gateway at most 0.5 s more. Each node refuses on its own past the SLO itself
+# 0.5 s, wait in the gateway at most 0.1 s for that. Each node refuses on its own past the SLO itself
 # (what slips past the gateway between two probes, or comes from elsewhere).
 NODE_INTERACTIVE_MAX_WAIT_S = 1.0
 
@@ -188,7 +188,7 @@ class FederationPlan:
             "timeouts": {"stream_idle_s": 60.0, "read_s": 300.0},
             # The gateway's default targets (the design's SLOs); a smaller interactive queue, for
             # a federation of two CPU nodes.
-            "admission": {"interactive": {"target_ttft_s": 0.5, "queue_deadline_s": 0.5, "max_queue": 64}},
+            "admission": {"interactive": {"target_ttft_s": 0.5, "queue_deadline_s": 0.1, "max_queue": 64}},
         }
 
     def write_files(self) -> None:

@@ -12,12 +12,13 @@ honest however the engine is used:
   engine actually sees, not the speed of one step.
 
 It also fits what a step costs for its batch (`step_cost`: protocol/first_token.py's StepCost,
-duration = base + per-token cost * batched tokens) by least squares over recent steps of every
-size: a few steps per size band are kept however long ago they ran, so a long decode-only spell
-does not forget what a prefill step costs, and an idle spell does not forget anything. This is
-what the time-to-first-token estimate runs the next steps at; a throughput averaged over a
-window (`rate`) says nothing after an idle spell, and charges a burst of prompts as if they were
-processed one token at a time.
+duration = base + per-token cost * batched tokens) over recent steps of every size: a few steps
+per size band are kept however long ago they ran, so a long decode-only spell does not forget
+what a prefill step costs, and an idle spell does not forget anything. Each band counts by its
+median step and the line is Theil-Sen's, so a stalled step (one that waited seconds for a core)
+tilts neither. This is what the time-to-first-token estimate runs the next steps at; a
+throughput averaged over a window (`rate`) says nothing after an idle spell, and charges a burst
+of prompts as if they were processed one token at a time.
 
 The finish rate (requests per second freeing sequence slots) is kept likewise: `slot_rate`
 is the window's, or the last one measured while busy.
@@ -42,7 +43,7 @@ DRAIN_WINDOW_S = 5.0
 # takes a core) within a few steps of each size.
 STEPS_PER_BAND = 8
 # The least spread of batched tokens (largest minus smallest) that can tell a per-token cost from
-# noise; below it the fit is the mean step time.
+# noise; below it the fit is the median step time.
 MIN_TOKEN_SPREAD = 8
 
 
@@ -101,8 +102,8 @@ class DrainMeter:
         """A step's duration by its batched tokens, fitted on the kept steps (module docstring);
         StepCost() (unmeasured) before the first step."""
         with self._lock:
-            points = [point for band in self._bands.values() for point in band]
-        return fit_step_cost(points)
+            bands = [list(band) for band in self._bands.values() if band]
+        return fit_step_cost([_median_step(band) for band in bands])
 
     def _prune(self, now: float) -> None:
         horizon = now - self.window_s
@@ -113,22 +114,37 @@ class DrainMeter:
             self._finished -= finished
 
 
+def _median_step(steps: list[tuple[int, float]]) -> tuple[int, float]:
+    """One size band's typical step: its median size and median duration. A lone stall (a step
+    that waited seconds for a core) moves a median by one place, never to itself, where it would
+    drag a mean, and a fitted cost with it, for as long as it is kept."""
+    return round(_median([t for t, _ in steps])), _median([d for _, d in steps])
+
+
 def fit_step_cost(points: list[tuple[int, float]]) -> StepCost:
-    """Least squares `duration = base + per_token * tokens` over (tokens, duration) points, both
-    coefficients kept non-negative; the mean duration as `base` when the tokens barely vary."""
+    """The line `duration = base + per_token * tokens` through (tokens, duration) points, by
+    Theil-Sen (the median of the pairwise slopes, then the median intercept): one stalled band
+    cannot tilt it, as it would a least-squares line. Both coefficients are kept non-negative: the
+    median duration as `base` when the sizes barely vary or bigger steps ran no slower (noise),
+    a line through the origin where the intercept would be negative."""
     if not points:
         return StepCost()
-    n = len(points)
-    mean_t = sum(t for t, _ in points) / n
-    mean_d = sum(d for _, d in points) / n
-    spread = max(t for t, _ in points) - min(t for t, _ in points)
-    var_t = sum((t - mean_t) ** 2 for t, _ in points)
-    if spread < MIN_TOKEN_SPREAD or var_t <= 0:
-        return StepCost(base_s=mean_d)
-    per_token = sum((t - mean_t) * (d - mean_d) for t, d in points) / var_t
-    if per_token <= 0:  # noise swamped the token count: steps cost the same whatever their size
-        return StepCost(base_s=mean_d)
-    base = mean_d - per_token * mean_t
-    if base < 0:  # a line through the origin fits better than a negative fixed cost
-        return StepCost(per_token_s=sum(t * d for t, d in points) / sum(t * t for t, _ in points))
+    tokens = [t for t, _ in points]
+    if max(tokens) - min(tokens) < MIN_TOKEN_SPREAD:
+        return StepCost(base_s=_median([d for _, d in points]))
+    slopes = [
+        (d2 - d1) / (t2 - t1) for i, (t1, d1) in enumerate(points) for t2, d2 in points[i + 1 :] if t2 != t1
+    ]
+    per_token = _median(slopes)
+    if per_token <= 0:
+        return StepCost(base_s=_median([d for _, d in points]))
+    base = _median([d - per_token * t for t, d in points])
+    if base < 0:
+        return StepCost(per_token_s=_median([d / t for t, d in points]))
     return StepCost(base_s=base, per_token_s=per_token)
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2

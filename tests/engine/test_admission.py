@@ -234,11 +234,29 @@ def test_the_step_cost_is_fitted_on_steps_of_every_size_and_outlasts_idle_spells
 
 def test_the_step_cost_fit_never_goes_negative_and_needs_a_spread_of_sizes() -> None:
     assert fit_step_cost([(4, 0.02), (5, 0.03), (6, 0.01)]) == StepCost(base_s=pytest.approx(0.02))
-    # Bigger steps measured faster (noise): no per-token cost, the mean step.
+    # Bigger steps measured faster (noise): no per-token cost, the median step.
     assert fit_step_cost([(1, 0.05), (500, 0.01)]) == StepCost(base_s=pytest.approx(0.03))
     # A line through the origin where the intercept would be negative.
     fitted = fit_step_cost([(10, 0.001), (100, 0.1)])
     assert fitted.base_s == 0 and fitted.per_token_s > 0
+
+
+def test_a_stalled_step_does_not_stick_to_the_step_cost() -> None:
+    # Steps of every size at 30 ms + 0.1 ms a token, then one 2,048-token step that waited 8 s for
+    # a core, and one decode step that waited 20 s. (A least-squares fit, or a mean, took such a
+    # stall for the engine's speed for as long as the step was kept: an idle node then reported a
+    # 0.77 s first token.)
+    clock = Clock()
+    meter = DrainMeter(window_s=5.0, clock=clock)
+    for _ in range(3):
+        for tokens in (1, 2, 4, 8, 16, 64, 256, 1024, 2048):
+            meter.record(clock.now, clock.now + 0.030 + 0.0001 * tokens, tokens)
+            clock.now += 1.0
+    meter.record(clock.now, clock.now + 8.0, 2048)
+    meter.record(clock.now, clock.now + 20.0, 3)
+    cost = meter.step_cost()
+    assert cost.base_s == pytest.approx(0.030, abs=0.005)
+    assert cost.per_token_s == pytest.approx(0.0001, rel=0.05)
 
 
 def test_after_an_idle_spell_the_rate_starts_from_the_first_new_step() -> None:
