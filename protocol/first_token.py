@@ -69,8 +69,10 @@ def first_token_s(queue: EngineQueue, prompt_tokens: int, *, unknown_s: float) -
     if not cost.measured:
         return slot_s
     prefill = max(queue.waiting_tokens, 0) + max(prompt_tokens, 1)
-    budget = queue.max_num_batched_tokens if queue.max_num_batched_tokens > 0 else prefill
-    decode = min(max(queue.running, 0), budget - 1)
+    running = max(queue.running, 0)
+    # An unknown step size: one step takes every prompt beside the running sequences' decodes.
+    budget = queue.max_num_batched_tokens if queue.max_num_batched_tokens > 0 else prefill + running
+    decode = min(running, budget - 1)
     steps = math.ceil(prefill / (budget - decode))
     # The step in progress (a busy engine is mid-step when the request arrives; its prompt tokens,
     # if any, are still counted as waiting), then the steps that prefill the prompts ahead and
