@@ -141,5 +141,5 @@ def pool_wait(
             continue  # every node was asked after it was admitted: it is in their reports
         best = min(unreported, key=lambda i: ahead[i].estimate(request.tokens))
         ahead[best] = ahead[best].plus(request)
-    best_node = min(ahead, key=lambda node: node.estimate(prompt_tokens))
-    return PoolWait(wait_s=best_node.estimate(prompt_tokens), nodes=len(nodes), idle=best_node.idle)
+    wait_s, best = min((node.estimate(prompt_tokens), i) for i, node in enumerate(ahead))
+    return PoolWait(wait_s=wait_s, nodes=len(nodes), idle=ahead[best].idle)
