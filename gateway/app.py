@@ -19,8 +19,9 @@ from litestar.di import Provide
 from litestar.types import ControllerRouterHandler
 
 from gateway.api import FRONT_DOORS
-from gateway.api.errors import handle_exception, to_api_error
+from gateway.api.doors import any_door_errors
 from gateway.batches.batches import Batches, build_batches
+from gateway.call.pipeline import RequestPipeline
 from gateway.config import GatewayConfig
 from gateway.discovery.build import build_region_directory
 from gateway.discovery.interface import RegionDirectory
@@ -29,13 +30,13 @@ from gateway.health.probes import NodeProber, ProbeResult
 from gateway.ledger.build import Ledger, build_ledger
 from gateway.ledger.outbox import LocalOutbox
 from gateway.metrics import GatewayMetrics
+from gateway.observe import Observers
 from gateway.policy import PolicyStore
 from gateway.quota import build_quota_gate
 from gateway.quota.interface import QuotaGate
-from gateway.request.pipeline import RequestPipeline
-from gateway.responses import ResponseStore
+from gateway.responses.store import ResponseStore
 from gateway.safety.guard import SafetyGuard
-from gateway.tracing import TracedForwarder, TracedPipeline
+from gateway.tracing import TracingObserver
 from gateway.upstreams.failover import Forwarder
 from gateway.upstreams.fleet import Fleet, ProviderSet
 from gateway.upstreams.http1 import ConnectionPool
@@ -71,7 +72,7 @@ class Gateway:
 
     def __post_init__(self) -> None:
         if self.responses is None:
-            self.responses = ResponseStore(self.config.responses)
+            self.responses = ResponseStore(self.config.responses, self.pipeline)
 
     async def start(self) -> None:
         await self.safety.start()  # first: the classifier warms while the rest starts
@@ -215,20 +216,13 @@ def build_gateway(
         safety=safety,
         prices=ledger.prices if ledger is not None else None,
     )
-    if tracing is None:
-        forwarder = Forwarder(fleet, metrics, retry=config.retry, stream_idle_s=timeouts.stream_idle_s)
-        pipeline = RequestPipeline(forwarder=forwarder, **parts)
-    else:
-        # The same request path with its stages in spans; off, none of it is built.
-        forwarder = TracedForwarder(
-            fleet, metrics, retry=config.retry, stream_idle_s=timeouts.stream_idle_s, tracer=tracing.tracer
-        )
-        pipeline = TracedPipeline(tracer=tracing.tracer, forwarder=forwarder, **parts)
+    forwarder = Forwarder(fleet, metrics, retry=config.retry, stream_idle_s=timeouts.stream_idle_s)
+    # The request path's observers: metrics always; tracing when it is on (off, none of it exists).
+    observer = metrics if tracing is None else Observers(metrics, TracingObserver(tracing.tracer))
+    pipeline = RequestPipeline(forwarder=forwarder, observer=observer, **parts)
     batches = None
     if config.batches.enabled:
-        batches = build_batches(
-            config.batches, config.ledger.store, env, pipeline, policies, to_api_error, metrics
-        )
+        batches = build_batches(config.batches, config.ledger.store, env, pipeline, policies, metrics)
     return Gateway(
         config=config,
         policies=policies,
@@ -277,7 +271,7 @@ def create_app(
             "responses": provide(gateway.responses),
             "batches": provide(gateway.batches),
         },
-        exception_handlers={Exception: handle_exception},
+        exception_handlers={Exception: any_door_errors},
         lifespan=[gateway.lifespan],
         state={"gateway": gateway},  # type: ignore[arg-type]
         # The OpenAPI document is our own (GET /openapi.json, gateway/api/openapi.py): Litestar

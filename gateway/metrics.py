@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -225,3 +227,53 @@ class GatewayMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    # -- the request path's observer (gateway/observe.py) ---------------------------------------
+
+    def start(self, headers: Mapping[str, str], request_id: str) -> _CallMetrics:
+        return _CallMetrics(self)
+
+
+class _CallMetrics:
+    """One call's metrics: requests, latency, the gateway's overhead, time to first chunk and
+    tokens, counted when the call is over. Stages are not metered (their spans time them)."""
+
+    wants_text = False
+
+    def __init__(self, metrics: GatewayMetrics) -> None:
+        self._metrics = metrics
+
+    def note(self, **attributes: Any) -> None:
+        return None
+
+    @contextmanager
+    def stage(self, name: str, **attributes: Any) -> Iterator[_CallMetrics]:
+        yield self
+
+    @contextmanager
+    def attempt(self, target: Any, headers: dict[str, str]) -> Iterator[_CallMetrics]:
+        yield self
+
+    def authenticated(self, tenant: Any, started_ns: int, ended_ns: int, error: BaseException | None) -> None:
+        return None
+
+    def planned(self, operation: str, request: Any, prompt: Any, degraded: bool) -> None:
+        return None
+
+    def first_chunk(self, model: str, seconds: float) -> None:
+        self._metrics.labelled(self._metrics.ttft, model).observe(seconds)
+
+    def answered_text(self, text: str) -> None:
+        return None
+
+    def ended(self, ended: Any) -> None:
+        metrics = self._metrics
+        streamed = "true" if ended.stream else "false"
+        metrics.labelled(metrics.requests, ended.tenant, ended.model, ended.region, ended.status).inc()
+        metrics.labelled(metrics.latency, ended.model, streamed).observe(ended.total_s)
+        metrics.labelled(metrics.overhead, ended.model, streamed).observe(ended.gateway_s)
+        usage = ended.usage
+        if usage is not None:
+            for kind, count in (("prompt", usage.prompt_tokens), ("completion", usage.completion_tokens)):
+                if count:
+                    metrics.labelled(metrics.tokens, ended.tenant, kind).inc(count)

@@ -2,8 +2,9 @@
 
 uvicorn's httptools protocol is extended rather than wrapped: the limits need the connection's
 own events (opened, request begun, headers complete), which an ASGI app never sees; a request
-refused here never reaches the app. Refusals are written directly, in OpenAI's error format, with
-`connection: close`, and the connection is closed.
+refused here never reaches the app. Refusals are written directly, with `connection: close`, and
+the connection is closed; in OpenAI's error format, or in the format the server was given for
+the path the request named (`error_formats`: the gateway's /v1/messages answers in Anthropic's).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import logging
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
@@ -34,9 +36,14 @@ _REASONS = {
 _LINGER_S = 2.0
 
 
-def refusal(error: APIError) -> bytes:
+# Path prefix → the error body for that door (the default: OpenAI's `error.to_body()`).
+ErrorFormats = Mapping[str, Callable[[APIError], Any]]
+
+
+def refusal(error: APIError, path: bytes = b"", formats: ErrorFormats | None = None) -> bytes:
     """A complete HTTP/1.1 response for `error` that closes the connection."""
-    body = msgspec.json.encode(error.to_body())
+    shape = next((make for prefix, make in (formats or {}).items() if path.startswith(prefix.encode())), None)
+    body = msgspec.json.encode(shape(error) if shape is not None else error.to_body())
     head = [
         b"HTTP/1.1 %d %s\r\n" % (error.status_code, _REASONS.get(error.status_code, b"Error")),
         b"content-type: application/json\r\n",
@@ -55,9 +62,11 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     """One client connection, with the limits of `ServerLimits` (set on a subclass per server)."""
 
     limits = ServerLimits()
+    error_formats: ErrorFormats = {}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._path = b""  # the request's target, once the request line is read
         self._head_timer: asyncio.TimerHandle | None = None
         self._head_last_look = False
         self._head_bytes = 0
@@ -92,6 +101,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             self._start_head_timer()
 
     def on_url(self, url: bytes) -> None:
+        self._path = (self._path + url) if self._head_bytes else url
         self._count_head(len(url))
         super().on_url(url)
 
@@ -157,7 +167,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         )
 
     def _refuse(self, error: APIError) -> None:
-        self.transport.write(refusal(error))
+        self.transport.write(refusal(error, self._path, self.error_formats))
         self._linger()
 
     def _linger(self) -> None:
@@ -171,9 +181,17 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             self.transport.close()
 
 
-def server_config(app: Any, host: str, port: int, limits: ServerLimits, **options: Any) -> uvicorn.Config:
+def server_config(
+    app: Any,
+    host: str,
+    port: int,
+    limits: ServerLimits,
+    error_formats: ErrorFormats | None = None,
+    **options: Any,
+) -> uvicorn.Config:
     """A uvicorn config for `app` whose connections enforce `limits`; `options` are uvicorn's."""
-    protocol = type("ServerProtocol", (LimitedHttpProtocol,), {"limits": limits})
+    attributes = {"limits": limits, "error_formats": dict(error_formats or {})}
+    protocol = type("ServerProtocol", (LimitedHttpProtocol,), attributes)
     return uvicorn.Config(
         app,
         host=host,

@@ -1,4 +1,4 @@
-"""Admission's domain error; gateway/api/errors.py maps it to a 429 `overloaded` with Retry-After."""
+"""Admission's domain error; gateway/errors.py maps it to a 429 `overloaded` with Retry-After."""
 
 from __future__ import annotations
 

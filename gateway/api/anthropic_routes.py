@@ -3,48 +3,32 @@
 Thin like the OpenAI door: translate the Messages request into an OpenAI chat request, run it
 through the same RequestPipeline (auth, policy, quota, routing to nodes or providers), and
 translate the answer back, streamed as Anthropic's event sequence. Every error, including a
-stream that breaks midway, is in Anthropic's `{"type": "error", "error": {type, message}}` shape.
-The key comes as `x-api-key` (Anthropic's SDKs) or `Authorization: Bearer` (everyone else).
+stream that breaks midway, is in Anthropic's `{"type": "error", "error": {type, message}}` shape
+(doors.py). The key comes as `x-api-key` (Anthropic's SDKs) or `Authorization: Bearer`.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import msgspec
 from litestar import Controller, Request, Response, post
 
 from gateway.api.body import request_body
-from gateway.api.errors import failed
+from gateway.api.doors import ANTHROPIC_DEPENDENCIES, DEPENDENCIES, Call, Tenant, anthropic_errors
 from gateway.api.sse import SSEResponse
-from gateway.request.context import CallContext
-from gateway.request.pipeline import RequestPipeline
-from gateway.streaming.served import ServedStream
-from gateway.upstreams.providers.anthropic_errors import anthropic_error_body, error_type_for_status
-from gateway.upstreams.providers.anthropic_stream import ChatToMessagesStream, Event
-from gateway.upstreams.providers.anthropic_translate import (
-    TranslationError,
-    chat_response_to_message,
-    messages_request_to_chat,
-)
-from protocol import APIError, AuthenticationError, ChatCompletionRequest, InvalidRequestError
+from gateway.call.context import CallContext
+from gateway.call.pipeline import RequestPipeline
+from gateway.call.served import ServedStream
+from gateway.translate.anthropic_to_openai import messages_request_to_chat
+from gateway.translate.errors import TranslationError
+from gateway.translate.openai_to_anthropic import ChatToMessagesStream, Event, chat_response_to_message
+from protocol import ChatCompletionRequest, InvalidRequestError
 from protocol.anthropic import MessagesRequest
+from protocol.chunk import StreamFailed, to_builtins
 from protocol.openai import decode_request
 from protocol.sse import encode_event
-
-
-def _authorization(headers: Mapping[str, str]) -> str | None:
-    api_key = headers.get("x-api-key")
-    return f"Bearer {api_key}" if api_key else headers.get("authorization")
-
-
-def _error_response(error: APIError) -> Response[Any]:
-    message = error.message
-    if isinstance(error, AuthenticationError):
-        message = "Incorrect or missing API key. Send it as 'x-api-key: KEY' or 'Authorization: Bearer KEY'."
-    body = anthropic_error_body(error_type_for_status(error.status_code), message)
-    return Response(body, status_code=error.status_code, headers=error.headers)
 
 
 def _event(event: Event) -> bytes:
@@ -58,14 +42,15 @@ def message_id(ctx: CallContext) -> str:
 async def _frames(stream: ServedStream, events: ChatToMessagesStream) -> AsyncGenerator[bytes, None]:
     for event in events.start():
         yield _event(event)
-    async for chunk in stream.chunks:
-        if isinstance(chunk.get("error"), dict):
-            # The pipeline's last word on a stream it could not finish or continue.
-            message = str(chunk["error"].get("message") or "The stream was interrupted.")
-            blocked = chunk["error"].get("code") == "content_policy_violation"
-            yield _event(events.error("invalid_request_error" if blocked else "api_error", message))
+    async for item in stream.items():
+        if isinstance(item, StreamFailed):
+            # The pipeline's last word on a stream it could not finish or continue: the text
+            # block is closed, and the error says why (no message_delta: no stop_reason is made up).
+            blocked = item.code == "content_policy_violation"
+            yield _event(events.close_block())
+            yield _event(events.error("invalid_request_error" if blocked else "api_error", item.message))
             return
-        for event in events.feed(chunk):
+        for event in events.feed(item):
             yield _event(event)
     for event in events.finish():
         yield _event(event)
@@ -83,23 +68,21 @@ def _chat_request(raw: bytes) -> tuple[MessagesRequest, dict[str, Any], ChatComp
 
 class AnthropicController(Controller):
     path = "/v1"
+    dependencies = {**DEPENDENCIES, **ANTHROPIC_DEPENDENCIES}
+    exception_handlers = {Exception: anthropic_errors}
 
     @post("/messages", status_code=200)
-    async def messages(self, request: Request[Any, Any, Any], pipeline: RequestPipeline) -> Response[Any]:
-        ctx = pipeline.start_call(request.headers)
-        try:
-            pipeline.authenticate(ctx, _authorization(request.headers))
-            messages, body, parsed = _chat_request(await request_body(request))
-            if parsed.stream:
-                stream = await pipeline.stream(ctx, "chat", parsed, body)
-                events = ChatToMessagesStream(
-                    message_id=message_id(ctx), model=ctx.model, stop_sequences=messages.stop_sequences
-                )
-                return SSEResponse(stream, frames=_frames(stream, events))
-            result = await pipeline.complete(ctx, "chat", parsed, body)
-        except Exception as exc:
-            return _error_response(failed(pipeline, ctx, exc))
-        pipeline.record(ctx, "200", stream=False)
-        message = chat_response_to_message(result, stop_sequences=messages.stop_sequences)
-        message["id"] = message_id(ctx)
-        return Response(message, headers=ctx.headers, status_code=200)
+    async def messages(
+        self, request: Request[Any, Any, Any], pipeline: RequestPipeline, call: Call, tenant: Tenant
+    ) -> Response[Any]:
+        messages, body, parsed = _chat_request(await request_body(request))
+        if parsed.stream:
+            stream = await pipeline.stream(call, "chat", parsed, body)
+            events = ChatToMessagesStream(
+                message_id=message_id(call), model=call.model, stop_sequences=messages.stop_sequences
+            )
+            return SSEResponse(stream, frames=_frames(stream, events))
+        result = await pipeline.complete(call, "chat", parsed, body)
+        message = chat_response_to_message(to_builtins(result), stop_sequences=messages.stop_sequences)
+        message["id"] = message_id(call)
+        return Response(message, headers=call.headers, status_code=200)

@@ -15,12 +15,11 @@ from litestar._multipart import parse_multipart_form
 from litestar.datastructures import UploadFile
 
 from gateway.api.body import request_body
-from gateway.api.errors import failed
+from gateway.api.doors import DEPENDENCIES, Call, Tenant, openai_errors
 from gateway.batches import BatchInputError
 from gateway.batches.batches import Batches
 from gateway.batches.objects import batch_list, batch_object, file_object
-from gateway.request.context import CallContext
-from gateway.request.pipeline import RequestPipeline
+from gateway.call.context import CallContext
 from protocol.errors import NotFoundError
 from router.types import TenantPolicy
 
@@ -37,25 +36,19 @@ Work = Callable[[CallContext, TenantPolicy, Batches], Awaitable[Any]]
 
 
 async def _serve(
-    request: Request[Any, Any, Any],
-    pipeline: RequestPipeline,
+    call: Call,
+    tenant: Tenant,
     batches: Batches | None,
     work: Work,
     *,
     media_type: str | None = None,
 ) -> Response[Any]:
-    """Every route's frame: authenticate the caller, run `work` for its tenant, and map whatever
-    it raises once (errors.py); the answer carries the call's headers."""
-    ctx = pipeline.start_call(request.headers)
-    try:
-        tenant = pipeline.authenticate(ctx, request.headers.get("authorization"))
-        if batches is None:
-            raise NotFoundError(
-                "The Files and Batches APIs are not enabled on this gateway.", code="not_enabled"
-            )
-        answer = await work(ctx, tenant, batches)
-    except Exception as exc:
-        raise failed(pipeline, ctx, exc) from None
+    """Every route's frame: run `work` for the caller's tenant (the call and tenant are the
+    door's dependencies, its errors the door's handler's); the answer carries the call's headers."""
+    ctx = call
+    if batches is None:
+        raise NotFoundError("The Files and Batches APIs are not enabled on this gateway.", code="not_enabled")
+    answer = await work(ctx, tenant, batches)
     if media_type is not None:
         return Response(answer, headers=ctx.headers, media_type=media_type)
     return Response(answer, headers=ctx.headers)
@@ -101,64 +94,71 @@ async def _upload_form(request: Request[Any, Any, Any]) -> tuple[str, str, bytes
 
 class FilesController(Controller):
     path = "/v1/files"
+    dependencies = DEPENDENCIES
+    exception_handlers = {Exception: openai_errors}
 
     @post("/", status_code=200)
     async def upload(
-        self, request: Request[Any, Any, Any], pipeline: RequestPipeline, batches: Batches | None
+        self, request: Request[Any, Any, Any], call: Call, tenant: Tenant, batches: Batches | None
     ) -> Response[Any]:
         async def work(ctx: CallContext, tenant: TenantPolicy, found: Batches) -> Any:
             filename, purpose, data = await _upload_form(request)
             return file_object(await found.upload(tenant.tenant_id, filename, purpose, data))
 
-        return await _serve(request, pipeline, batches, work)
+        return await _serve(call, tenant, batches, work)
 
     @get("/{file_id:str}")
     async def retrieve(
         self,
         request: Request[Any, Any, Any],
         file_id: str,
-        pipeline: RequestPipeline,
+        call: Call,
+        tenant: Tenant,
         batches: Batches | None,
     ) -> Response[Any]:
         async def work(ctx: CallContext, tenant: TenantPolicy, found: Batches) -> Any:
             return file_object(await found.file(file_id, tenant.tenant_id))
 
-        return await _serve(request, pipeline, batches, work)
+        return await _serve(call, tenant, batches, work)
 
     @get("/{file_id:str}/content")
     async def content(
         self,
         request: Request[Any, Any, Any],
         file_id: str,
-        pipeline: RequestPipeline,
+        call: Call,
+        tenant: Tenant,
         batches: Batches | None,
     ) -> Response[Any]:
         async def work(ctx: CallContext, tenant: TenantPolicy, found: Batches) -> Any:
             return await found.content(file_id, tenant.tenant_id)
 
-        return await _serve(request, pipeline, batches, work, media_type="application/jsonl")
+        return await _serve(call, tenant, batches, work, media_type="application/jsonl")
 
     @delete("/{file_id:str}", status_code=200)
     async def remove(
         self,
         request: Request[Any, Any, Any],
         file_id: str,
-        pipeline: RequestPipeline,
+        call: Call,
+        tenant: Tenant,
         batches: Batches | None,
     ) -> Response[Any]:
         async def work(ctx: CallContext, tenant: TenantPolicy, found: Batches) -> Any:
             await found.delete_file(file_id, tenant.tenant_id)
             return {"id": file_id, "object": "file", "deleted": True}
 
-        return await _serve(request, pipeline, batches, work)
+        return await _serve(call, tenant, batches, work)
 
 
 class BatchesController(Controller):
     path = "/v1/batches"
+    dependencies = DEPENDENCIES
+    exception_handlers = {Exception: openai_errors}
 
     @post("/", status_code=200)
     async def create(
-        self, request: Request[Any, Any, Any], pipeline: RequestPipeline, batches: Batches | None
+        self, request: Request[Any, Any, Any], call: Call, tenant: Tenant, batches: Batches | None
     ) -> Response[Any]:
         async def work(ctx: CallContext, tenant: TenantPolicy, found: Batches) -> Any:
             try:
@@ -176,11 +176,11 @@ class BatchesController(Controller):
             )
             return batch_object(batch)
 
-        return await _serve(request, pipeline, batches, work)
+        return await _serve(call, tenant, batches, work)
 
     @get("/")
     async def page(
-        self, request: Request[Any, Any, Any], pipeline: RequestPipeline, batches: Batches | None
+        self, request: Request[Any, Any, Any], call: Call, tenant: Tenant, batches: Batches | None
     ) -> Response[Any]:
         async def work(ctx: CallContext, tenant: TenantPolicy, found: Batches) -> Any:
             raw_limit = request.query_params.get("limit", "20")
@@ -191,30 +191,32 @@ class BatchesController(Controller):
             )
             return batch_list(rows, has_more=more)
 
-        return await _serve(request, pipeline, batches, work)
+        return await _serve(call, tenant, batches, work)
 
     @get("/{batch_id:str}")
     async def retrieve(
         self,
         request: Request[Any, Any, Any],
         batch_id: str,
-        pipeline: RequestPipeline,
+        call: Call,
+        tenant: Tenant,
         batches: Batches | None,
     ) -> Response[Any]:
         async def work(ctx: CallContext, tenant: TenantPolicy, found: Batches) -> Any:
             return batch_object(await found.batch(batch_id, tenant.tenant_id))
 
-        return await _serve(request, pipeline, batches, work)
+        return await _serve(call, tenant, batches, work)
 
     @post("/{batch_id:str}/cancel", status_code=200)
     async def cancel(
         self,
         request: Request[Any, Any, Any],
         batch_id: str,
-        pipeline: RequestPipeline,
+        call: Call,
+        tenant: Tenant,
         batches: Batches | None,
     ) -> Response[Any]:
         async def work(ctx: CallContext, tenant: TenantPolicy, found: Batches) -> Any:
             return batch_object(await found.cancel(batch_id, tenant.tenant_id))
 
-        return await _serve(request, pipeline, batches, work)
+        return await _serve(call, tenant, batches, work)

@@ -1,7 +1,8 @@
 """OpenAI-compatible front door: /v1/chat/completions, /v1/completions, /v1/models (/v1/usage and
 /v1/costs are in usage_routes.py, /v1/quota in quota_routes.py).
 
-Thin on purpose: parse the body, hand it to the RequestPipeline, shape the response.
+Thin on purpose: the call and its tenant are dependencies (doors.py), so a handler parses the
+body, hands it to the RequestPipeline, and shapes the response; errors are the door's handler's.
 """
 
 from __future__ import annotations
@@ -12,10 +13,9 @@ from typing import Any
 from litestar import Controller, Request, Response, get, post
 
 from gateway.api.body import request_body
-from gateway.api.errors import failed
+from gateway.api.doors import DEPENDENCIES, Call, Tenant, openai_errors
 from gateway.api.sse import SSEResponse
-from gateway.request.context import CallContext
-from gateway.request.pipeline import RequestPipeline
+from gateway.call.pipeline import RequestPipeline
 from gateway.upstreams.base import Endpoint
 from protocol import ChatCompletionRequest, CompletionRequest
 from protocol.openai import ModelCard, ModelList, decode_request_and_object
@@ -29,42 +29,33 @@ _CREATED = int(time.time())
 
 
 async def _serve(
-    pipeline: RequestPipeline, request: Request[Any, Any, Any], endpoint: Endpoint
+    pipeline: RequestPipeline, call: Call, request: Request[Any, Any, Any], endpoint: Endpoint
 ) -> Response[Any]:
-    ctx: CallContext = pipeline.start_call(request.headers)
-    try:
-        pipeline.authenticate(ctx, request.headers.get("authorization"))
-        raw = await request_body(request)
-        parsed, body = decode_request_and_object(raw, _REQUEST_TYPES[endpoint])
-        if parsed.stream:
-            stream = await pipeline.stream(ctx, endpoint, parsed, body)
-            return SSEResponse(stream)
-        result = await pipeline.complete(ctx, endpoint, parsed, body)
-    except Exception as exc:
-        raise failed(pipeline, ctx, exc) from None
-    pipeline.record(ctx, "200", stream=False)
-    return Response(result, headers=ctx.headers, status_code=200)
+    parsed, body = decode_request_and_object(await request_body(request), _REQUEST_TYPES[endpoint])
+    if parsed.stream:
+        return SSEResponse(await pipeline.stream(call, endpoint, parsed, body))
+    result = await pipeline.complete(call, endpoint, parsed, body)
+    return Response(result, headers=call.headers, status_code=200)
 
 
 class OpenAIController(Controller):
     path = "/v1"
+    dependencies = DEPENDENCIES
+    exception_handlers = {Exception: openai_errors}
 
     @post("/chat/completions", status_code=200)
     async def chat_completions(
-        self, request: Request[Any, Any, Any], pipeline: RequestPipeline
+        self, request: Request[Any, Any, Any], pipeline: RequestPipeline, call: Call, tenant: Tenant
     ) -> Response[Any]:
-        return await _serve(pipeline, request, "chat")
+        return await _serve(pipeline, call, request, "chat")
 
     @post("/completions", status_code=200)
-    async def completions(self, request: Request[Any, Any, Any], pipeline: RequestPipeline) -> Response[Any]:
-        return await _serve(pipeline, request, "completions")
+    async def completions(
+        self, request: Request[Any, Any, Any], pipeline: RequestPipeline, call: Call, tenant: Tenant
+    ) -> Response[Any]:
+        return await _serve(pipeline, call, request, "completions")
 
     @get("/models")
-    async def models(self, request: Request[Any, Any, Any], pipeline: RequestPipeline) -> Response[ModelList]:
-        ctx = pipeline.start_call(request.headers)
-        try:
-            tenant = pipeline.authenticate(ctx, request.headers.get("authorization"))
-        except Exception as exc:
-            raise failed(pipeline, ctx, exc) from None
+    async def models(self, pipeline: RequestPipeline, call: Call, tenant: Tenant) -> Response[ModelList]:
         cards = [ModelCard(id=m.name, created=_CREATED) for m in pipeline.allowed_models(tenant)]
-        return Response(ModelList(data=cards), headers=ctx.headers)
+        return Response(ModelList(data=cards), headers=call.headers)

@@ -8,28 +8,29 @@ from __future__ import annotations
 
 from typing import Any
 
-from litestar import Controller, Request, Response, get
+from litestar import Controller, Response, get
+from litestar.params import Parameter
 
-from gateway.api.errors import failed
-from gateway.request.pipeline import RequestPipeline
+from gateway.api.doors import DEPENDENCIES, Call, Tenant, openai_errors
+from gateway.call.pipeline import RequestPipeline
 from protocol import PermissionDeniedError
 
 
 class QuotaController(Controller):
     path = "/v1/quota"
+    dependencies = DEPENDENCIES
+    exception_handlers = {Exception: openai_errors}
 
     @get("/")
     async def quota(
-        self, request: Request[Any, Any, Any], pipeline: RequestPipeline, tenant: str | None = None
+        self,
+        pipeline: RequestPipeline,
+        call: Call,
+        tenant: Tenant,
+        tenant_id: str | None = Parameter(query="tenant", default=None),
     ) -> Response[dict[str, Any]]:
-        ctx = pipeline.start_call(request.headers)
-        try:
-            caller = pipeline.authenticate(ctx, request.headers.get("authorization"))
-            if tenant is not None and tenant != caller.tenant_id:
-                raise PermissionDeniedError(
-                    "An API key can only read its own tenant's quota.", param="tenant", code="tenant_mismatch"
-                )
-            usage = await pipeline.usage(caller)
-        except Exception as exc:
-            raise failed(pipeline, ctx, exc) from None
-        return Response(usage, headers=ctx.headers)
+        if tenant_id is not None and tenant_id != tenant.tenant_id:
+            raise PermissionDeniedError(
+                "An API key can only read its own tenant's quota.", param="tenant", code="tenant_mismatch"
+            )
+        return Response(await pipeline.usage(tenant), headers=call.headers)

@@ -11,7 +11,6 @@ events) and cancels it if the client goes away; a background one returns at once
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -22,39 +21,15 @@ from litestar.response.base import ASGIResponse
 from litestar.types import Receive, Scope, Send
 
 from gateway.api.body import request_body
-from gateway.api.errors import failed
-from gateway.request.context import CallContext
-from gateway.request.pipeline import RequestPipeline
-from gateway.responses import ResponseStore, Run, parse_request
+from gateway.api.doors import DEPENDENCIES, Call, Tenant, openai_errors
+from gateway.responses import Run, parse_request
+from gateway.responses.store import ResponseStore
 from gateway.runtime.tasks import run_shielded
-from protocol import ChatCompletionRequest, InvalidRequestError
+from protocol import InvalidRequestError
 from protocol.errors import NotFoundError
 from protocol.sse import encode_event
 
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
-
-
-async def _drive(
-    pipeline: RequestPipeline, ctx: CallContext, run: Run, parsed: ChatCompletionRequest, body: dict[str, Any]
-) -> None:
-    """The run's task: the pipeline's stream, read to its end into the run."""
-    try:
-        try:
-            stream = await pipeline.stream(ctx, "chat", parsed, body)
-        except Exception as exc:
-            error = failed(pipeline, ctx, exc)
-            run.failed_to_open({"code": error.code or error.error_type, "message": error.message}, error)
-            return
-        try:
-            await run.started(ctx.model)
-            async for chunk in stream.chunks:
-                await run.feed(chunk)
-            run.ended()
-        finally:
-            await stream.aclose()
-    except asyncio.CancelledError:
-        run.cancelled()
-        raise
 
 
 class _CancelOnEnd:
@@ -101,25 +76,27 @@ def _owned(store: ResponseStore, response_id: str, tenant_id: str) -> Run:
 
 class ResponsesController(Controller):
     path = "/v1/responses"
+    dependencies = DEPENDENCIES
+    exception_handlers = {Exception: openai_errors}
 
     @post("/", status_code=200)
     async def create(
-        self, request: Request[Any, Any, Any], pipeline: RequestPipeline, responses: ResponseStore
+        self,
+        request: Request[Any, Any, Any],
+        call: Call,
+        tenant: Tenant,
+        responses: ResponseStore,
     ) -> Response[Any]:
-        ctx = pipeline.start_call(request.headers)
-        try:
-            tenant = pipeline.authenticate(ctx, request.headers.get("authorization"))
-            wanted, body, parsed = parse_request(await request_body(request))
-            response_id = "resp_" + os.urandom(16).hex()
-            ctx.headers["x-meridian-response-id"] = response_id
-            run = Run(response_id, tenant.tenant_id, wanted, stream=wanted.stream)
-            responses.start(run, _drive(pipeline, ctx, run, parsed, body))
-        except Exception as exc:
-            raise failed(pipeline, ctx, exc) from None
+        ctx = call
+        wanted, body, parsed = parse_request(await request_body(request))
+        response_id = "resp_" + os.urandom(16).hex()
+        ctx.headers["x-meridian-response-id"] = response_id
+        run = Run(response_id, tenant.tenant_id, wanted, stream=wanted.stream)
+        responses.start(run, ctx, parsed, body)
         if wanted.background:
             return Response(run.to_object(), headers=ctx.headers, status_code=200)
-        # Errors before the first token are HTTP errors, as for chat: the APIError _drive made,
-        # with this call's headers.
+        # Errors before the first token are HTTP errors, as for chat: the run's failed open
+        # raises the APIError (with this call's headers) here.
         await run.opened
         if run.events is not None:
             return _EventStream(responses, run, ctx.headers)
@@ -135,59 +112,32 @@ class ResponsesController(Controller):
         self,
         request: Request[Any, Any, Any],
         response_id: str,
-        pipeline: RequestPipeline,
+        call: Call,
+        tenant: Tenant,
         responses: ResponseStore,
     ) -> Response[Any]:
-        ctx, run = _authorized(request, pipeline, responses, response_id)
+        run = _owned(responses, response_id, tenant.tenant_id)
         if request.query_params.get("stream") in ("true", "1"):
-            unsupported = InvalidRequestError("Streaming a stored response is not supported.", param="stream")
-            raise failed(pipeline, ctx, unsupported)
-        return Response(run.to_object(), headers=ctx.headers)
+            raise InvalidRequestError("Streaming a stored response is not supported.", param="stream")
+        return Response(run.to_object(), headers=call.headers)
 
     @post("/{response_id:str}/cancel", status_code=200)
     async def cancel(
-        self,
-        request: Request[Any, Any, Any],
-        response_id: str,
-        pipeline: RequestPipeline,
-        responses: ResponseStore,
+        self, response_id: str, call: Call, tenant: Tenant, responses: ResponseStore
     ) -> Response[Any]:
-        ctx, run = _authorized(request, pipeline, responses, response_id)
-        try:
-            if run.finished and run.status != "cancelled":
-                raise InvalidRequestError(
-                    f"Response '{response_id}' is already {run.status}: only a running response can be cancelled.",
-                    param="response_id",
-                    code="response_not_cancellable",
-                )
-            await responses.cancel(run)
-        except Exception as exc:
-            raise failed(pipeline, ctx, exc) from None
-        return Response(run.to_object(), headers=ctx.headers)
+        run = _owned(responses, response_id, tenant.tenant_id)
+        if run.finished and run.status != "cancelled":
+            raise InvalidRequestError(
+                f"Response '{response_id}' is already {run.status}: only a running response can be cancelled.",
+                param="response_id",
+                code="response_not_cancellable",
+            )
+        await responses.cancel(run)
+        return Response(run.to_object(), headers=call.headers)
 
     @delete("/{response_id:str}", status_code=200)
     async def remove(
-        self,
-        request: Request[Any, Any, Any],
-        response_id: str,
-        pipeline: RequestPipeline,
-        responses: ResponseStore,
+        self, response_id: str, call: Call, tenant: Tenant, responses: ResponseStore
     ) -> Response[Any]:
-        ctx, run = _authorized(request, pipeline, responses, response_id)
-        try:
-            await responses.delete(run)
-        except Exception as exc:
-            raise failed(pipeline, ctx, exc) from None
-        return Response({"id": response_id, "object": "response", "deleted": True}, headers=ctx.headers)
-
-
-def _authorized(
-    request: Request[Any, Any, Any], pipeline: RequestPipeline, responses: ResponseStore, response_id: str
-) -> tuple[CallContext, Run]:
-    """The caller's call context and its own stored response (another tenant's is a 404)."""
-    ctx = pipeline.start_call(request.headers)
-    try:
-        tenant = pipeline.authenticate(ctx, request.headers.get("authorization"))
-        return ctx, _owned(responses, response_id, tenant.tenant_id)
-    except Exception as exc:
-        raise failed(pipeline, ctx, exc) from None
+        await responses.delete(_owned(responses, response_id, tenant.tenant_id))
+        return Response({"id": response_id, "object": "response", "deleted": True}, headers=call.headers)

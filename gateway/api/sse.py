@@ -15,7 +15,8 @@ from litestar.response import Stream
 from litestar.response.base import ASGIResponse
 from litestar.types import Receive, Scope, Send
 
-from gateway.streaming.served import ServedStream
+from gateway.call.served import ServedStream
+from protocol.chunk import Chunk, StreamFailed, encoder
 from protocol.sse import DONE, encode_data
 
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
@@ -46,7 +47,7 @@ class SSEResponse(Stream):
     def __init__(self, served: ServedStream, frames: AsyncGenerator[bytes, None] | None = None) -> None:
         """`frames` replaces OpenAI's `data:` framing (the Anthropic front door writes its own)."""
         self._served = served
-        self._frames = frames if frames is not None else openai_frames(served.chunks)
+        self._frames = frames if frames is not None else openai_frames(served.items())
         super().__init__(
             self._frames,
             media_type="text/event-stream",
@@ -59,7 +60,13 @@ class SSEResponse(Stream):
         return _ClosingResponse(inner, self._frames, self._served)  # type: ignore[return-value]
 
 
-async def openai_frames(chunks: AsyncIterator[dict[str, Any]]) -> AsyncGenerator[bytes, None]:
-    async for chunk in chunks:
-        yield encode_data(chunk)
+async def openai_frames(items: AsyncIterator[Chunk | StreamFailed]) -> AsyncGenerator[bytes, None]:
+    """OpenAI's framing: each chunk as `data:`; a stream that could not finish ends with its error
+    event (in OpenAI's error shape), then [DONE]."""
+    async for item in items:
+        if isinstance(item, StreamFailed):
+            error = {"message": item.message, "type": item.kind, "param": None, "code": item.code}
+            yield encode_data({"error": error})
+            break
+        yield b"data: " + encoder.encode(item) + b"\n\n"
     yield DONE

@@ -14,7 +14,9 @@ from urllib.parse import parse_qs
 
 from litestar import Controller, Request, Response, get
 
-from gateway.api.errors import failed
+from gateway.api.doors import CALL, Call, openai_errors
+from gateway.call.context import CallContext
+from gateway.call.pipeline import RequestPipeline
 from gateway.ledger.build import Ledger
 from gateway.ledger.errors import LedgerUnavailable
 from gateway.ledger.query import (
@@ -27,8 +29,6 @@ from gateway.ledger.query import (
     parse_day,
 )
 from gateway.ledger.store.interface import AggregateQuery
-from gateway.request.context import CallContext
-from gateway.request.pipeline import RequestPipeline
 from protocol import PermissionDeniedError
 
 
@@ -48,44 +48,47 @@ def _scope(
 
 
 async def _answer(
-    kind: Kind, request: Request[Any, Any, Any], pipeline: RequestPipeline, ledger: Ledger | None
+    kind: Kind,
+    request: Request[Any, Any, Any],
+    pipeline: RequestPipeline,
+    ledger: Ledger | None,
+    ctx: CallContext,
 ) -> Response[dict[str, Any]]:
-    ctx = pipeline.start_call(request.headers)
-    try:
-        if ledger is None:
-            raise LedgerUnavailable("The usage ledger is disabled on this gateway (ledger.enabled: false).")
-        params = normalise(
-            parse_qs(request.scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
-        )
-        auth = request.headers.get("authorization")
-        if kind == "usage" and is_day_query(params):
-            day = parse_day(params)
-            tenant = _scope(pipeline, ledger, ctx, auth, day.tenant)
-            await ledger.catch_up()
-            rows = await ledger.store.aggregate(AggregateQuery("1d", day.start_ms, day.end_ms, tenant))
-            body = day_body(day, tenant, rows)
-        else:
-            query = parse_buckets(kind, params, now_s=int(time.time()))
-            tenant = _scope(pipeline, ledger, ctx, auth, query.tenant)
-            await ledger.catch_up()
-            store_query, next_page = query.page(tenant)
-            body = page_body(query, store_query, await ledger.store.aggregate(store_query), next_page)
-    except Exception as exc:
-        raise failed(pipeline, ctx, exc) from None
+    # An operator key is no tenant's: _scope authenticates the caller either way.
+    if ledger is None:
+        raise LedgerUnavailable("The usage ledger is disabled on this gateway (ledger.enabled: false).")
+    params = normalise(
+        parse_qs(request.scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+    )
+    auth = request.headers.get("authorization")
+    if kind == "usage" and is_day_query(params):
+        day = parse_day(params)
+        tenant = _scope(pipeline, ledger, ctx, auth, day.tenant)
+        await ledger.catch_up()
+        rows = await ledger.store.aggregate(AggregateQuery("1d", day.start_ms, day.end_ms, tenant))
+        body = day_body(day, tenant, rows)
+    else:
+        query = parse_buckets(kind, params, now_s=int(time.time()))
+        tenant = _scope(pipeline, ledger, ctx, auth, query.tenant)
+        await ledger.catch_up()
+        store_query, next_page = query.page(tenant)
+        body = page_body(query, store_query, await ledger.store.aggregate(store_query), next_page)
     return Response(body, headers=ctx.headers)
 
 
 class UsageController(Controller):
     path = "/v1"
+    dependencies = {"call": CALL}
+    exception_handlers = {Exception: openai_errors}
 
     @get("/usage")
     async def usage(
-        self, request: Request[Any, Any, Any], pipeline: RequestPipeline, ledger: Ledger | None
+        self, request: Request[Any, Any, Any], pipeline: RequestPipeline, ledger: Ledger | None, call: Call
     ) -> Response[dict[str, Any]]:
-        return await _answer("usage", request, pipeline, ledger)
+        return await _answer("usage", request, pipeline, ledger, call)
 
     @get("/costs")
     async def costs(
-        self, request: Request[Any, Any, Any], pipeline: RequestPipeline, ledger: Ledger | None
+        self, request: Request[Any, Any, Any], pipeline: RequestPipeline, ledger: Ledger | None, call: Call
     ) -> Response[dict[str, Any]]:
-        return await _answer("costs", request, pipeline, ledger)
+        return await _answer("costs", request, pipeline, ledger, call)

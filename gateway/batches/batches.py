@@ -14,14 +14,14 @@ from gateway.batches.config import BatchesConfig
 from gateway.batches.errors import BatchInputError, BatchNotFound, FileTooLarge
 from gateway.batches.input import ENDPOINTS, parse_input
 from gateway.batches.records import BatchRecord, FileRecord
-from gateway.batches.runner import BatchRunner, ErrorFor
+from gateway.batches.runner import BatchRunner
 from gateway.batches.storage import FileStorage, LocalFileStorage
 from gateway.batches.store import BatchStore, SqliteBatchStore
+from gateway.call.pipeline import RequestPipeline
 from gateway.ledger.build import postgres_dsn
 from gateway.ledger.config import SqliteStoreConfig, StoreConfig
 from gateway.metrics import GatewayMetrics
 from gateway.policy import PolicyStore
-from gateway.request.pipeline import RequestPipeline
 from gateway.runtime.tasks import cancel_and_wait
 
 logger = logging.getLogger(__name__)
@@ -204,7 +204,6 @@ def build_batches(
     env: Mapping[str, str],
     pipeline: RequestPipeline,
     policies: PolicyStore,
-    error_for: ErrorFor,
     metrics: GatewayMetrics,
 ) -> Batches:
     """`database`: the ledger's store config; the batch tables sit beside the ledger's own."""
@@ -218,6 +217,4 @@ def build_batches(
             postgres_dsn(database, env), pool_size=database.pool_size, timeout_s=database.timeout_s
         )
     storage = LocalFileStorage(config.storage_dir)
-    return Batches(
-        config, store, storage, BatchRunner(config, store, storage, pipeline, policies, error_for, metrics)
-    )
+    return Batches(config, store, storage, BatchRunner(config, store, storage, pipeline, policies, metrics))

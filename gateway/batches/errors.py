@@ -1,4 +1,4 @@
-"""The Files and Batches APIs' domain errors (mapped to HTTP once, in gateway/api/errors.py)."""
+"""The Files and Batches APIs' domain errors (mapped to HTTP once, in gateway/errors.py)."""
 
 from __future__ import annotations
 

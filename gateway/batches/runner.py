@@ -17,7 +17,6 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -29,18 +28,19 @@ from gateway.batches.objects import batch_object
 from gateway.batches.records import BatchRecord, ClaimedLine, FileRecord, LineResult, LineUsage
 from gateway.batches.storage import FileStorage
 from gateway.batches.store import BatchStore
+from gateway.call.pipeline import RequestPipeline
+from gateway.errors import to_api_error
 from gateway.metrics import GatewayMetrics
 from gateway.policy import PolicyStore
-from gateway.request.pipeline import RequestPipeline
 from gateway.runtime.tasks import cancel_and_wait
 from protocol import APIError, ChatCompletionRequest, CompletionRequest
+from protocol.chunk import to_builtins
 from protocol.openai import decode_request_and_object
 
 logger = logging.getLogger(__name__)
 
 _REQUEST_TYPES = {"chat": ChatCompletionRequest, "completions": CompletionRequest}
 _RETRYABLE = (429, 503)
-ErrorFor = Callable[[BaseException], APIError]
 
 
 class BatchRunner:
@@ -51,17 +51,14 @@ class BatchRunner:
         storage: FileStorage,
         pipeline: RequestPipeline,
         policies: PolicyStore,
-        error_for: ErrorFor,
         metrics: GatewayMetrics,
     ) -> None:
-        """`error_for`: the API edge's mapping of a request-path exception to its OpenAI error
-        (gateway/api/errors.py), so a line's error reads as the same request's would."""
+        """A line's error is mapped as the same request's would be (gateway/errors.py)."""
         self._config = config
         self._store = store
         self._storage = storage
         self._pipeline = pipeline
         self._policies = policies
-        self._error_for = error_for
         self._metrics = metrics
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
         self._running: dict[tuple[str, int], tuple[asyncio.Task[None], ClaimedLine]] = {}
@@ -138,7 +135,7 @@ class BatchRunner:
             parsed, body = decode_request_and_object(json.dumps(line.body).encode(), _REQUEST_TYPES[endpoint])
             result = await pipeline.complete(ctx, endpoint, parsed, body)
         except Exception as exc:
-            error = self._error_for(exc)
+            error = to_api_error(exc, request_id=ctx.request_id)
             pipeline.record(ctx, str(error.status_code), stream=False)
             if error.status_code in _RETRYABLE and line.attempts + 1 < self._config.max_attempts:
                 wait = _retry_after(error) or min(60.0, 2.0**line.attempts)
@@ -153,8 +150,9 @@ class BatchRunner:
             await self._finish(line, "failed", response, LineUsage(0, 0, 0))
             return
         pipeline.record(ctx, "200", stream=False)
-        response = {"status_code": 200, "request_id": ctx.request_id, "body": result}
-        await self._finish(line, "completed", response, _usage(result))
+        body = to_builtins(result)
+        response = {"status_code": 200, "request_id": ctx.request_id, "body": body}
+        await self._finish(line, "completed", response, _usage(body))
 
     async def _finish(
         self, line: ClaimedLine, status: str, response: dict[str, Any], usage: LineUsage

@@ -13,13 +13,12 @@ small one. The hold-back is bounded by K tokens: chunks after the K-th are never
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
-from typing import Any
 
-from gateway.streaming.relay import choice_text
 from gateway.upstreams.base import UpstreamError
 from gateway.upstreams.failover import OpenedStream
+from protocol.chunk import Chunk, Logprobs
 from router.types import Target
 
 
@@ -27,7 +26,7 @@ from router.types import Target
 class Probe:
     """What the small upstream sent before the decision."""
 
-    held: list[dict[str, Any]] = field(default_factory=list)  # chunks read and not yet sent
+    held: list[Chunk] = field(default_factory=list)  # chunks read and not yet sent
     logprobs: list[float] = field(default_factory=list)
     tokens: int = 0  # generated tokens in `held` (token ids; a content chunk counts one without)
     finished: bool = False  # the small model's answer ended within the probe
@@ -54,7 +53,7 @@ class Escalated:
 async def probe(opened: OpenedStream, k_tokens: int) -> Probe:
     """Read `opened` (its first chunk included) until `k_tokens` tokens, a finish or a break."""
     found = Probe()
-    chunk: dict[str, Any] | None = opened.first
+    chunk: Chunk | None = opened.first
     while chunk is not None:
         found.held.append(chunk)
         _take(found, chunk)
@@ -76,8 +75,8 @@ def release(opened: OpenedStream, found: Probe) -> OpenedStream:
 
 
 async def _replay(
-    held: list[dict[str, Any]], rest: AsyncIterator[dict[str, Any]], error: UpstreamError | None
-) -> AsyncIterator[dict[str, Any]]:
+    held: list[Chunk], rest: AsyncIterator[Chunk], error: UpstreamError | None
+) -> AsyncIterator[Chunk]:
     for chunk in held:
         yield chunk
     if error is not None:
@@ -86,26 +85,21 @@ async def _replay(
         yield chunk
 
 
-def _take(found: Probe, chunk: Mapping[str, Any]) -> None:
-    for choice in chunk.get("choices") or []:
-        ids = choice.get("token_ids") or []
-        text = choice_text(choice)
-        found.tokens += len(ids) if ids else 1 if text else 0
-        found.logprobs.extend(_logprobs(choice.get("logprobs")))
-        if choice.get("finish_reason"):
+def _take(found: Probe, chunk: Chunk) -> None:
+    for choice in chunk.choices:
+        ids = choice.token_ids if isinstance(choice.token_ids, list) else []
+        found.tokens += len(ids) if ids else 1 if choice.content() else 0
+        found.logprobs.extend(_logprobs(choice.logprobs))
+        if choice.finish_reason:
             found.finished = True
 
 
-def _logprobs(logprobs: Any) -> list[float]:
+def _logprobs(logprobs: Logprobs | None) -> list[float]:
     """A chunk's token logprobs: chat's `content[].logprob` or completions' `token_logprobs`."""
-    if not isinstance(logprobs, Mapping):
+    if logprobs is None:
         return []
-    content = logprobs.get("content")
-    if isinstance(content, list):
-        return [
-            float(entry["logprob"]) for entry in content if isinstance(entry, Mapping) and "logprob" in entry
-        ]
-    values = logprobs.get("token_logprobs")
-    if isinstance(values, list):
-        return [float(value) for value in values if isinstance(value, (int, float))]
+    if isinstance(logprobs.content, list):
+        return [entry.logprob for entry in logprobs.content]
+    if isinstance(logprobs.token_logprobs, list):
+        return [value for value in logprobs.token_logprobs if value is not None]
     return []

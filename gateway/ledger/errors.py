@@ -1,4 +1,4 @@
-"""The ledger's domain errors; gateway/api/errors.py maps them to HTTP."""
+"""The ledger's domain errors; gateway/errors.py maps them to HTTP."""
 
 from __future__ import annotations
 

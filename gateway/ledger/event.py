@@ -2,7 +2,7 @@
 
 It travels as JSON (one Redis Stream entry field, or one item of the in-process outbox) from the
 settlement to the ledger worker, which writes it to the store. The latency fields come from the
-call's breakdown (CallContext.latency, gateway/request/latency.py); the node-side ones (queue
+call's breakdown (CallContext.latency, gateway/call/latency.py); the node-side ones (queue
 wait, prefill, decode) are None where no node reported them (a provider, a failed call).
 """
 
@@ -15,7 +15,7 @@ class UsageEvent(msgspec.Struct, kw_only=True, frozen=True):
     request_id: str
     ts_ms: int  # settlement time, gateway wall clock, ms since the epoch
     tenant_id: str
-    api_key_id: str  # a short hash of the key (gateway/ledger/record.py:api_key_id), never the key
+    api_key_id: str  # a short hash of the key (gateway/policy/keys.py:api_key_id), never the key
     model_requested: str  # the catalog model the plan chose (after "auto" tiering)
     model: str  # the model that served it ("-" when nothing did)
     tier: str  # the tenant's traffic tier

@@ -31,3 +31,9 @@ def parse_key_hash(text: str) -> str | None:
     """The bare hex digest of a `sha256:<hex>` (or bare hex) string; None if it is not one."""
     digest = text.removeprefix(PREFIX).lower()
     return digest if _HEX.fullmatch(digest) else None
+
+
+def api_key_id(api_key: str) -> str:
+    """A short, stable id for a key, safe to store and show: not the key, nor the hash policies
+    match (12 hex digits of a differently prefixed SHA-256 cannot be used to find the key)."""
+    return "key_" + hashlib.sha256(b"meridian-key-id:" + api_key.encode()).hexdigest()[:12]

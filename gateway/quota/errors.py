@@ -1,6 +1,6 @@
 """The quota package's exceptions: what the gate decided, in its own terms.
 
-The API edge (gateway/api/errors.py) turns the client-facing ones into OpenAI error answers:
+The API edge (gateway/errors.py) turns the client-facing ones into OpenAI error answers:
 QuotaExceeded -> 429, QuotaUnavailable -> 503, RequestTooLarge -> 400.
 """
 

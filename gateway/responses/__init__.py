@@ -1,9 +1,9 @@
-"""The Responses API (text subset): request translation to the chat pipeline, runs, and their store."""
+"""The Responses API (text subset): request translation to the chat pipeline and runs (their store,
+which drives them on the pipeline, is gateway/responses/store.py)."""
 
 from gateway.responses.config import ResponsesConfig
 from gateway.responses.errors import ResponsesBusy
 from gateway.responses.run import Run
-from gateway.responses.store import ResponseStore
 from gateway.responses.translate import ResponsesRequest, parse_request
 
-__all__ = ["ResponseStore", "ResponsesBusy", "ResponsesConfig", "ResponsesRequest", "Run", "parse_request"]
+__all__ = ["ResponsesBusy", "ResponsesConfig", "ResponsesRequest", "Run", "parse_request"]

@@ -1,4 +1,4 @@
-"""The Responses store's domain errors (mapped to HTTP in gateway/api/errors.py)."""
+"""The Responses store's domain errors (mapped to HTTP in gateway/errors.py)."""
 
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from gateway.responses.translate import ResponsesRequest
+from protocol.chunk import Chunk, StreamFailed, Usage, usage_of
 
 Status = Literal["queued", "in_progress", "completed", "failed", "cancelled", "incomplete"]
 FINISHED: frozenset[str] = frozenset({"completed", "failed", "cancelled", "incomplete"})
@@ -77,6 +78,7 @@ class Run:
         self.opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.done = asyncio.Event()
         self._text: list[str] = []
+        self._answered = False  # a finish_reason arrived
         self._sequence = 0
         self._item_id = "msg_" + response_id.removeprefix("resp_")
 
@@ -106,16 +108,21 @@ class Run:
             ),
         )
 
-    async def feed(self, chunk: dict[str, Any]) -> None:
-        """One chat chunk from the pipeline's stream."""
-        error = chunk.get("error")
-        if isinstance(error, dict):
-            self._end("failed", error={"code": "server_error", "message": str(error.get("message") or error)})
+    async def feed(self, item: Chunk | StreamFailed) -> None:
+        """One item of the pipeline's stream: a chat chunk, or the error that ends it."""
+        if isinstance(item, StreamFailed):
+            if item.code == "content_policy_violation":
+                # A blocked answer is incomplete, as OpenAI says it, not a server failure.
+                self.incomplete_reason = "content_filter"
+                self._end("incomplete")
+            else:
+                self._end("failed", error={"code": "server_error", "message": item.message})
             return
-        if isinstance(chunk.get("usage"), dict):
-            self.usage = _usage(chunk["usage"])
-        for choice in chunk.get("choices") or ():
-            delta = (choice.get("delta") or {}).get("content")
+        usage = usage_of(item.usage)
+        if usage is not None:
+            self.usage = _usage(usage)
+        for choice in item.choices:
+            delta = choice.content()
             if delta:
                 self._text.append(delta)
                 await self._emit(
@@ -130,13 +137,21 @@ class Run:
                         },
                     )
                 )
-            reason = choice.get("finish_reason")
+            reason = choice.finish_reason
+            if reason is not None:
+                self._answered = True
             if reason in _INCOMPLETE:
                 self.incomplete_reason = _INCOMPLETE[reason]
 
     def ended(self) -> None:
-        """The stream ended of itself."""
+        """The stream ended of itself: completed only if the answer finished (the pipeline ends a
+        stream without its finish with an error, so this is a backstop, never a made-up finish)."""
         if self.finished:
+            return
+        if not self._answered:
+            self._end(
+                "failed", error={"code": "server_error", "message": "The stream ended without a finish."}
+            )
             return
         self._end("incomplete" if self.incomplete_reason else "completed")
 
@@ -239,14 +254,12 @@ def _part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def _usage(usage: dict[str, Any]) -> dict[str, Any]:
-    prompt = int(usage.get("prompt_tokens") or 0)
-    completion = int(usage.get("completion_tokens") or 0)
-    cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+def _usage(usage: Usage) -> dict[str, Any]:
+    prompt, completion = usage.prompt_tokens, usage.completion_tokens
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": cached},
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens},
         "output_tokens": completion,
         "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": int(usage.get("total_tokens") or prompt + completion),
+        "total_tokens": usage.total_tokens or prompt + completion,
     }

@@ -13,33 +13,58 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Coroutine
 from typing import Any
 
+from gateway.call.context import CallContext
+from gateway.call.pipeline import RequestPipeline
+from gateway.errors import to_api_error
 from gateway.responses.config import ResponsesConfig
 from gateway.responses.errors import ResponsesBusy
 from gateway.responses.run import Run
 from gateway.runtime.tasks import cancel_and_wait
+from protocol import ChatCompletionRequest
 
 logger = logging.getLogger(__name__)
 
 
 class ResponseStore:
-    def __init__(self, config: ResponsesConfig) -> None:
+    def __init__(self, config: ResponsesConfig, pipeline: RequestPipeline) -> None:
         self._config = config
+        self._pipeline = pipeline
         self._runs: OrderedDict[str, Run] = OrderedDict()  # oldest first
 
-    def start(self, run: Run, work: Coroutine[Any, Any, None]) -> None:
-        """Keep `run` and drive it with `work` in a task of its own; ResponsesBusy when there is
-        no room (`work` is then closed unstarted)."""
-        try:
-            self._make_room(background=run.request.background)
-        except ResponsesBusy:
-            work.close()
-            raise
+    def start(self, run: Run, ctx: CallContext, request: ChatCompletionRequest, body: dict[str, Any]) -> None:
+        """Keep `run` and drive it in a task of its own (the pipeline's stream, read to its end
+        into the run); ResponsesBusy when there is no room."""
+        self._make_room(background=run.request.background)
         self._runs[run.id] = run
-        run.task = asyncio.create_task(work, name=f"response {run.id}")
+        run.task = asyncio.create_task(self._drive(ctx, run, request, body), name=f"response {run.id}")
         run.task.add_done_callback(lambda _: self._forget_unstored(run))
+
+    async def _drive(
+        self, ctx: CallContext, run: Run, request: ChatCompletionRequest, body: dict[str, Any]
+    ) -> None:
+        pipeline = self._pipeline
+        try:
+            try:
+                stream = await pipeline.stream(ctx, "chat", request, body)
+            except Exception as exc:
+                # Errors before the first token are the foreground request's HTTP error.
+                error = to_api_error(exc, request_id=ctx.request_id)
+                pipeline.record(ctx, str(error.status_code), stream=False)
+                error.headers = {**ctx.headers, **error.headers}
+                run.failed_to_open({"code": error.code or error.error_type, "message": error.message}, error)
+                return
+            try:
+                await run.started(ctx.model)
+                async for item in stream.items():
+                    await run.feed(item)
+                run.ended()
+            finally:
+                await stream.aclose()
+        except asyncio.CancelledError:
+            run.cancelled()
+            raise
 
     def get(self, response_id: str, tenant_id: str) -> Run | None:
         """The tenant's own response, or None (unknown, expired, or another tenant's)."""

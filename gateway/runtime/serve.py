@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 from litestar import Litestar
 
+from gateway.upstreams.providers.anthropic_errors import anthropic_error
 from http_server import server_config
 
 if TYPE_CHECKING:
@@ -25,6 +26,8 @@ def uvicorn_config(app: Litestar, host: str, port: int, *, log_level: str = "war
         host,
         port,
         gateway.config.server,
+        # A request refused before the app (a malformed header) still answers in its door's format.
+        error_formats={"/v1/messages": anthropic_error},
         lifespan="on",
         log_level=log_level,
         access_log=False,

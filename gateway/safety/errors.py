@@ -1,4 +1,4 @@
-"""The safety package's exceptions; gateway/api/errors.py maps them to HTTP once."""
+"""The safety package's exceptions; gateway/errors.py maps them to HTTP once."""
 
 from __future__ import annotations
 

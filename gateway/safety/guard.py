@@ -8,8 +8,9 @@ The pipeline calls, in order:
     while_checking_input(work)        the upstream work runs beside the input classifier; a block
                                       that arrives first cancels the work (freeing its KV blocks)
     input_verdict()                   the classifier's answer, before the first byte is sent
-    check_output(result) / guard_stream(chunks)
-                                      output checks, whole or held back on streams
+    check_output(result) / guard_stream(items)
+                                      output checks over every text field (output.py), whole or
+                                      held back on streams
     finish()                          records the sides that were never scanned as `unscanned`
 
 `CallSafety.decisions` is the one place a call's checks (layer, name, action, score, latency)
@@ -30,11 +31,13 @@ from gateway.safety.audit import AuditLog, SafetyMetrics
 from gateway.safety.classifier import Classifier, OnnxClassifier
 from gateway.safety.config import SafetyConfig
 from gateway.safety.errors import ClassifierError, ContentBlocked, SafetyUnavailable
+from gateway.safety.output import Blocked, ChoiceChecks, Piece, texts_of, write
 from gateway.safety.policy import Action, SafetyPolicy, Where, strongest
 from gateway.safety.rules import BlocklistEntry, Finding, redact, scan
-from gateway.safety.stream import StreamHold
+from protocol.chunk import Choice, Chunk, Completion, Message, StreamFailed
 
 T = TypeVar("T")
+Streamed = Chunk | StreamFailed
 
 
 @dataclass(frozen=True)
@@ -176,120 +179,136 @@ class CallSafety:
 
     # -- output -----------------------------------------------------------------------------
 
-    async def check_output(self, endpoint: str, result: dict[str, Any]) -> dict[str, Any]:
-        """A whole (non-streamed) response: each choice checked; a blocked choice is emptied and
-        ends with finish_reason `content_filter`, redactions applied."""
+    async def check_output(self, result: Completion) -> Completion:
+        """A whole (non-streamed) answer: every text field of each choice checked (output.py); a
+        blocked choice keeps no model text and ends with finish_reason `content_filter`."""
         policy = self.policy
         if policy is None or not policy.output:
             return result
         self._scanned.add("output")
         rules, blocklist = self._layers("output")
-        for choice in result.get("choices") or []:
-            text = _choice_text(choice)
-            if not text:
-                continue
+        for choice in result.choices:
+            checks = ChoiceChecks(policy, rules, blocklist)
+            had_logprobs = choice.logprobs is not None
             started = time.monotonic()
-            findings = scan(text, rules, blocklist)
+            checked = checks.feed(choice, final=True)
             latency = time.monotonic() - started
             self._observe("rules", "output", latency)
-            hits = [(f, policy.action_for(f)) for f in findings]
-            for finding, action in hits:
-                self._decide("output", _layer_of(finding), finding.rule, action, None, latency, text)
-            self._passes("output", rules, blocklist, hits, latency, text)
-            if any(a == "block" for _, a in hits):
+            if isinstance(checked, Blocked):
+                assert checked.finding is not None
+                self._decide("output", _layer_of(checked.finding), checked.name, "block", None, latency, "")
                 _filter(choice)
                 continue
-            redacts = [f for f, a in hits if a == "redact"]
-            if redacts:
-                text = redact(text, redacts)
-                _set_choice_text(choice, text)
-            choice.pop("token_ids", None)  # ids would carry what was redacted
-            if "classifier" in policy.output:
+            text = texts_of(checked)
+            for finding, action in checks.hits:
+                self._decide("output", _layer_of(finding), finding.rule, action, None, latency, text)
+            self._passes("output", rules, blocklist, checks.hits, latency, text)
+            if "classifier" in policy.output and text:
                 started = time.monotonic()
                 scores, error = await self._scores(text)
                 if self._judge_scores("output", scores, error, text, started, raise_block=False):
                     _filter(choice)
+                    continue
+            write(choice, checked, had_logprobs=had_logprobs)
         return result
 
     def guard_stream(
-        self, endpoint: str, chunks: AsyncGenerator[dict[str, Any], None]
-    ) -> AsyncGenerator[dict[str, Any], None]:
-        """The client's chunks with output held back until checked (stream.py); a block ends the
-        stream with `content_filter` and an error event, and stops reading the upstream."""
+        self, endpoint: str, items: AsyncGenerator[Streamed, None]
+    ) -> AsyncGenerator[Streamed, None]:
+        """The client's chunks with every text field held back until checked (output.py); a
+        block ends the stream with `content_filter` and an explicit error, and stops reading the
+        upstream. However the stream ends, what is still held is checked as the last window and
+        what passes is released before the end."""
         policy = self.policy
         if policy is None or not policy.output:
-            return chunks
+            return items
         self._scanned.add("output")
-        return self._guarded(endpoint, chunks)
+        return self._guarded(endpoint, items)
 
     async def _guarded(
-        self, endpoint: str, chunks: AsyncGenerator[dict[str, Any], None]
-    ) -> AsyncGenerator[dict[str, Any], None]:
+        self, endpoint: str, items: AsyncGenerator[Streamed, None]
+    ) -> AsyncGenerator[Streamed, None]:
         try:
-            async for chunk in self._checked(endpoint, chunks):
-                yield chunk
+            async for item in self._checked(endpoint, items):
+                yield item
         finally:
-            await chunks.aclose()
+            await items.aclose()
 
-    async def _checked(
-        self, endpoint: str, chunks: AsyncIterator[dict[str, Any]]
-    ) -> AsyncGenerator[dict[str, Any], None]:
+    async def _checked(self, endpoint: str, items: AsyncIterator[Streamed]) -> AsyncGenerator[Streamed, None]:
         assert self.policy is not None
         rules, blocklist = self._layers("output")
         streamed = _StreamState(self.policy, rules, blocklist, self.guard.config.classify_every_chars)
-        async for chunk in chunks:
-            if isinstance(chunk.get("error"), dict):
-                yield chunk  # held text is dropped: it was never checked whole
-                return
-            try:
-                blocked = await self._guard_chunk(endpoint, chunk, streamed)
-            except SafetyUnavailable as exc:
-                # Fail closed mid-stream: what is held was not checked, so it is not sent.
-                self._finish_stream(streamed)
-                yield _error_event(str(exc), "safety_unavailable", "server_error")
-                return
-            if blocked is not None:
-                self._finish_stream(streamed)
-                yield _content_filter_chunk(endpoint, chunk, streamed.indexes())
-                yield _blocked_event(blocked)
-                return
-            if _has_content(chunk):
-                yield chunk
-        self._finish_stream(streamed)
+        last = Chunk(object="chat.completion.chunk" if endpoint == "chat" else "text_completion")
+        ending: StreamFailed | None = None
+        try:
+            async for item in items:
+                if isinstance(item, StreamFailed):
+                    ending = item
+                    break
+                last = item
+                blocked = await self._guard_chunk(item, streamed, final=False)
+                if blocked is not None:
+                    yield _content_filter_chunk(endpoint, item, streamed.indexes())
+                    yield _blocked(blocked)
+                    return
+                if _has_content(item):
+                    yield item
+            # The stream is over: what is held is all the text there will ever be.
+            rest = _flush_chunk(endpoint, last, streamed.held())
+            if rest is not None:
+                blocked = await self._guard_chunk(rest, streamed, final=True)
+                if blocked is not None:
+                    yield _content_filter_chunk(endpoint, last, streamed.indexes())
+                    yield _blocked(blocked)
+                    return
+                if _has_content(rest):
+                    yield rest
+            if ending is not None:
+                yield ending
+        except SafetyUnavailable as exc:
+            # Fail closed mid-stream: what is held was not checked, so it is not sent.
+            yield StreamFailed(message=str(exc), code="safety_unavailable")
+        finally:
+            self._finish_stream(streamed)
 
-    async def _guard_chunk(self, endpoint: str, chunk: dict[str, Any], streamed: _StreamState) -> str | None:
+    async def _guard_chunk(self, chunk: Chunk, streamed: _StreamState, *, final: bool) -> str | None:
         """Rewrites `chunk` to carry only checked text; the blocking rule's name, if any."""
         policy = self.policy
         assert policy is not None
-        for choice in chunk.get("choices") or []:
-            choice.pop("token_ids", None)  # ids would carry held or redacted text
-            index = int(choice.get("index", 0))
-            hold, state = streamed.hold(index)
-            final = choice.get("finish_reason") is not None
+        for choice in chunk.choices:
+            state = streamed.state(choice.index)
+            ends = final or choice.finish_reason is not None
+            had_logprobs = choice.logprobs is not None or state.had_logprobs
+            state.had_logprobs = had_logprobs
             started = time.monotonic()
-            release = hold.feed(_choice_text(choice), final=final)
+            seen = len(state.checks.hits)
+            checked = state.checks.feed(choice, final=ends)
             streamed.rules_s += time.monotonic() - started
-            if release.blocked is not None:
-                finding, action = release.blocked
-                self._decide("output", _layer_of(finding), finding.rule, "block", None, streamed.rules_s, "")
-                return finding.rule
-            for finding, action in release.hits:
-                streamed.hits.append((finding, action))
-                self._decide("output", _layer_of(finding), finding.rule, action, None, 0.0, release.text)
-            text = release.text
+            if isinstance(checked, Blocked):
+                assert checked.finding is not None
+                self._decide(
+                    "output", _layer_of(checked.finding), checked.name, "block", None, streamed.rules_s, ""
+                )
+                return checked.name
+            new_hits = state.checks.hits[seen:]
+            streamed.hits.extend(new_hits)
+            for finding, action in new_hits:
+                self._decide("output", _layer_of(finding), finding.rule, action, None, 0.0, texts_of(checked))
+            pieces = checked
             if "classifier" in policy.output:
-                state.unclassified += text
-                text = ""
-                if final or len(state.unclassified) >= streamed.classify_every:
-                    segment = state.context + state.unclassified
+                state.waiting += pieces
+                pieces = []
+                waiting = texts_of(state.waiting)
+                if state.waiting and (ends or len(waiting) >= streamed.classify_every):
+                    segment = state.context + waiting
                     started = time.monotonic()
                     scores, error = await self._scores(segment)
                     streamed.classified = True
                     if self._judge_scores("output", scores, error, segment, started, raise_block=False):
                         return "classifier"
-                    text, state.context = state.unclassified, state.unclassified[-streamed.classify_every :]
-                    state.unclassified = ""
-            _set_choice_text(choice, text)
+                    pieces, state.waiting = state.waiting, []
+                    state.context = waiting[-streamed.classify_every :]
+            write(choice, pieces, had_logprobs=had_logprobs and bool(pieces or choice.logprobs))
         return None
 
     def _finish_stream(self, streamed: _StreamState) -> None:
@@ -407,8 +426,10 @@ class CallSafety:
 
 @dataclass
 class _ChoiceState:
-    unclassified: str = ""  # released by the rules, waiting for the classifier
+    checks: ChoiceChecks
+    waiting: list[Piece] = field(default_factory=list)  # released by the rules, awaiting the classifier
     context: str = ""  # the last classified text, scored again with the next segment
+    had_logprobs: bool = False
 
 
 @dataclass
@@ -420,15 +441,19 @@ class _StreamState:
     rules_s: float = 0.0
     classified: bool = False
     hits: list[tuple[Finding, Action]] = field(default_factory=list)
-    _holds: dict[int, tuple[StreamHold, _ChoiceState]] = field(default_factory=dict)
+    _choices: dict[int, _ChoiceState] = field(default_factory=dict)
 
-    def hold(self, index: int) -> tuple[StreamHold, _ChoiceState]:
-        if index not in self._holds:
-            self._holds[index] = (StreamHold(self.policy, self.rules, self.blocklist), _ChoiceState())
-        return self._holds[index]
+    def state(self, index: int) -> _ChoiceState:
+        if index not in self._choices:
+            self._choices[index] = _ChoiceState(ChoiceChecks(self.policy, self.rules, self.blocklist))
+        return self._choices[index]
 
     def indexes(self) -> list[int]:
-        return sorted(self._holds) or [0]
+        return sorted(self._choices) or [0]
+
+    def held(self) -> list[int]:
+        """The choices that may still hold text (every one seen: their holds know)."""
+        return sorted(self._choices)
 
 
 # -- the wire shapes this module reads and writes (OpenAI chat and completions) --------------
@@ -500,77 +525,47 @@ def _copy_body(body: dict[str, Any]) -> dict[str, Any]:
     return copy
 
 
-def _choice_text(choice: dict[str, Any]) -> str:
-    for key in ("delta", "message"):
-        part = choice.get(key)
-        if isinstance(part, dict):
-            content = part.get("content")
-            return content if isinstance(content, str) else ""
-    text = choice.get("text")
-    return text if isinstance(text, str) else ""
+def _filter(choice: Choice) -> None:
+    choice.drop_text()
+    choice.finish_reason = "content_filter"
 
 
-def _set_choice_text(choice: dict[str, Any], text: str) -> None:
-    for key in ("delta", "message"):
-        part = choice.get(key)
-        if isinstance(part, dict):
-            if part.get("content") is not None or text:
-                part["content"] = text
-            return
-    if "text" in choice or text:
-        choice["text"] = text
-
-
-def _filter(choice: dict[str, Any]) -> None:
-    _set_choice_text(choice, "")
-    choice["finish_reason"] = "content_filter"
-    choice.pop("token_ids", None)
-
-
-def _has_content(chunk: dict[str, Any]) -> bool:
+def _has_content(chunk: Chunk) -> bool:
     """A chunk left with nothing for the client (all its text held) is not sent."""
-    choices = chunk.get("choices")
-    if not choices:
+    if not chunk.choices:
         return True  # usage
-    for choice in choices:
-        if choice.get("finish_reason") is not None or _choice_text(choice):
-            return True
-        delta = choice.get("delta")
-        if isinstance(delta, dict) and (delta.get("role") or delta.get("tool_calls")):
+    for choice in chunk.choices:
+        if choice.announces or choice.channels() or choice.logprobs is not None:
             return True
     return False
 
 
-def _content_filter_chunk(endpoint: str, last: dict[str, Any], indexes: list[int]) -> dict[str, Any]:
-    if endpoint == "chat":
-        choices = [
-            {"index": i, "delta": {}, "finish_reason": "content_filter", "logprobs": None} for i in indexes
-        ]
-        kind = "chat.completion.chunk"
-    else:
-        choices = [
-            {"index": i, "text": "", "finish_reason": "content_filter", "logprobs": None} for i in indexes
-        ]
-        kind = "text_completion"
-    return {
-        "id": last.get("id"),
-        "object": kind,
-        "created": last.get("created"),
-        "model": last.get("model"),
-        "choices": choices,
-    }
+def _flush_chunk(endpoint: str, last: Chunk, indexes: list[int]) -> Chunk | None:
+    """An empty chunk for the last window of each choice: the checks fill it with what is held."""
+    if not indexes:
+        return None
+    choices = [
+        Choice(index=i, delta=Message()) if endpoint == "chat" else Choice(index=i, text="") for i in indexes
+    ]
+    return Chunk(id=last.id, object=last.object, created=last.created, model=last.model, choices=choices)
 
 
-def _blocked_event(name: str) -> dict[str, Any]:
-    return _error_event(
-        f"The response was stopped by the content policy ({name}).",
-        "content_policy_violation",
-        "invalid_request_error",
+def _content_filter_chunk(endpoint: str, last: Chunk, indexes: list[int]) -> Chunk:
+    choices = [
+        Choice(index=i, delta=Message(), finish_reason="content_filter")
+        if endpoint == "chat"
+        else Choice(index=i, text="", finish_reason="content_filter")
+        for i in indexes
+    ]
+    return Chunk(id=last.id, object=last.object, created=last.created, model=last.model, choices=choices)
+
+
+def _blocked(name: str) -> StreamFailed:
+    return StreamFailed(
+        message=f"The response was stopped by the content policy ({name}).",
+        code="content_policy_violation",
+        kind="invalid_request_error",
     )
-
-
-def _error_event(message: str, code: str, error_type: str) -> dict[str, Any]:
-    return {"error": {"message": message, "type": error_type, "param": None, "code": code}}
 
 
 def strongest_action(decisions: list[Decision]) -> str | None:

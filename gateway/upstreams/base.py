@@ -1,9 +1,10 @@
 """The upstream seam: one call to a target that speaks OpenAI's chat/completions wire format.
 
 Regional nodes and commercial providers both implement it, so failover and relaying treat them
-alike. Bodies are OpenAI-format dicts; stream items are OpenAI chunk dicts. An answer, a stream's
-first chunk and its usage chunk may carry the upstream's latency breakdown in the `timings`
-extension field (protocol/timing.py); the request path takes it out before the client sees them.
+alike. Request bodies are OpenAI-format dicts; answers are typed `Completion`s and stream items
+typed `Chunk`s (protocol/chunk.py), decoded once by the upstream. An answer, a stream's first
+chunk and its usage chunk may carry the upstream's latency breakdown in `timings`
+(protocol/timing.py); the request path takes it out before the client sees them.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal, Protocol
+
+from protocol.chunk import Chunk, Completion
 
 Endpoint = Literal["chat", "completions"]
 
@@ -47,17 +50,15 @@ class Upstream(Protocol):
     # go on here token for token (our nodes do; commercial APIs do not).
     token_exact: bool
 
-    async def complete(
-        self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str]
-    ) -> dict[str, Any]:
-        """Non-streaming call; returns the OpenAI response dict or raises UpstreamError."""
+    async def complete(self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str]) -> Completion:
+        """Non-streaming call; returns the answer or raises UpstreamError."""
         ...
 
     def stream(
         self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str]
-    ) -> AbstractAsyncContextManager[AsyncIterator[dict[str, Any]]]:
+    ) -> AbstractAsyncContextManager[AsyncIterator[Chunk]]:
         """Streaming call: entering raises UpstreamError before the first byte; the iterator
-        yields OpenAI chunk dicts and raises UpstreamError if the stream breaks midway.
+        yields typed chunks and raises UpstreamError if the stream breaks midway.
         Leaving the context closes the upstream connection (which cancels the request)."""
         ...
 

@@ -1,6 +1,6 @@
 """How failover ends when no target served: the upstreams stage's domain errors.
 
-gateway/api/errors.py maps them to OpenAI error bodies (the rejected request's own status and
+gateway/errors.py maps them to OpenAI error bodies (the rejected request's own status and
 body, 429 when every target was at capacity, else 503 naming each failure).
 """
 

@@ -24,10 +24,12 @@ from typing import Any, TypeVar
 from gateway.config import RetryConfig
 from gateway.health import Outcome, Permit, Rejection
 from gateway.metrics import GatewayMetrics
+from gateway.observe import QUIET, Stage
 from gateway.runtime.tasks import run_shielded
 from gateway.upstreams.base import Endpoint, UpstreamError
 from gateway.upstreams.errors import UpstreamRejected, UpstreamsExhausted
 from gateway.upstreams.fleet import Fleet
+from protocol.chunk import Chunk, Completion
 from router import MAX_ATTEMPTS_BOUND, backoff_delays
 from router.types import Target
 
@@ -36,7 +38,7 @@ BodyFor = Callable[[Target], dict[str, Any]]
 Attempt = Callable[[Target, dict[str, str]], Awaitable[T]]
 
 
-async def next_chunk(chunks: AsyncIterator[dict[str, Any]], idle_s: float) -> dict[str, Any] | None:
+async def next_chunk(chunks: AsyncIterator[Chunk], idle_s: float) -> Chunk | None:
     """The next upstream chunk, None at a clean end; UpstreamError if none comes within `idle_s`
     (a backstop to httpx's read timeout, so a stream can never hang)."""
     try:
@@ -73,8 +75,8 @@ class OpenedStream:
 
     target: Target
     attempts: int  # targets tried to get here, this one included
-    chunks: AsyncIterator[dict[str, Any]]
-    first: dict[str, Any]
+    chunks: AsyncIterator[Chunk]
+    first: Chunk
     stack: AsyncExitStack
 
     async def aclose(self) -> None:
@@ -98,20 +100,31 @@ class Forwarder:
         self._rng = rng or random.Random()
 
     async def complete(
-        self, targets: Sequence[Target], endpoint: Endpoint, body_for: BodyFor, headers: dict[str, str]
-    ) -> tuple[Target, dict[str, Any], int]:
-        async def attempt(target: Target, headers: dict[str, str]) -> dict[str, Any]:
+        self,
+        targets: Sequence[Target],
+        endpoint: Endpoint,
+        body_for: BodyFor,
+        headers: dict[str, str],
+        scope: Stage = QUIET,
+    ) -> tuple[Target, Completion, int]:
+        async def attempt(target: Target, headers: dict[str, str]) -> Completion:
             upstream = self._fleet.upstream_for(target)
             return await upstream.complete(endpoint, body_for(target), headers)
 
-        return await self._first_success(targets, attempt, headers, model=targets[0].model if targets else "")
+        model = targets[0].model if targets else ""
+        return await self._first_success(targets, attempt, headers, scope, model=model)
 
     async def open_stream(
-        self, targets: Sequence[Target], endpoint: Endpoint, body_for: BodyFor, headers: dict[str, str]
+        self,
+        targets: Sequence[Target],
+        endpoint: Endpoint,
+        body_for: BodyFor,
+        headers: dict[str, str],
+        scope: Stage = QUIET,
     ) -> OpenedStream:
         async def attempt(
             target: Target, headers: dict[str, str]
-        ) -> tuple[AsyncIterator[dict[str, Any]], dict[str, Any], AsyncExitStack]:
+        ) -> tuple[AsyncIterator[Chunk], Chunk, AsyncExitStack]:
             stack = AsyncExitStack()
             try:
                 upstream = self._fleet.upstream_for(target)
@@ -125,12 +138,18 @@ class Forwarder:
             return chunks, first, stack
 
         target, (chunks, first, stack), attempts = await self._first_success(
-            targets, attempt, headers, model=targets[0].model if targets else ""
+            targets, attempt, headers, scope, model=targets[0].model if targets else ""
         )
         return OpenedStream(target=target, attempts=attempts, chunks=chunks, first=first, stack=stack)
 
     async def _first_success(
-        self, targets: Sequence[Target], attempt: Attempt[T], headers: dict[str, str], *, model: str
+        self,
+        targets: Sequence[Target],
+        attempt: Attempt[T],
+        headers: dict[str, str],
+        scope: Stage,
+        *,
+        model: str,
     ) -> tuple[Target, T, int]:
         board = self._fleet.board
         failures: list[tuple[Target, UpstreamError]] = []
@@ -154,7 +173,9 @@ class Forwarder:
                 continue
             tried += 1
             try:
-                result = await self._attempt(target, attempt, headers)
+                outgoing = dict(headers)
+                with scope.attempt(target, outgoing):  # observers may add traceparent
+                    result = await attempt(target, outgoing)
             except BaseException as error:
                 self._settle(target, permit, error)
                 if not isinstance(error, UpstreamError):
@@ -168,10 +189,6 @@ class Forwarder:
             self.record_success(target)
             return target, result, tried
         raise UpstreamsExhausted(model, failures)
-
-    async def _attempt(self, target: Target, attempt: Attempt[T], headers: dict[str, str]) -> T:
-        """One attempt on `target`; the seam where gateway/tracing.py puts each attempt's span."""
-        return await attempt(target, headers)
 
     def _settle(self, target: Target, permit: Permit, error: BaseException) -> None:
         outcome, retry_after = verdict(error)

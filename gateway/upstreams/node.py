@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
+from msgspec import UNSET
 
 from gateway.upstreams.base import Endpoint, UpstreamError
 from gateway.upstreams.http1 import (
@@ -25,8 +26,9 @@ from gateway.upstreams.http1 import (
     TransportError,
     split_url,
 )
+from protocol.chunk import Chunk, Completion, chunk_decoder, completion_decoder
 from protocol.sse import DataLines
-from protocol.timing import TIMINGS_FIELD, parse_server_timing
+from protocol.timing import parse_server_timing
 
 _PATHS: dict[str, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 _decoder = msgspec.json.Decoder()
@@ -81,8 +83,8 @@ def transport_error(exc: TransportError, target: str) -> UpstreamError:
 
 async def _sse_chunks(
     response: Connection, idle_s: float, target: str, timings: dict[str, float] | None
-) -> AsyncIterator[dict[str, Any]]:
-    """OpenAI chunk dicts from an SSE body; a body that ends before `[DONE]` is a broken stream.
+) -> AsyncIterator[Chunk]:
+    """Typed chunks (protocol/chunk.py) from an SSE body; a body that ends before `[DONE]` is a broken stream.
 
     Our nodes send one `data:` line per event, so the lean DataLines reader splits them (the hot
     path: every chunk of every stream) rather than the spec-complete SSEDecoder.
@@ -105,14 +107,14 @@ async def _sse_chunks(
                 done = True
                 continue
             try:
-                chunk = _decoder.decode(payload)
-            except msgspec.DecodeError:
+                chunk = chunk_decoder.decode(payload)
+            except (msgspec.DecodeError, msgspec.ValidationError):
                 raise UpstreamError(f"{target} sent a malformed stream event", status_code=502) from None
-            if isinstance(chunk, dict) and "error" in chunk:
-                message = (chunk["error"] or {}).get("message", "stream error")
+            if chunk.error is not UNSET:
+                message = chunk.error.message
                 raise UpstreamError(f"{target} ended the stream with an error: {message}", status_code=502)
-            if timings is not None and isinstance(chunk, dict):
-                chunk[TIMINGS_FIELD], timings = timings, None  # what the headers said, on the first
+            if timings is not None:
+                chunk.timings, timings = timings, None  # what the headers said, on the first
             yield chunk
         if data is None:
             break
@@ -161,9 +163,7 @@ class NodeUpstream:
         lines.append(f"content-length: {len(content)}\r\n\r\n")
         return self._heads[endpoint] + "".join(lines).encode() + content
 
-    async def complete(
-        self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str]
-    ) -> dict[str, Any]:
+    async def complete(self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str]) -> Completion:
         raw = self._request(endpoint, {**body, "stream": False}, headers)
         try:
             response = await self._pool.request(self._origin, raw, timeout_s=self._read_timeout_s)
@@ -172,19 +172,17 @@ class NodeUpstream:
         if response.status != 200:
             raise status_error(response.status, response.header(b"retry-after"), response.body, self._name)
         try:
-            result = _decoder.decode(response.body)
-        except msgspec.DecodeError:
+            result = completion_decoder.decode(response.body)
+        except (msgspec.DecodeError, msgspec.ValidationError):
             raise UpstreamError(f"{self._name} sent a malformed response", status_code=502) from None
-        if not isinstance(result, dict):
-            raise UpstreamError(f"{self._name} sent a malformed response", status_code=502)
         if (timings := _timings(response)) is not None:
-            result[TIMINGS_FIELD] = timings
+            result.timings = timings
         return result
 
     @contextlib.asynccontextmanager
     async def stream(
         self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str]
-    ) -> AsyncIterator[AsyncIterator[dict[str, Any]]]:
+    ) -> AsyncIterator[AsyncIterator[Chunk]]:
         raw = self._request(endpoint, {**body, "stream": True}, headers)
         idle_s = self._stream_idle_s
         try:

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from gateway.call.plan import plan_request
 from gateway.config import ConfigError, TokenEstimateConfig, config_from_dict
 from gateway.escalation import RateRule
 from gateway.policy import PolicyError, hash_api_key, load_policy_dir, load_policy_file
-from gateway.request.plan import plan_request
 from protocol import ChatCompletionRequest, decode_request
 from router import AUTO_MODEL, ConfidenceRule, EscalationHistory, EscalationOverrides, rule_for
 from router.types import CatalogModel, TenantPolicy

@@ -6,44 +6,48 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
-from typing import Any
 
+import msgspec
 import pytest
 
+from gateway.call.collect import collect
 from gateway.escalation.cascade import probe, release
-from gateway.streaming.collect import collect
 from gateway.upstreams.base import UpstreamError
 from gateway.upstreams.failover import OpenedStream
+from protocol.chunk import Chunk, Usage, chunk_from
 from router.types import Target
+from tests.support.chunks import as_wire
 
 
-def chat_chunk(token: int, logprob: float, finish: str | None = None) -> dict[str, Any]:
-    return {
-        "id": "c1",
-        "created": 1,
-        "model": "small",
-        "choices": [
-            {
-                "index": 0,
-                "delta": {"content": f"t{token} "},
-                "token_ids": [token],
-                "logprobs": {"content": [{"token": f"t{token}", "logprob": logprob}]},
-                "finish_reason": finish,
-            }
-        ],
-    }
+def chat_chunk(token: int, logprob: float, finish: str | None = None) -> Chunk:
+    return chunk_from(
+        {
+            "id": "c1",
+            "created": 1,
+            "model": "small",
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"content": f"t{token} "},
+                    "token_ids": [token],
+                    "logprobs": {"content": [{"token": f"t{token}", "logprob": logprob}]},
+                    "finish_reason": finish,
+                }
+            ],
+        }
+    )
 
 
 class Upstream:
     """A stream whose first chunk has come; it yields up to chunk `ready`, then waits for `more`
     before yielding the rest (or raising `error` there). `taken` counts the chunks handed out."""
 
-    def __init__(self, chunks: list[dict[str, Any]], ready: int, error: UpstreamError | None = None) -> None:
+    def __init__(self, chunks: list[Chunk], ready: int, error: UpstreamError | None = None) -> None:
         self.chunks, self.ready, self.error = chunks, ready, error
         self.taken = 1  # the first chunk, which opened the stream
         self.more = asyncio.Event()
 
-    async def _rest(self) -> AsyncIterator[dict[str, Any]]:
+    async def _rest(self) -> AsyncIterator[Chunk]:
         for i in range(1, len(self.chunks)):
             if i == self.ready:
                 await self.more.wait()
@@ -108,7 +112,7 @@ async def test_a_break_during_the_probe_reaches_the_relay_after_the_held_chunks(
 async def test_an_upstream_without_logprobs_cannot_be_judged() -> None:
     chunks = [chat_chunk(i, -0.5) for i in range(5)]
     for chunk in chunks:
-        del chunk["choices"][0]["logprobs"]
+        chunk.choices[0].logprobs = None
     found = await probe(Upstream(chunks, ready=5).opened(), 3)
     assert found.tokens == 3 and not found.judgeable
 
@@ -147,7 +151,7 @@ def test_collect_rebuilds_the_non_streamed_response() -> None:
         },
     ]
     usage = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
-    response = collect("chat", chunks, usage)
+    response = as_wire(collect("chat", [chunk_from(c) for c in chunks], msgspec.convert(usage, Usage)))
     assert response["object"] == "chat.completion" and response["id"] == "c1" and response["created"] == 7
     [choice] = response["choices"]
     assert choice["message"]["content"] == "t0 t1 t2 "
@@ -157,13 +161,15 @@ def test_collect_rebuilds_the_non_streamed_response() -> None:
     assert choice["token_ids"] == [0, 1, 2] and len(choice["logprobs"]["content"]) == 3
     assert choice["finish_reason"] == "tool_calls" and response["usage"] == usage
 
-    text = collect(
-        "completions",
-        [
-            {"id": "x", "choices": [{"index": 0, "text": "ab"}]},
-            {"choices": [{"index": 0, "text": "c", "finish_reason": "stop"}]},
-        ],
-        None,
+    text = as_wire(
+        collect(
+            "completions",
+            [
+                chunk_from({"id": "x", "choices": [{"index": 0, "text": "ab"}]}),
+                chunk_from({"choices": [{"index": 0, "text": "c", "finish_reason": "stop"}]}),
+            ],
+            None,
+        )
     )
     assert text["object"] == "text_completion" and text["choices"][0]["text"] == "abc"
     assert text["choices"][0]["logprobs"] is None and "usage" not in text

@@ -25,7 +25,7 @@ def test_batches_on_a_postgres_ledger_need_its_dsn(tmp_path: Path) -> None:
     config = config_from_dict(data, base_dir=tmp_path)
     assert config.batches.enabled  # on by default
     with pytest.raises(LedgerConfigError, match="NO_SUCH_DSN_VARIABLE"):
-        build_batches(config.batches, config.ledger.store, {}, None, None, None, None)  # type: ignore[arg-type]
+        build_batches(config.batches, config.ledger.store, {}, None, None, None)  # type: ignore[arg-type]
 
 
 def test_a_poll_longer_than_a_third_of_the_lease_is_refused(tmp_path: Path) -> None:

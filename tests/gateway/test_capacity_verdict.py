@@ -3,9 +3,9 @@ not broken: no failure verdict for its breaker, and failover ends with the soone
 
 from __future__ import annotations
 
-from gateway.api.errors import to_api_error
+from gateway.call.errors import NoRouteError
+from gateway.errors import to_api_error
 from gateway.health.breaker import Outcome
-from gateway.request.errors import NoRouteError
 from gateway.upstreams.base import UpstreamError
 from gateway.upstreams.errors import UpstreamsExhausted
 from gateway.upstreams.failover import verdict

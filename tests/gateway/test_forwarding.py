@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from gateway.api.errors import to_api_error
 from gateway.config import RetryConfig
+from gateway.errors import to_api_error
 from gateway.health import BreakerBoard, BreakerState, ejection
 from gateway.metrics import GatewayMetrics
 from gateway.upstreams.base import UpstreamError

@@ -1,6 +1,6 @@
 """Route reasons built from directory data (Consul meta, regions files) become header values."""
 
-from gateway.request.context import header_safe
+from gateway.call.context import header_safe
 
 
 def test_route_reason_with_control_characters_stays_one_header_line() -> None:

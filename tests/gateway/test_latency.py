@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.request.latency import Latency
+from gateway.call.latency import Latency
 from protocol.timing import Timing
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.call.plan import estimate_prompt_tokens, plan_request
 from gateway.config import TokenEstimateConfig
-from gateway.request.plan import estimate_prompt_tokens, plan_request
 from protocol import (
     ChatCompletionRequest,
     CompletionRequest,

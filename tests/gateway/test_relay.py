@@ -11,19 +11,21 @@ from typing import Any
 import msgspec
 import pytest
 
+from gateway.call.context import CallContext
+from gateway.call.continuation import Continue, Stop, StreamBreak, decide
+from gateway.call.errors import NoRouteError
+from gateway.call.pipeline import RequestPipeline
+from gateway.call.plan import RequestPlan
 from gateway.config import config_from_dict
 from gateway.metrics import GatewayMetrics
 from gateway.policy import PolicyStore, key_digest
 from gateway.quota import QuotaConfig, build_quota_gate
-from gateway.request.context import CallContext
-from gateway.request.errors import NoRouteError
-from gateway.request.pipeline import RequestPipeline
-from gateway.request.plan import RequestPlan
-from gateway.streaming.continuation import Continue, Stop, StreamBreak, decide
 from gateway.upstreams.base import UpstreamError
 from gateway.upstreams.failover import BodyFor, OpenedStream
 from protocol import ChatCompletionRequest
+from protocol.chunk import Chunk, chunk_from
 from router.types import CatalogModel, FleetSnapshot, NodeInfo, Target, TenantPolicy
+from tests.support.chunks import as_wire
 
 NODE_A = Target("node", "a", "http://a", "eu-west", "eu", "m", "first")
 NODE_B = Target("node", "b", "http://b", "eu-west", "eu", "m", "second")
@@ -57,15 +59,17 @@ Script = list[dict[str, Any] | Exception]
 
 
 def opened(target: Target, script: Script) -> OpenedStream:
-    async def chunks() -> AsyncIterator[dict[str, Any]]:
+    async def chunks() -> AsyncIterator[Chunk]:
         for item in script[1:]:
             if isinstance(item, Exception):
                 raise item
-            yield item
+            yield chunk_from(item)
 
     first = script[0]
     assert isinstance(first, dict)
-    return OpenedStream(target=target, attempts=1, chunks=chunks(), first=first, stack=AsyncExitStack())
+    return OpenedStream(
+        target=target, attempts=1, chunks=chunks(), first=chunk_from(first), stack=AsyncExitStack()
+    )
 
 
 class _NodeUpstream:
@@ -97,7 +101,12 @@ class ScriptedFailover:
         self.broken: list[str] = []
 
     async def open_stream(
-        self, targets: Sequence[Target], endpoint: str, body_for: BodyFor, headers: dict[str, str]
+        self,
+        targets: Sequence[Target],
+        endpoint: str,
+        body_for: BodyFor,
+        headers: dict[str, str],
+        scope: Any = None,
     ) -> OpenedStream:
         if self.asked or self.broken:  # not the first open: a continuation
             self.asked.append({"targets": [t.target_id for t in targets], "body": body_for(targets[0])})
@@ -149,7 +158,7 @@ async def stream(
     request = msgspec.convert(body, ChatCompletionRequest)
     served = await p.stream(ctx, "chat", request, body)
     try:
-        out = [c async for c in served.chunks]
+        out = [as_wire(c) async for c in served.items()]
     finally:
         await served.aclose()
     return out, failover, ctx

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gateway.call.rollouts import RolloutPlans
 from gateway.config import ConfigError, load_config
 from gateway.discovery.static import load_regions
-from gateway.request.rollouts import RolloutPlans
 from protocol.consul.advertisement import MetaError, ModelVersionTag, decode_versions, node_from_entry
 from protocol.consul.wire import AgentService, ServiceEntry
 from regional_node.discovery import ConsulRegistrationConfig, build_registration

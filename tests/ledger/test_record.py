@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
+from gateway.call.context import CallContext
+from gateway.call.usage import usage_event
 from gateway.ledger.prices import ModelPrice, PriceTable
-from gateway.ledger.record import usage_event
-from gateway.request.context import CallContext
 from gateway.safety.guard import CallSafety, Decision
 from protocol.timing import Timing
 from router.types import Target, TenantPolicy

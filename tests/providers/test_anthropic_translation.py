@@ -5,19 +5,19 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from gateway.translate.anthropic_to_openai import messages_request_to_chat, messages_to_chat_response
+from gateway.translate.errors import TranslationError
+from gateway.translate.openai_to_anthropic import (
+    ChatToMessagesStream,
+    chat_response_to_message,
+    chat_to_messages,
+)
 from gateway.upstreams.providers.anthropic_errors import (
     anthropic_status_error,
     anthropic_stream_error,
     error_type_for_status,
 )
-from gateway.upstreams.providers.anthropic_stream import ChatToMessagesStream, MessagesToChatStream
-from gateway.upstreams.providers.anthropic_translate import (
-    TranslationError,
-    chat_response_to_message,
-    chat_to_messages,
-    messages_request_to_chat,
-    messages_to_chat_response,
-)
+from gateway.upstreams.providers.anthropic_stream import MessagesToChatStream
 from gateway.upstreams.providers.errors import ProviderError
 from protocol.anthropic import MessagesRequest
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.api.errors import to_api_error
 from gateway.config import RetryConfig
+from gateway.errors import to_api_error
 from gateway.health import BreakerBoard, BreakerMetrics, BreakerState, ejection
 from gateway.health.probes import NodeProber
 from gateway.metrics import GatewayMetrics

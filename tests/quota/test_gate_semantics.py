@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.api.errors import to_api_error
+from gateway.errors import to_api_error
 from gateway.quota import QuotaExceeded, RequestTooLarge, StoreQuotaGate
 from tests.quota.conftest import FakeClock, make_policy
 

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from gateway.api.errors import to_api_error
+from gateway.errors import to_api_error
 from gateway.quota import QuotaConfig, QuotaExceeded, QuotaUnavailable, StoreQuotaGate, build_quota_gate
 from gateway.quota.interface import Admission
 from protocol import RateLimitError, ServiceUnavailableError

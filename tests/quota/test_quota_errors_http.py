@@ -1,6 +1,6 @@
 """Quota refusals as clients see them: the gate's domain errors through the gateway's front doors.
 
-The gate raises QuotaExceeded / QuotaUnavailable / RequestTooLarge; gateway/api/errors.py is the
+The gate raises QuotaExceeded / QuotaUnavailable / RequestTooLarge; gateway/errors.py is the
 one place they become OpenAI (or, on /v1/messages, Anthropic) error answers.
 """
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from gateway.app import build_gateway
-from gateway.request.pipeline import RequestPipeline
-from gateway.tracing import TracedPipeline
+from gateway.call.pipeline import RequestPipeline
+from gateway.observe import Observers
 from telemetry import TracingError, TracingSettings, start_tracing
 from tests.support.gateway_config import gateway_config
 
@@ -110,15 +110,18 @@ def test_a_malformed_headers_variable_never_echoes_its_value() -> None:
     assert "sk-very-secret" not in str(raised.value)
 
 
-def test_the_gateway_builds_the_plain_request_path_when_tracing_is_off(tmp_path: Path) -> None:
+def test_tracing_observes_the_one_request_path_when_it_is_on(tmp_path: Path) -> None:
     (tmp_path / "regions.yaml").write_text("nodes: []\n")
     (tmp_path / "policies").mkdir()
     config = gateway_config(base_dir=tmp_path)
     plain = build_gateway(config, env={})
     assert type(plain.pipeline) is RequestPipeline and plain.tracing is None
+    assert not isinstance(plain.pipeline._observer, Observers)  # metrics alone
     traced = build_gateway(config, env={"OTEL_TRACES_EXPORTER": "console"})
     assert traced.tracing is not None
     try:
-        assert isinstance(traced.pipeline, TracedPipeline)
+        # No subclass: the same pipeline, with tracing among its observers.
+        assert type(traced.pipeline) is RequestPipeline
+        assert isinstance(traced.pipeline._observer, Observers)
     finally:
         traced.tracing.shutdown()

@@ -1,6 +1,6 @@
 """Upstream for Anthropic's Messages API: OpenAI chat requests in, OpenAI responses and chunks out.
 
-The translation itself is pure (anthropic_translate, anthropic_stream); this module adds the
+The translation itself is pure (gateway/translate, anthropic_stream); this module adds the
 wire: `POST {base_url}/v1/messages` with `x-api-key` and `anthropic-version`, the timeouts, and
 error mapping. Only the chat endpoint exists on Anthropic; legacy completions are refused as
 "unsupported" so failover moves on without holding it against the provider.
@@ -13,15 +13,13 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from gateway.translate.anthropic_to_openai import messages_to_chat_response
+from gateway.translate.errors import TranslationError
+from gateway.translate.openai_to_anthropic import chat_to_messages
 from gateway.upstreams.base import Endpoint
 from gateway.upstreams.http1 import Connection, ConnectionPool
 from gateway.upstreams.providers.anthropic_errors import anthropic_status_error
 from gateway.upstreams.providers.anthropic_stream import MessagesToChatStream
-from gateway.upstreams.providers.anthropic_translate import (
-    TranslationError,
-    chat_to_messages,
-    messages_to_chat_response,
-)
 from gateway.upstreams.providers.config import ProviderEntry
 from gateway.upstreams.providers.errors import unsupported
 from gateway.upstreams.providers.http_adapter import HTTPProviderAdapter
@@ -32,7 +30,9 @@ from gateway.upstreams.providers.transport import (
     destination,
     drain,
     sse_events,
+    typed_completion,
 )
+from protocol.chunk import Chunk, Completion, chunk_from
 
 
 class AnthropicAdapter(HTTPProviderAdapter):
@@ -58,19 +58,19 @@ class AnthropicAdapter(HTTPProviderAdapter):
         request = build_post(self._to, messages, auth=self._auth, client_headers=headers)
         return request, logical
 
-    async def complete(
-        self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str]
-    ) -> dict[str, Any]:
+    async def complete(self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str]) -> Completion:
         request, logical = self._request(endpoint, body, headers, stream=False)
         message = await self._fetch_json(request)
         if message.get("type") == "error":
             raise anthropic_status_error(self.entry.id, 500, message, "", None)
-        return messages_to_chat_response(message, model=logical, created=int(time.time()))
+        return typed_completion(
+            self.entry.id, messages_to_chat_response(message, model=logical, created=int(time.time()))
+        )
 
     @contextlib.asynccontextmanager
     async def stream(
         self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str]
-    ) -> AsyncIterator[AsyncIterator[dict[str, Any]]]:
+    ) -> AsyncIterator[AsyncIterator[Chunk]]:
         request, logical = self._request(endpoint, body, headers, stream=True)
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         translator = MessagesToChatStream(
@@ -84,15 +84,13 @@ class AnthropicAdapter(HTTPProviderAdapter):
             await chunks.aclose()
             self._release(response)
 
-    async def _chunks(
-        self, response: Connection, translator: MessagesToChatStream
-    ) -> AsyncIterator[dict[str, Any]]:
+    async def _chunks(self, response: Connection, translator: MessagesToChatStream) -> AsyncIterator[Chunk]:
         events = sse_events(response, provider=self.entry.id, timeouts=self.entry.timeouts)
         try:
             async for event in events:
                 for chunk in translator.feed(event.event, decode_event(self.entry.id, event)):
-                    yield chunk
-                if translator.finished:
+                    yield chunk_from(chunk)
+                if translator.stopped:
                     await drain(response, idle_s=self.entry.timeouts.idle_s)
                     return
         finally:

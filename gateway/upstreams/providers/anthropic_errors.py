@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.upstreams.providers.errors import ProviderError, openai_error_body, status_error
+from protocol.errors import APIError
 
 # Anthropic's documented error types and their HTTP statuses.
 ERROR_STATUS: dict[str, int] = {
@@ -78,3 +79,8 @@ def error_type_for_status(status: int) -> str:
 
 def anthropic_error_body(error_type: str, message: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": error_type, "message": message}}
+
+
+def anthropic_error(error: APIError) -> dict[str, Any]:
+    """One of our errors as a client of the /v1/messages front door reads it."""
+    return anthropic_error_body(error_type_for_status(error.status_code), error.message)

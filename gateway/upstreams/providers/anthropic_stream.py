@@ -1,4 +1,4 @@
-"""Streaming translation between Anthropic's event sequence and OpenAI chunks, both ways. Pure.
+"""An Anthropic upstream's event stream read as OpenAI chunks (the Anthropic adapter). Pure.
 
 Anthropic: message_start, then per content block content_block_start / content_block_delta* /
 content_block_stop, then message_delta (stop_reason, cumulative usage) and message_stop, with
@@ -11,18 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.translate.anthropic_to_openai import finish_reason, matched_stop, usage_to_openai
 from gateway.upstreams.providers.anthropic_errors import anthropic_stream_error
-from gateway.upstreams.providers.anthropic_translate import (
-    finish_reason,
-    matched_stop,
-    stop_reason,
-    usage_to_anthropic,
-    usage_to_openai,
-)
 from gateway.upstreams.providers.errors import ProviderError
-
-# (event name, data) as the front door writes them: `event: NAME` + `data: JSON`.
-Event = tuple[str, dict[str, Any]]
 
 
 class MessagesToChatStream:
@@ -35,7 +26,8 @@ class MessagesToChatStream:
         self._include_usage = include_usage
         self._id = ""
         self._usage: dict[str, Any] = {}
-        self.finished = False
+        self.finished = False  # a stop_reason arrived
+        self.stopped = False  # message_stop arrived
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
         return {
@@ -66,96 +58,36 @@ class MessagesToChatStream:
                 return [self._chunk({"content": delta["text"]})]
             return []
         if kind == "message_delta":
-            # Its usage counts are cumulative: they replace, not add to, message_start's.
+            # Its usage counts are cumulative: they replace, not add to, message_start's. The
+            # usage goes out here, not at message_stop: a stream that loses its message_stop
+            # still reports what the upstream counted.
             self._usage.update({k: v for k, v in (data.get("usage") or {}).items() if v is not None})
             delta = data.get("delta") or {}
             reason = delta.get("stop_reason")
-            chunk = self._chunk({}, finish_reason(reason) or "stop")
-            chunk["choices"][0].update(matched_stop(reason, delta.get("stop_sequence")))
-            return [chunk]
+            out = []
+            mapped = finish_reason(reason)
+            if mapped is not None:  # a null stop_reason is no finish: none is invented
+                chunk = self._chunk({}, mapped)
+                chunk["choices"][0].update(matched_stop(reason, delta.get("stop_sequence")))
+                out.append(chunk)
+                self.finished = True
+            if self._include_usage:
+                final = self._chunk({})
+                final["choices"] = []
+                final["usage"] = usage_to_openai(self._usage)
+                out.append(final)
+            return out
         if kind == "message_stop":
-            self.finished = True
-            if not self._include_usage:
-                return []
-            final = self._chunk({})
-            final["choices"] = []
-            final["usage"] = usage_to_openai(self._usage)
-            return [final]
+            # The end of the events; whether the answer finished was said by message_delta (the
+            # relay treats a stream without a finish_reason as broken).
+            self.stopped = True
+            return []
         if kind == "error":
             raise anthropic_stream_error(self._provider, data)
         return []  # ping, content_block_stop, and event types added after this was written
 
     def end(self) -> None:
-        """The body ended: without message_stop, the stream broke."""
-        if not self.finished:
+        """The body ended: without message_stop or a stop_reason, the stream broke. (With a stop
+        reason and its usage out, a lost message_stop loses nothing.)"""
+        if not self.finished and not self.stopped:
             raise ProviderError(f"{self._provider}: stream ended before message_stop", kind="stream_broken")
-
-
-class ChatToMessagesStream:
-    """OpenAI chunks from the pipeline -> Anthropic events (the `/v1/messages` front door).
-
-    There is one text block, opened right after message_start. Usage arrives last (OpenAI
-    puts it in a chunk after the finish_reason), so message_delta is written by `finish`.
-    """
-
-    def __init__(self, *, message_id: str, model: str, stop_sequences: list[str] | None = None) -> None:
-        self._message_id = message_id
-        self._model = model
-        self._stop_sequences = stop_sequences
-        self._stop: tuple[str | None, str | None] = (None, None)
-        self._usage: dict[str, Any] | None = None
-
-    def start(self, input_tokens: int = 0) -> list[Event]:
-        message = {
-            "id": self._message_id,
-            "type": "message",
-            "role": "assistant",
-            "model": self._model,
-            "content": [],
-            "stop_reason": None,
-            "stop_sequence": None,
-            "usage": {"input_tokens": input_tokens, "output_tokens": 0},
-        }
-        return [
-            ("message_start", {"type": "message_start", "message": message}),
-            (
-                "content_block_start",
-                {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
-            ),
-            ("ping", {"type": "ping"}),
-        ]
-
-    def feed(self, chunk: dict[str, Any]) -> list[Event]:
-        if chunk.get("usage"):
-            self._usage = chunk["usage"]
-        events: list[Event] = []
-        for choice in chunk.get("choices") or []:
-            text = (choice.get("delta") or {}).get("content")
-            if text:
-                delta = {"type": "text_delta", "text": text}
-                events.append(
-                    ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta})
-                )
-            if choice.get("finish_reason") is not None:
-                self._stop = stop_reason(choice, self._stop_sequences)
-        return events
-
-    def finish(self) -> list[Event]:
-        reason, sequence = self._stop
-        usage = usage_to_anthropic(self._usage)
-        return [
-            ("content_block_stop", {"type": "content_block_stop", "index": 0}),
-            (
-                "message_delta",
-                {
-                    "type": "message_delta",
-                    "delta": {"stop_reason": reason or "end_turn", "stop_sequence": sequence},
-                    "usage": usage,
-                },
-            ),
-            ("message_stop", {"type": "message_stop"}),
-        ]
-
-    @staticmethod
-    def error(error_type: str, message: str) -> Event:
-        return ("error", {"type": "error", "error": {"type": error_type, "message": message}})

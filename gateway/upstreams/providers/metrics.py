@@ -16,6 +16,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from gateway.upstreams.base import Endpoint, Upstream, UpstreamError
+from protocol.chunk import Chunk, Completion
 
 _BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
@@ -106,9 +107,7 @@ class ObservedUpstream:
         error = error_kind(exc) if isinstance(exc, Exception) else None
         self._metrics.observe(AttemptReport(self.target_id, streamed, latency, first_byte, error))
 
-    async def complete(
-        self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str]
-    ) -> dict[str, Any]:
+    async def complete(self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str]) -> Completion:
         started = self._clock()
         try:
             response = await self.inner.complete(endpoint, body, headers)
@@ -122,7 +121,7 @@ class ObservedUpstream:
     @asynccontextmanager
     async def stream(
         self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str]
-    ) -> AsyncIterator[AsyncIterator[dict[str, Any]]]:
+    ) -> AsyncIterator[AsyncIterator[Chunk]]:
         watch = _StreamWatch(started=self._clock())
         try:
             async with self.inner.stream(endpoint, body, headers) as chunks:
@@ -138,9 +137,7 @@ class ObservedUpstream:
             first_byte = None if watch.first_chunk_at is None else watch.first_chunk_at - watch.started
             self._report(True, elapsed, first_byte, watch.error)
 
-    async def _relay(
-        self, chunks: AsyncIterator[dict[str, Any]], watch: _StreamWatch
-    ) -> AsyncIterator[dict[str, Any]]:
+    async def _relay(self, chunks: AsyncIterator[Chunk], watch: _StreamWatch) -> AsyncIterator[Chunk]:
         try:
             async for chunk in chunks:
                 if watch.first_chunk_at is None:

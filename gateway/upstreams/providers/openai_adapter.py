@@ -13,6 +13,8 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from msgspec import UNSET
+
 from gateway.upstreams.base import Endpoint
 from gateway.upstreams.http1 import Connection, ConnectionPool
 from gateway.upstreams.providers.config import ProviderEntry
@@ -21,11 +23,13 @@ from gateway.upstreams.providers.http_adapter import HTTPProviderAdapter
 from gateway.upstreams.providers.transport import (
     Post,
     build_post,
-    decode_event,
+    decode_chunk,
     destination,
     drain,
     sse_events,
+    typed_completion,
 )
+from protocol.chunk import Chunk, Completion
 
 _PATHS: dict[str, str] = {"chat": "/chat/completions", "completions": "/completions"}
 # Meridian/vLLM extensions our nodes understand and OpenAI would reject.
@@ -79,18 +83,16 @@ class OpenAIAdapter(HTTPProviderAdapter):
         )
         return request, logical
 
-    async def complete(
-        self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str]
-    ) -> dict[str, Any]:
+    async def complete(self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str]) -> Completion:
         request, logical = self._request(endpoint, body, headers, stream=False)
-        result = await self._fetch_json(request)
-        result["model"] = logical
+        result = typed_completion(self.entry.id, await self._fetch_json(request))
+        result.model = logical
         return result
 
     @contextlib.asynccontextmanager
     async def stream(
         self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str]
-    ) -> AsyncIterator[AsyncIterator[dict[str, Any]]]:
+    ) -> AsyncIterator[AsyncIterator[Chunk]]:
         request, logical = self._request(endpoint, body, headers, stream=True)
         response = await self._open(request)
         chunks = self._chunks(response, logical)
@@ -100,7 +102,7 @@ class OpenAIAdapter(HTTPProviderAdapter):
             await chunks.aclose()
             self._release(response)
 
-    async def _chunks(self, response: Connection, logical: str) -> AsyncIterator[dict[str, Any]]:
+    async def _chunks(self, response: Connection, logical: str) -> AsyncIterator[Chunk]:
         started = time.monotonic()
         events = sse_events(response, provider=self.entry.id, timeouts=self.entry.timeouts)
         try:
@@ -108,11 +110,11 @@ class OpenAIAdapter(HTTPProviderAdapter):
                 if event.data.strip() == "[DONE]":
                     await drain(response, idle_s=self.entry.timeouts.idle_s)
                     return
-                chunk = decode_event(self.entry.id, event)
-                if isinstance(chunk.get("error"), dict):
-                    message = chunk["error"].get("message", "stream error")
+                chunk = decode_chunk(self.entry.id, event)
+                if chunk.error is not UNSET:
+                    message = chunk.error.message
                     raise ProviderError(f"{self.entry.id}: error in stream: {message}", kind="server_error")
-                chunk["model"] = logical
+                chunk.model = logical
                 yield chunk
         finally:
             await events.aclose()

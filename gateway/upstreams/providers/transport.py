@@ -35,6 +35,7 @@ from gateway.upstreams.http1 import (
 )
 from gateway.upstreams.providers.config import ProviderTimeouts
 from gateway.upstreams.providers.errors import ProviderError, parse_retry_after
+from protocol.chunk import Chunk, Completion, chunk_decoder, completion_from
 from protocol.sse import SSEDecoder, SSEEvent
 
 _decoder = msgspec.json.Decoder()
@@ -244,3 +245,19 @@ def decode_event(provider: str, event: SSEEvent) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ProviderError(f"{provider}: stream event is not a JSON object", kind="bad_response")
     return data
+
+
+def decode_chunk(provider: str, event: SSEEvent) -> Chunk:
+    """An OpenAI-format stream event as a typed chunk (protocol/chunk.py), decoded in one pass."""
+    try:
+        return chunk_decoder.decode(event.data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        raise ProviderError(f"{provider}: malformed stream event", kind="bad_response") from None
+
+
+def typed_completion(provider: str, value: Any) -> Completion:
+    """An OpenAI-format answer (decoded JSON) as a typed Completion."""
+    try:
+        return completion_from(value)
+    except msgspec.ValidationError as exc:
+        raise ProviderError(f"{provider}: malformed response ({exc})", kind="bad_response") from None

@@ -1,28 +1,26 @@
-"""The one place where anything raised on the gateway's request path becomes an HTTP answer.
+"""The one mapping of anything raised on the gateway's request path to its client-facing error.
 
-Domain errors (overloaded, quota denied, quota store unavailable, no route, every upstream failed) are plain
-exceptions of their packages; here they become OpenAI-format error bodies with the right status
-and headers. Nothing else in the gateway builds an error response, and no handler ever leaks a
-stack trace.
+Domain errors (overloaded, quota denied, quota store unavailable, no route, every upstream failed)
+are plain exceptions of their packages; here they become APIErrors with the right status, code and
+headers. Every edge that answers a client uses it directly: the front doors' exception handlers
+(gateway/api/doors.py, which also shape the door's wire format), the batches runner (whose answers
+are written to output files) and the Responses runs. Nothing else maps errors, and no answer ever
+leaks a stack trace.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from typing import Any
 
-from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 
 from gateway.admission.errors import Overloaded
 from gateway.batches.errors import BatchInputError, BatchNotFound, BatchStoreUnavailable, FileTooLarge
+from gateway.call.errors import NoRouteError
 from gateway.ledger.errors import BadUsageQuery, LedgerUnavailable
 from gateway.quota.errors import QuotaExceeded, QuotaUnavailable, RequestTooLarge
 from gateway.quota.headers import retry_after_headers
-from gateway.request.context import CallContext
-from gateway.request.errors import NoRouteError
-from gateway.request.pipeline import RequestPipeline
 from gateway.responses.errors import ResponsesBusy
 from gateway.safety.errors import ContentBlocked, SafetyUnavailable
 from gateway.upstreams.errors import UpstreamRejected, UpstreamsExhausted
@@ -114,18 +112,3 @@ def _rejected(exc: UpstreamRejected) -> APIError:
     error.status_code = exc.error.status_code
     error.error_type = str(detail.get("type") or "invalid_request_error")
     return error
-
-
-def failed(pipeline: RequestPipeline, ctx: CallContext, exc: BaseException) -> APIError:
-    """The error a front door answers for `exc` raised on the request path, with this call's
-    headers; the request is counted under its status."""
-    error = to_api_error(exc, request_id=ctx.request_id)
-    pipeline.record(ctx, str(error.status_code), stream=False)  # adds Server-Timing to the headers
-    error.headers = {**ctx.headers, **error.headers}
-    return error
-
-
-def handle_exception(_: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
-    """Litestar's exception handler for the gateway app."""
-    error = to_api_error(exc)
-    return Response(content=error.to_body(), status_code=error.status_code, headers=error.headers)

@@ -3,19 +3,20 @@
     authenticate → plan → admission → quota → route → failover → (cascade) → relay → settle
 
 Front doors (gateway/api) parse their wire format into the protocol's request structs and call
-`complete` or `stream`; they get OpenAI response dicts or a `ServedStream` of chunk dicts back,
-and the response headers in `CallContext.headers`. Calls only go down: the relay reports a broken
-stream and this module decides whether and where it continues. Admission (gateway/admission) comes
-before the quota and any upstream call, so a request it sheds costs almost nothing and holds no
-reservation; it may also degrade the request to the small tier. Errors are raised as they are
-(protocol APIErrors for invalid requests, domain errors for quota and routing); the API edge maps
-them to HTTP once. Quota is settled exactly once per admitted request, with real usage, however
-the request ends. An `auto` request that starts on the small tier passes the confidence cascade
-between failover and relay (`_cascade`): it may be served by the large tier instead. Every call's
-latency breakdown is kept in `CallContext.latency`. With tracing on, gateway/tracing.py's
-TracedPipeline subclasses this class and wraps its stages (authenticate, _plan, _admit_load,
-_admit_quota, _route, _cascade, _continue, _settle, _settle_stream, record) in spans: a new stage
-gets its span there.
+`complete` or `stream`; they get a typed `Completion` (protocol/chunk.py) or a `ServedStream` of
+typed chunks back, and the response headers in `CallContext.headers`. Calls only go down: the
+relay reports a broken stream and this module decides whether and where it continues; a stream is
+one generator of this module's, whose own `finally` settles it when the front door closes it.
+Admission (gateway/admission) comes before the quota and any upstream call, so a request it sheds
+costs almost nothing and holds no reservation; it may also degrade the request to the small tier.
+Errors are raised as they are (protocol APIErrors for invalid requests, domain errors for quota
+and routing); the API edge maps them to HTTP once. Quota is settled exactly once per admitted
+request, with real usage, however the request ends. An `auto` request that starts on the small
+tier passes the confidence cascade between failover and relay (`_cascade`): it may be served by
+the large tier instead. Every call's latency breakdown is kept in `CallContext.latency`.
+
+Observation (gateway/observe.py): each stage is reported to the call's observer, and the
+stage an inner step belongs to is passed down as a parameter; tracing and metrics are observers.
 """
 
 from __future__ import annotations
@@ -25,43 +26,50 @@ import logging
 import os
 import time
 from collections.abc import AsyncGenerator, Mapping
-from contextlib import AsyncExitStack
 from typing import Any
+
+import msgspec
+from msgspec import UNSET
 
 from gateway.admission import AdmissionController, Ticket
 from gateway.admission.errors import Overloaded
+from gateway.call.collect import collect
+from gateway.call.context import SESSION_HEADER, CallContext, header_safe
+from gateway.call.continuation import Continue, Stop, decide
+from gateway.call.errors import NoRouteError
+from gateway.call.plan import RequestPlan, plan_request
+from gateway.call.relay import StreamRelay
+from gateway.call.rollouts import RolloutPlans
+from gateway.call.served import ServedStream
+from gateway.call.usage import escalated_event, usage_event
 from gateway.config import GatewayConfig
 from gateway.escalation import ThrashGuard
 from gateway.escalation.cascade import Escalated, probe, release
 from gateway.ledger.event import encode_events
 from gateway.ledger.prices import PriceTable
-from gateway.ledger.record import api_key_id, escalated_event, usage_event
 from gateway.metrics import GatewayMetrics
+from gateway.observe import Ended, Observer, Stage, chunk_text
 from gateway.policy import PolicyStore
+from gateway.policy.keys import api_key_id
 from gateway.quota.interface import Admission, QuotaGate
 from gateway.quota.lease import LeaseKeeper
-from gateway.request.context import SESSION_HEADER, CallContext, header_safe
-from gateway.request.errors import NoRouteError
-from gateway.request.plan import RequestPlan, plan_request
-from gateway.request.rollouts import RolloutPlans
 from gateway.runtime.tasks import run_shielded
 from gateway.safety.guard import CallSafety, SafetyGuard
-from gateway.streaming.collect import collect
-from gateway.streaming.continuation import Continue, Stop, decide
-from gateway.streaming.relay import StreamRelay, error_event
-from gateway.streaming.served import ServedStream
 from gateway.upstreams.base import Endpoint, UpstreamError
 from gateway.upstreams.errors import UpstreamRejected, UpstreamsExhausted
 from gateway.upstreams.failover import Forwarder, OpenedStream
 from gateway.upstreams.fleet import Fleet
 from protocol import AuthenticationError, ChatCompletionRequest, CompletionRequest
-from protocol.timing import TIMINGS_FIELD, timing_from_wire
+from protocol.chunk import Chunk, Completion, StreamFailed, Usage, usage_of
+from protocol.timing import timing_from_wire
 from router import AUTO_MODEL, auto_family, escalation_model, judge, route, rule_for
 from router.types import CatalogModel, RouteRequest, Target, TenantPolicy
 
 logger = logging.getLogger(__name__)
 
 ParsedRequest = ChatCompletionRequest | CompletionRequest
+Streamed = Chunk | StreamFailed
+_OPERATIONS: dict[str, str] = {"chat": "chat", "completions": "text_completion"}
 
 
 class RequestPipeline:
@@ -69,6 +77,7 @@ class RequestPipeline:
         self,
         *,
         config: GatewayConfig,
+        observer: Observer | None = None,
         policies: PolicyStore,
         quota: QuotaGate,
         fleet: Fleet,
@@ -88,6 +97,8 @@ class RequestPipeline:
         self._fleet = fleet
         self._failover = forwarder
         self._metrics = metrics
+        # Without one given, metrics alone observe the calls.
+        self._observer = observer or metrics
         self.admission = AdmissionController(config.admission, fleet.snapshot, self._catalog, metrics)
         # Reloaded from the config file while running (instant rollback); the app starts its watch.
         self.rollouts = RolloutPlans(
@@ -103,7 +114,7 @@ class RequestPipeline:
 
     async def complete(
         self, ctx: CallContext, endpoint: Endpoint, request: ParsedRequest, body: dict[str, Any]
-    ) -> dict[str, Any]:
+    ) -> Completion:
         safety = self._begin_safety(ctx)
         body = safety.screen_input(endpoint, body)
         plan, ticket = await self._admit_load(ctx, self._plan(ctx, endpoint, request, body))
@@ -111,9 +122,10 @@ class RequestPipeline:
         # Charged only for what was served: a request that failed on every target, or whose input
         # the classifier blocked, gets its tokens back (the request still counts against requests/min).
         served_tokens = 0
-        usage: dict[str, Any] | None = None
+        answered = False
+        usage: Usage | None = None
         try:
-            targets = self._route(ctx, plan)
+            targets = self._route(ctx, plan, ctx.observed)
             async with LeaseKeeper(self._quota, admission):
                 if plan.cascade is not None:
                     plan, target, result, attempts = await safety.while_checking_input(
@@ -125,86 +137,127 @@ class RequestPipeline:
                     )
                 await safety.input_verdict()
             ctx.served_by(target, attempts, self._fleet.route_label(target))
-            usage = result.get("usage") or {}
-            served_tokens = int(usage.get("total_tokens") or plan.estimated_tokens) + _wasted(ctx)
-            self._count_tokens(ctx, usage)
-            result["model"] = target.model
+            answered = True
+            usage = usage_of(result.usage)
+            served_tokens = (usage.total_tokens if usage else 0) or plan.estimated_tokens
+            served_tokens += _wasted(ctx)
+            ctx.usage = usage
+            result.model = target.model
             if target.version:
-                result["system_fingerprint"] = target.version
+                result.system_fingerprint = target.version
             if not plan.wants_token_ids:
-                for choice in result.get("choices") or []:
-                    choice.pop("token_ids", None)
-            return await safety.check_output(endpoint, result)
+                for choice in result.choices:
+                    choice.token_ids = UNSET
+            result = await safety.check_output(result)
+            ctx.finish_reasons = [c.finish_reason for c in result.choices if c.finish_reason]
+            if ctx.observed.wants_text:
+                ctx.observed.answered_text("".join(c.content() for c in result.choices))
+            self.record(ctx, "200", stream=False)
+            return result
         except UpstreamsExhausted as exc:
             self._refused_by_upstreams(ctx, exc)
             raise
         finally:
             ticket.release()
             safety.finish()
-            status = "failed" if usage is None else "ok"
-            fallback = (plan.prompt_tokens_estimate, 0) if usage == {} else (0, 0)
-            event = self._usage_event(ctx, plan, usage or None, status, fallback=fallback, stream=False)
-            await self._settle(admission, served_tokens or _wasted(ctx), event)
+            status = "ok" if answered else "failed"
+            fallback = (plan.prompt_tokens_estimate, 0) if answered and usage is None else (0, 0)
+            event = self._usage_event(ctx, plan, usage, status, fallback=fallback, stream=False)
+            await self._settle(ctx, admission, served_tokens or _wasted(ctx), event)
 
     async def stream(
         self, ctx: CallContext, endpoint: Endpoint, request: ParsedRequest, body: dict[str, Any]
     ) -> ServedStream:
         """Opens the stream (failing over until a first chunk arrives), so that errors before the
-        first byte are ordinary HTTP errors. What the stream holds is registered on one exit
-        stack as it is taken; the returned ServedStream owns it from then on."""
+        first byte are ordinary HTTP errors. The stream is one generator of this module's, already
+        started: closing it (the front door does, however the response ended) runs its own
+        `finally`, which releases the upstream, the lease and the ticket and settles the quota."""
+        items = self._streamed(ctx, endpoint, request, body)
+        try:
+            await anext(items)  # opened: the first chunk is in (or this raises why not)
+        except BaseException:
+            await run_shielded(items.aclose, what="release a stream that failed to open")
+            raise
+        return ServedStream(ctx, items)
+
+    async def _streamed(
+        self, ctx: CallContext, endpoint: Endpoint, request: ParsedRequest, body: dict[str, Any]
+    ) -> AsyncGenerator[Streamed | None, None]:
+        """Yields None once opened, then the client's items; everything it took is released in
+        its `finally`, in the reverse order it was taken."""
         safety = self._begin_safety(ctx)
         body = safety.screen_input(endpoint, body)
         plan, ticket = await self._admit_load(ctx, self._plan(ctx, endpoint, request, body))
-        admission = await self._admit_quota(ctx, plan, ticket)
-        owned = AsyncExitStack()
-        relay: StreamRelay | None = None
-
-        async def settle() -> None:
-            await self._settle_stream(ctx, plan, admission, relay)
-
         try:
-            owned.callback(safety.finish)
-            owned.push_async_callback(settle)
-            owned.callback(ticket.release)
-            await owned.enter_async_context(LeaseKeeper(self._quota, admission))
-            opened = await safety.while_checking_input(self._open(ctx, plan, self._route(ctx, plan)))
-            try:
-                await safety.input_verdict()  # no byte reaches the client before the input passed
-            except BaseException:
-                await opened.aclose()  # the node aborts the request and frees its KV blocks
-                raise
-            ticket.started()  # the first chunk is here: the prompt has left the node's queue
-            if plan.cascade is not None:
-                plan, opened = await self._cascade(ctx, plan, opened)
-            relay = StreamRelay(opened, plan, ctx.latency)
-            owned.push_async_callback(relay.aclose)
-        except BaseException as exc:
-            if isinstance(exc, UpstreamsExhausted):
-                self._refused_by_upstreams(ctx, exc)
-            # Cancelled too (the client left while we failed over): the release must still run.
-            await run_shielded(owned.aclose, what="release a stream that failed to open")
+            admission = await self._admit_quota(ctx, plan, ticket)
+        except BaseException:
+            safety.finish()
             raise
-        ctx.served_by(opened.target, opened.attempts, self._fleet.route_label(opened.target))
-        ctx.headers["server-timing"] = ctx.latency.at_first_byte().server_timing()
-        self._metrics.ttft.labels(opened.target.model).observe(time.monotonic() - ctx.started)
-        return ServedStream(ctx, safety.guard_stream(endpoint, self._relay(ctx, plan, relay)), owned)
+        relay: StreamRelay | None = None
+        try:
+            async with LeaseKeeper(self._quota, admission):
+                try:
+                    opened = await safety.while_checking_input(
+                        self._open(ctx, plan, self._route(ctx, plan, ctx.observed), ctx.observed)
+                    )
+                    try:
+                        await safety.input_verdict()  # no byte reaches the client before the input passed
+                    except BaseException:
+                        await opened.aclose()  # the node aborts the request and frees its KV blocks
+                        raise
+                    ticket.started()  # the first chunk is here: the prompt has left the node's queue
+                    if plan.cascade is not None:
+                        plan, opened = await self._cascade(ctx, plan, opened)
+                    relay = StreamRelay(opened, plan, ctx.latency)
+                except UpstreamsExhausted as exc:
+                    self._refused_by_upstreams(ctx, exc)
+                    raise
+                try:
+                    ctx.served_by(opened.target, opened.attempts, self._fleet.route_label(opened.target))
+                    ctx.headers["server-timing"] = ctx.latency.at_first_byte().server_timing()
+                    ctx.observed.first_chunk(opened.target.model, time.monotonic() - ctx.started)
+                    yield None
+                    items = safety.guard_stream(endpoint, self._relay(ctx, plan, relay))
+                    try:
+                        async for item in items:
+                            if ctx.observed.wants_text and isinstance(item, Chunk):
+                                ctx.observed.answered_text(chunk_text(item))
+                            yield item
+                    finally:
+                        await items.aclose()
+                finally:
+                    await run_shielded(relay.aclose, what="close the upstream stream")
+        finally:
+            ticket.release()
+            await run_shielded(
+                lambda: self._settle_stream(ctx, plan, admission, relay), what="settle a stream"
+            )
+            safety.finish()
 
     # -- stages ---------------------------------------------------------------------------------
 
     def start_call(self, headers: Mapping[str, str]) -> CallContext:
+        request_id = f"req_{os.urandom(16).hex()}"  # uuid4's randomness, without the UUID object
         return CallContext(
-            request_id=f"req_{os.urandom(16).hex()}",  # uuid4's randomness, without the UUID object
+            request_id=request_id,
             client_region=headers.get("x-meridian-client-region") or None,
             session_key=headers.get(SESSION_HEADER, ""),
+            observed=self._observer.start(headers, request_id),
         )
 
     def authenticate(self, ctx: CallContext, authorization: str | None) -> TenantPolicy:
+        started = time.time_ns()
         scheme, _, key = (authorization or "").partition(" ")
         tenant = self._policies.current().authenticate(key.strip()) if scheme.lower() == "bearer" else None
         if tenant is None:
-            raise AuthenticationError("Incorrect or missing API key. Send it as 'Authorization: Bearer KEY'.")
+            error = AuthenticationError(
+                "Incorrect or missing API key. Send it as 'Authorization: Bearer KEY'."
+            )
+            ctx.observed.authenticated(None, started, time.time_ns(), error)
+            raise error
         ctx.tenant = tenant
         ctx.api_key_id = api_key_id(key.strip())
+        ctx.observed.authenticated(tenant, started, time.time_ns(), None)
         return tenant
 
     def _refused_by_upstreams(self, ctx: CallContext, exc: UpstreamsExhausted) -> None:
@@ -237,6 +290,8 @@ class RequestPipeline:
             plan = self._with_cascade(plan, tenant)
         ctx.model = plan.model.name
         ctx.headers["x-meridian-model"] = plan.model.name
+        prompt = body.get("messages") if endpoint == "chat" else body.get("prompt")
+        ctx.observed.planned(_OPERATIONS.get(endpoint, endpoint), request, prompt, degraded=False)
         return plan
 
     def _with_cascade(self, plan: RequestPlan, tenant: TenantPolicy) -> RequestPlan:
@@ -258,6 +313,14 @@ class RequestPipeline:
         are read and held; it keeps the request (the held tokens go out first), or the large model
         serves it from the start and the small request is aborted. The large model is only asked
         when its pool admits the request and an upstream opens: else the small answer stands."""
+        with ctx.observed.stage("escalation") as scope:
+            plan, opened = await self._judged(ctx, plan, opened, scope)
+            scope.note(escalated=ctx.escalation is not None, verdict=ctx.route_prefix)
+        return plan, opened
+
+    async def _judged(
+        self, ctx: CallContext, plan: RequestPlan, opened: OpenedStream, scope: Stage
+    ) -> tuple[RequestPlan, OpenedStream]:
         assert ctx.tenant is not None and plan.cascade is not None and plan.escalate_to is not None
         tenant, family, large = ctx.tenant.tenant_id, plan.model.name, plan.escalate_to
         try:
@@ -281,7 +344,7 @@ class RequestPipeline:
             return plan, release(opened, found)
         escalated = dataclasses.replace(plan, model=large, cascade=None, escalate_to=None)
         try:
-            served = await self._open_large(ctx, escalated)
+            served = await self._open_large(ctx, escalated, scope)
         except (Overloaded, NoRouteError, UpstreamsExhausted, UpstreamRejected) as exc:
             # The small model's answer is better than none.
             metrics.labelled(metrics.auto_escalations, tenant, family, "large_unavailable").inc()
@@ -308,7 +371,7 @@ class RequestPipeline:
         ctx.headers["x-meridian-model"] = large.name
         return escalated, served
 
-    async def _open_large(self, ctx: CallContext, plan: RequestPlan) -> OpenedStream:
+    async def _open_large(self, ctx: CallContext, plan: RequestPlan, scope: Stage) -> OpenedStream:
         """The escalated request's stream: admitted on the large pool (a degraded admission means
         the large tier is over its target: no escalation), routed with the tenant's residency."""
         assert ctx.tenant is not None
@@ -318,70 +381,84 @@ class RequestPipeline:
                 raise Overloaded(
                     model=plan.model.name, tier=ctx.tenant.traffic_tier, reason="over_target", retry_after_s=1
                 )
-            opened = await self._open(ctx, plan, self._route(ctx, plan))
+            opened = await self._open(ctx, plan, self._route(ctx, plan, scope), scope)
             admitted.ticket.started()  # _open returns with the first chunk
             return opened
         finally:
             admitted.ticket.release()
 
-    async def _open(self, ctx: CallContext, plan: RequestPlan, targets: tuple[Target, ...]) -> OpenedStream:
+    async def _open(
+        self, ctx: CallContext, plan: RequestPlan, targets: tuple[Target, ...], scope: Stage
+    ) -> OpenedStream:
         since = time.monotonic()
         try:
             return await self._failover.open_stream(
-                targets, plan.endpoint, lambda t: plan.body_for(t, stream=True), self._node_headers(ctx)
+                targets,
+                plan.endpoint,
+                lambda t: plan.body_for(t, stream=True),
+                self._node_headers(ctx),
+                scope,
             )
         finally:
             ctx.latency.waited_since(since)
 
     async def _complete_once(
         self, ctx: CallContext, plan: RequestPlan, targets: tuple[Target, ...]
-    ) -> tuple[Target, dict[str, Any], int]:
+    ) -> tuple[Target, Completion, int]:
         since = time.monotonic()
         try:
             target, result, attempts = await self._failover.complete(
-                targets, plan.endpoint, lambda t: plan.body_for(t, stream=False), self._node_headers(ctx)
+                targets,
+                plan.endpoint,
+                lambda t: plan.body_for(t, stream=False),
+                self._node_headers(ctx),
+                ctx.observed,
             )
         finally:
             ctx.latency.waited_since(since)
-        ctx.latency.answered(timing_from_wire(result.pop(TIMINGS_FIELD, None)))
+        timings, result.timings = result.timings, UNSET
+        ctx.latency.answered(timing_from_wire(timings if isinstance(timings, dict) else None))
         return target, result, attempts
 
     async def _complete_by_stream(
         self, ctx: CallContext, plan: RequestPlan, targets: tuple[Target, ...]
-    ) -> tuple[RequestPlan, Target, dict[str, Any], int]:
+    ) -> tuple[RequestPlan, Target, Completion, int]:
         """A non-streamed request the cascade judges: streamed from the small model so that an
         escalation aborts it after K tokens, not after the whole answer; collected into one
         response (a break mid-way continues elsewhere, as for a client's stream)."""
-        plan, opened = await self._cascade(ctx, plan, await self._open(ctx, plan, targets))
+        plan, opened = await self._cascade(ctx, plan, await self._open(ctx, plan, targets, ctx.observed))
         relay = StreamRelay(opened, plan, ctx.latency)
         try:
-            chunks = [chunk async for chunk in self._relay(ctx, plan, relay)]
+            items = [item async for item in self._relay(ctx, plan, relay)]
         finally:
             await run_shielded(relay.aclose, what="close a collected stream")
         if ctx.stream_error is not None:
             raise UpstreamsExhausted(
                 plan.model.name, [(relay.target, UpstreamError(ctx.stream_error, status_code=502))]
             )
-        result = collect(plan.endpoint, [c for c in chunks if "error" not in c], relay.usage)
+        result = collect(plan.endpoint, [item for item in items if isinstance(item, Chunk)], relay.usage)
         return plan, opened.target, result, opened.attempts
 
     async def _admit_load(self, ctx: CallContext, plan: RequestPlan) -> tuple[RequestPlan, Ticket]:
         """Admission against the tier's target (may wait in the gateway queue; raises Overloaded).
         A degraded request is planned for the small tier from here on, continuations included."""
         assert ctx.tenant is not None
-        admitted = await self.admission.admit(ctx.tenant, plan.model, plan.prompt_tokens_estimate)
+        with ctx.observed.stage("admission"):
+            admitted = await self.admission.admit(ctx.tenant, plan.model, plan.prompt_tokens_estimate)
         if admitted.degraded_from is not None:
             plan = dataclasses.replace(plan, model=admitted.model, degraded_from=admitted.degraded_from)
             ctx.model = plan.model.name
             ctx.headers["x-meridian-model"] = plan.model.name
+            ctx.observed.note(degraded=True)
         return plan, admitted.ticket
 
     async def _admit_quota(self, ctx: CallContext, plan: RequestPlan, ticket: Ticket) -> Admission:
         assert ctx.tenant is not None
         try:
-            admission = await self._quota.admit(
-                ctx.tenant, request_id=ctx.request_id, estimated_tokens=plan.estimated_tokens
-            )
+            with ctx.observed.stage("quota.admit"):
+                admission = await self._quota.admit(
+                    ctx.tenant, request_id=ctx.request_id, estimated_tokens=plan.estimated_tokens
+                )
         except BaseException:
             ticket.release()
             raise
@@ -395,11 +472,20 @@ class RequestPipeline:
         self,
         ctx: CallContext,
         plan: RequestPlan,
+        scope: Stage,
         exclude: frozenset[str] = frozenset(),
         *,
         version: str | None = None,
     ) -> tuple[Target, ...]:
         """`version`: only targets serving that version of the model (a continuation's pin)."""
+        with scope.stage("route") as stage:
+            targets = self._decide_route(ctx, plan, exclude, version)
+            stage.note(targets=[t.target_id for t in targets], reason=targets[0].reason)
+        return targets
+
+    def _decide_route(
+        self, ctx: CallContext, plan: RequestPlan, exclude: frozenset[str], version: str | None
+    ) -> tuple[Target, ...]:
         assert ctx.tenant is not None
         model = plan.model.name
         user = plan.base_body.get("user")
@@ -428,14 +514,12 @@ class RequestPipeline:
 
     async def _relay(
         self, ctx: CallContext, plan: RequestPlan, relay: StreamRelay
-    ) -> AsyncGenerator[dict[str, Any], None]:
+    ) -> AsyncGenerator[Streamed, None]:
         """The client's chunks: relayed from one upstream after another until the stream ends.
         The relay reports a break; the continuation rule decides; a continuation is routed here."""
         failed: set[str] = set()
         while True:
             async for chunk in relay.chunks():
-                if relay.target.version:
-                    chunk["system_fingerprint"] = relay.target.version
                 yield chunk
             report = relay.broken
             if report is None:
@@ -464,7 +548,7 @@ class RequestPipeline:
                     continue
             if step.ending == "error":
                 ctx.stream_error = step.why
-                yield error_event(step.why)
+                yield StreamFailed(message=step.why)
             return
 
     async def _continue(
@@ -475,42 +559,52 @@ class RequestPipeline:
         "": unversioned) that can take a token-exact continuation. NoRouteError says why there is
         none."""
         model = plan.model.name
-        targets = [
-            t
-            for t in self._route(ctx, plan, exclude, version=version)
-            if t.model == model and t.version == version and self._fleet.upstream_for(t).token_exact
-        ]
-        if not targets:
-            raise NoRouteError(
-                model, f"the upstreams left for '{model}' cannot continue a stream token-exactly"
-            )
-        since = time.monotonic()
-        try:
-            return await self._failover.open_stream(
-                targets, plan.endpoint, lambda t: step.body(plan, t), self._node_headers(ctx)
-            )
-        finally:
-            ctx.latency.waited_since(since)
+        with ctx.observed.stage(
+            "continuation", carried_tokens=step.carried, excluded=sorted(exclude)
+        ) as scope:
+            targets = [
+                t
+                for t in self._route(ctx, plan, scope, exclude, version=version)
+                if t.model == model and t.version == version and self._fleet.upstream_for(t).token_exact
+            ]
+            if not targets:
+                raise NoRouteError(
+                    model, f"the upstreams left for '{model}' cannot continue a stream token-exactly"
+                )
+            since = time.monotonic()
+            try:
+                return await self._failover.open_stream(
+                    targets, plan.endpoint, lambda t: step.body(plan, t), self._node_headers(ctx), scope
+                )
+            finally:
+                ctx.latency.waited_since(since)
 
-    async def _settle(self, admission: Admission, served_tokens: int, event: bytes | None) -> None:
-        await run_shielded(
-            lambda: self._quota.settle(admission, actual_tokens=served_tokens, event=event),
-            what="quota settle",
-        )
+    async def _settle(
+        self, ctx: CallContext, admission: Admission, served_tokens: int, event: bytes | None
+    ) -> None:
+        async def settle() -> None:
+            with ctx.observed.stage("quota.settle"):
+                await self._quota.settle(admission, actual_tokens=served_tokens, event=event)
+
+        await run_shielded(settle, what="quota settle")
 
     async def _settle_stream(
         self, ctx: CallContext, plan: RequestPlan, admission: Admission, relay: StreamRelay | None
     ) -> None:
-        """Runs as the stream's exit stack unwinds, which its owner already shields."""
+        """Runs as the stream's generator ends (shielded)."""
         ctx.latency.finish()  # the stream is over: its usage event has the whole breakdown
         if relay is None:  # failed before the first chunk: nothing was served
             event = self._usage_event(ctx, plan, None, "failed", stream=True)
-            await self._quota.settle(admission, actual_tokens=_wasted(ctx), event=event)
+            with ctx.observed.stage("quota.settle"):
+                await self._quota.settle(admission, actual_tokens=_wasted(ctx), event=event)
             return
-        usage = relay.usage or {}
-        served = int(usage.get("total_tokens") or plan.prompt_tokens_estimate + relay.completion_tokens())
+        usage = relay.usage
+        ctx.usage, ctx.continuations = usage, relay.continuations
+        ctx.finish_reasons = [relay.finish_reason] if relay.finish_reason else []
+        served = (
+            usage.total_tokens if usage else 0
+        ) or plan.prompt_tokens_estimate + relay.completion_tokens()
         served += _wasted(ctx)
-        self._count_tokens(ctx, usage)
         status = "stream_error" if ctx.stream_error else "ok" if relay.finished else "incomplete"
         event = self._usage_event(
             ctx,
@@ -521,14 +615,15 @@ class RequestPipeline:
             stream=True,
             continuations=relay.continuations,
         )
-        await self._quota.settle(admission, actual_tokens=served, event=event)
+        with ctx.observed.stage("quota.settle"):
+            await self._quota.settle(admission, actual_tokens=served, event=event)
         self.record(ctx, "stream_error" if ctx.stream_error else "200", stream=True)
 
     def _usage_event(
         self,
         ctx: CallContext,
         plan: RequestPlan,
-        usage: Mapping[str, Any] | None,
+        usage: Usage | None,
         status: str,
         *,
         fallback: tuple[int, int] = (0, 0),
@@ -542,7 +637,7 @@ class RequestPipeline:
             ctx,
             model_requested=plan.model.name,
             degraded=plan.degraded_from is not None,
-            usage=usage,
+            usage=msgspec.to_builtins(usage) if usage is not None else None,
             fallback_counts=fallback,
             status=status,
             stream=stream,
@@ -567,25 +662,33 @@ class RequestPipeline:
         return await self._quota.usage(tenant)
 
     def record(self, ctx: CallContext, status: str, *, stream: bool) -> None:
-        """The call ended (answered, failed, or its stream closed): counted, timed, and a
-        non-streamed answer gets its Server-Timing header."""
+        """The call ended (answered, failed, or its stream closed): its observers are told, once,
+        and a non-streamed answer gets its Server-Timing header."""
+        if ctx.recorded:
+            return
+        ctx.recorded = True
         latency = ctx.latency
         latency.finish()
-        tenant = ctx.tenant.tenant_id if ctx.tenant else "-"
-        streamed = "true" if stream else "false"
-        metrics = self._metrics
-        metrics.labelled(metrics.requests, tenant, ctx.model, ctx.region, status).inc()
-        metrics.labelled(metrics.latency, ctx.model, streamed).observe(latency.total_s)
-        metrics.labelled(metrics.overhead, ctx.model, streamed).observe(latency.gateway_s)
         if not stream:
             ctx.headers["server-timing"] = latency.timing().server_timing()
-
-    def _count_tokens(self, ctx: CallContext, usage: Mapping[str, Any]) -> None:
-        tenant = ctx.tenant.tenant_id if ctx.tenant else "-"
-        for kind in ("prompt", "completion"):
-            count = int(usage.get(f"{kind}_tokens", 0) or 0)
-            if count:
-                self._metrics.labelled(self._metrics.tokens, tenant, kind).inc(count)
+        ctx.observed.ended(
+            Ended(
+                status=status,
+                stream=stream,
+                tenant=ctx.tenant.tenant_id if ctx.tenant else "-",
+                model=ctx.model,
+                region=ctx.region,
+                route=ctx.headers.get("x-meridian-route"),
+                stream_error=ctx.stream_error,
+                total_s=latency.total_s,
+                gateway_s=latency.gateway_s,
+                usage=ctx.usage,
+                finish_reasons=ctx.finish_reasons,
+                attempts=ctx.retries + 1 if ctx.target is not None else 0,
+                continuations=ctx.continuations,
+                decisions=ctx.safety.decisions if ctx.safety is not None else (),
+            )
+        )
 
     def _node_headers(self, ctx: CallContext) -> dict[str, str]:
         assert ctx.tenant is not None

@@ -17,42 +17,46 @@ into the call's Latency; the usage chunk the client gets carries the gateway's w
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from collections.abc import AsyncIterator
 
-from gateway.request.latency import Latency
-from gateway.request.plan import RequestPlan
-from gateway.streaming.continuation import Continue, StreamBreak
+from msgspec import UNSET
+
+from gateway.call.continuation import Continue, StreamBreak
+from gateway.call.latency import Latency
+from gateway.call.plan import RequestPlan
 from gateway.upstreams.base import UpstreamError
 from gateway.upstreams.failover import OpenedStream
-from protocol.timing import TIMINGS_FIELD, timing_from_wire
+from protocol.chunk import Chunk, Usage, usage_of
+from protocol.timing import timing_from_wire
 from router.types import Target
 
 
 class StreamRelay:
     def __init__(self, opened: OpenedStream, plan: RequestPlan, latency: Latency) -> None:
-        self.usage: dict[str, Any] | None = None  # the client-facing usage, once known
+        self.usage: Usage | None = None  # the client-facing usage, once known
         self.broken: StreamBreak | None = None  # set when the current upstream broke
         self.emitted: list[int] = []
         self.continuations = 0
         self.finish_reason: str | None = None
         self._current = opened
-        self._first: dict[str, Any] | None = opened.first
+        self._first: Chunk | None = opened.first
         self._plan = plan
         self._ids_complete = True  # every content chunk so far carried its token ids
         self._content_chunks = 0
-        self._finished = False
+        self._finished: set[int] = set()  # choices whose finish_reason the client got
         self._carried = 0  # generated tokens handed to the current upstream as continuation
-        self._identity: dict[str, Any] = {}
+        self._identity: tuple[str, int] | None = None
         self._latency = latency
-        latency.answered(timing_from_wire(opened.first.pop(TIMINGS_FIELD, None)))
+        latency.answered(timing_from_wire(_take_timings(opened.first)))
 
     @property
     def target(self) -> Target:
         return self._current.target
 
-    async def chunks(self) -> AsyncIterator[dict[str, Any]]:
-        """Client chunks from the current upstream until it ends, or breaks (then `broken` is set)."""
+    async def chunks(self) -> AsyncIterator[Chunk]:
+        """Client chunks from the current upstream until it ends, or breaks (then `broken` is set).
+        An upstream that ends before every choice got its finish_reason has broken too: a stream
+        is never passed off as finished when its upstream did not say so."""
         continuation = self.continuations > 0
         latency = self._latency
         try:
@@ -73,12 +77,16 @@ class StreamRelay:
                 out = self._accept(chunk, continuation=continuation)
                 if out is not None:
                     yield out
+            if not self.finished:
+                raise UpstreamError(
+                    f"{self.target.target_id} ended the stream without a finish_reason", status_code=502
+                )
         except UpstreamError as error:
             self.broken = StreamBreak(
                 target=self._current.target,
                 error=error,
                 emitted=tuple(self.emitted),
-                finished=self._finished,
+                finished=self.finished,
                 ids_complete=self._ids_complete,
             )
             await self._current.aclose()
@@ -90,95 +98,86 @@ class StreamRelay:
         self._current = opened
         self._first = opened.first
         self._carried = continuation.carried
-        self._latency.answered(timing_from_wire(opened.first.pop(TIMINGS_FIELD, None)))
+        self._latency.answered(timing_from_wire(_take_timings(opened.first)))
 
     async def aclose(self) -> None:
         await self._current.aclose()
 
     @property
     def finished(self) -> bool:
-        """An upstream sent a finish_reason: the client got a complete answer."""
-        return self._finished
+        """Every choice got its finish_reason: the client has a complete answer."""
+        return len(self._finished) >= self._plan.n
 
     def completion_tokens(self) -> int:
         """Tokens the client received: exact from usage or token ids, else one per content chunk."""
         if self.usage is not None:
-            return int(self.usage.get("completion_tokens", 0))
+            return self.usage.completion_tokens
         return len(self.emitted) if self.emitted else self._content_chunks
 
-    def _accept(self, chunk: dict[str, Any], *, continuation: bool) -> dict[str, Any] | None:
+    def _accept(self, chunk: Chunk, *, continuation: bool) -> Chunk | None:
         """Track a chunk's tokens and rewrite it for the client; None drops it."""
-        reported = chunk.pop(TIMINGS_FIELD, None)
+        reported = _take_timings(chunk)
         if reported is not None:
             self._latency.finished_upstream(timing_from_wire(reported))
-        if not self._identity:
+        if self._identity is None:
             # One stream as far as the client can tell: the first upstream's id, time and model.
-            self._identity = {
-                "id": chunk.get("id"),
-                "created": chunk.get("created"),
-                "model": self.target.model,
-            }
-        choices = chunk.get("choices") or []
-        role_only = bool(choices)
-        for choice in choices:
-            ids = choice.pop("token_ids", None)
-            if ids and self._plan.wants_token_ids:
-                choice["token_ids"] = ids
-            if self._plan.cascade is not None and not self._plan.wants_logprobs:
-                choice.pop("logprobs", None)  # asked for by the confidence cascade, not the client
-            text = choice_text(choice)
+            self._identity = (chunk.id, chunk.created)
+        plan = self._plan
+        role_only = bool(chunk.choices)
+        for choice in chunk.choices:
+            ids = choice.token_ids if isinstance(choice.token_ids, list) else None
+            if not plan.wants_token_ids:
+                choice.token_ids = UNSET
+            if plan.cascade is not None and not plan.wants_logprobs:
+                choice.logprobs = None  # asked for by the confidence cascade, not the client
+            text = choice.content()
             if ids:
                 self.emitted.extend(ids)
             if text:
                 self._content_chunks += 1
                 if not ids:
                     self._ids_complete = False
-            if choice.get("finish_reason"):
-                self._finished = True
-                self.finish_reason = choice["finish_reason"]
-            role_only = role_only and not ids and not text and not choice.get("finish_reason")
-        usage = chunk.get("usage")
-        if usage:
+            if choice.finish_reason:
+                self._finished.add(choice.index)
+                self.finish_reason = choice.finish_reason
+            role_only = role_only and not ids and not choice.channels() and choice.finish_reason is None
+        usage = usage_of(chunk.usage)
+        if usage is not None:
             self.usage = self._client_usage(usage)
-        if not self._plan.include_usage:
-            chunk.pop("usage", None)
-        elif usage:
-            chunk["usage"] = self.usage
-            chunk[TIMINGS_FIELD] = self._latency.timing().to_wire()
-        if (continuation and role_only) or (not choices and "usage" not in chunk):
+        if not plan.include_usage:
+            chunk.usage = UNSET
+        elif usage is not None:
+            chunk.usage = self.usage
+            chunk.timings = self._latency.timing().to_wire()
+        if (continuation and role_only) or (not chunk.choices and chunk.usage is UNSET):
             return None  # the client already has the assistant role; or nothing left to send
-        chunk.update(self._identity)
+        chunk.id, chunk.created = self._identity
+        chunk.model = self.target.model
+        if self.target.version:
+            chunk.system_fingerprint = self.target.version
         return chunk
 
-    def _client_usage(self, usage: dict[str, Any]) -> dict[str, Any]:
+    def _client_usage(self, usage: Usage) -> Usage:
         """A continuation node counts the carried-over tokens as prompt; the client generated them."""
         carried = self._carried
         if not carried:
             return usage
-        prompt = max(0, int(usage.get("prompt_tokens", 0)) - carried)
-        completion = int(usage.get("completion_tokens", 0)) + carried
-        out = {
-            **usage,
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-        }
-        details = usage.get("prompt_tokens_details")
+        prompt = max(0, usage.prompt_tokens - carried)
+        completion = usage.completion_tokens + carried
+        details = usage.prompt_tokens_details
         if isinstance(details, dict) and int(details.get("cached_tokens") or 0) > prompt:
             # The node's cache hits may cover carried tokens too; the client's prompt is smaller.
-            out["prompt_tokens_details"] = {**details, "cached_tokens": prompt}
-        return out
+            details = {**details, "cached_tokens": prompt}
+        return Usage(
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            total_tokens=prompt + completion,
+            prompt_tokens_details=details,
+            completion_tokens_details=usage.completion_tokens_details,
+        )
 
 
-def choice_text(choice: Mapping[str, Any]) -> str:
-    delta = choice.get("delta")
-    if isinstance(delta, dict):
-        return delta.get("content") or ""
-    return choice.get("text") or ""
-
-
-def error_event(message: str) -> dict[str, Any]:
-    """The OpenAI-style error event that ends a stream which could not be finished."""
-    return {
-        "error": {"message": message, "type": "server_error", "param": None, "code": "stream_interrupted"}
-    }
+def _take_timings(chunk: Chunk) -> dict[str, float] | None:
+    reported = chunk.timings
+    chunk.timings = UNSET
+    return reported if isinstance(reported, dict) else None

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gateway.request.plan import RequestPlan
+from gateway.call.plan import RequestPlan
 from gateway.upstreams.base import UpstreamError
 from router.types import Target
 

@@ -6,13 +6,14 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from gateway.request.latency import Latency
+from gateway.call.latency import Latency
+from gateway.observe import QUIET, CallObserver
 from gateway.safety.guard import CallSafety
+from protocol.chunk import Usage
 from router.types import Target, TenantPolicy
 
 if TYPE_CHECKING:
     from gateway.escalation.cascade import Escalated
-    from gateway.tracing import CallTrace
 
 
 def header_safe(value: str) -> str:
@@ -46,8 +47,9 @@ class CallContext:
     safety: CallSafety | None = None  # the content checks made on this call (gateway/safety)
     # The latency breakdown (gateway overhead, queue, TTFT, prefill, decode, total): one place.
     latency: Latency = field(default_factory=Latency)
-    trace: CallTrace | None = None  # the call's spans, when tracing is on (gateway/tracing.py)
-    # For the usage event (gateway/ledger/record.py):
+    # Who observes the call (gateway/observe.py: tracing, metrics); told of every stage.
+    observed: CallObserver = QUIET
+    # For the usage event (gateway/call/usage.py):
     api_key_id: str = "-"  # a short hash of the caller's key
     target: Target | None = None  # the upstream that served the call (the first, for a stream)
     retries: int = 0  # targets that failed before `target` answered
@@ -55,6 +57,11 @@ class CallContext:
     route_prefix: str = ""
     # What the small tier used of an `auto` request the confidence cascade escalated.
     escalation: Escalated | None = None
+    # How it ended, for the observers: the usage the client was told, the finish reasons.
+    usage: Usage | None = None
+    finish_reasons: list[str] = field(default_factory=list)
+    continuations: int = 0
+    recorded: bool = False  # the observers were told it ended (once per call)
 
     def __post_init__(self) -> None:
         self.headers["x-request-id"] = self.request_id

@@ -1,24 +1,19 @@
-"""OpenAI chat <-> Anthropic Messages translation of requests and whole responses. Pure.
+"""OpenAI chat → Anthropic Messages. Pure.
 
-Used both ways: the Anthropic adapter turns our OpenAI-format requests into Messages requests
-and the answers back; the `/v1/messages` front door does the opposite for Anthropic clients.
-Streams are in anthropic_stream. The mapping table is in gateway/upstreams/providers/README.md.
+The Anthropic adapter turns our OpenAI-format requests into Messages requests here; the
+`/v1/messages` front door turns the pipeline's answers and chunks into Anthropic's message and
+event stream.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from protocol.anthropic import ContentBlock, MessagesRequest
+import msgspec
 
-STOP_REASON_TO_FINISH: dict[str, str] = {
-    "end_turn": "stop",
-    "stop_sequence": "stop",
-    "max_tokens": "length",
-    "tool_use": "tool_calls",
-    "pause_turn": "stop",
-    "refusal": "content_filter",
-}
+from gateway.translate.errors import TranslationError
+from protocol.chunk import Chunk, usage_of
+
 FINISH_TO_STOP_REASON: dict[str, str] = {
     "stop": "end_turn",
     "length": "max_tokens",
@@ -26,17 +21,8 @@ FINISH_TO_STOP_REASON: dict[str, str] = {
     "content_filter": "refusal",
 }
 
-
-class TranslationError(Exception):
-    """The request cannot be expressed in the other API (e.g. tool messages, images)."""
-
-    def __init__(self, message: str, *, param: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
-
-
-# -- OpenAI chat request -> Messages request (the Anthropic adapter) -------------------------------
+# (event name, data) as the front door writes them: `event: NAME` + `data: JSON`.
+Event = tuple[str, dict[str, Any]]
 
 
 def _part_text(content: Any, where: str) -> str:
@@ -116,100 +102,6 @@ def chat_to_messages(body: dict[str, Any], *, model: str, default_max_tokens: in
 # -- Messages response -> OpenAI chat response (the Anthropic adapter) -----------------------------
 
 
-def usage_to_openai(usage: dict[str, Any]) -> dict[str, Any]:
-    """Anthropic counts cached prompt tokens apart from `input_tokens`; OpenAI's prompt_tokens
-    includes them, with the cache hits repeated in prompt_tokens_details.cached_tokens."""
-    cached = int(usage.get("cache_read_input_tokens") or 0)
-    prompt = int(usage.get("input_tokens") or 0) + cached + int(usage.get("cache_creation_input_tokens") or 0)
-    completion = int(usage.get("output_tokens") or 0)
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
-    }
-
-
-def finish_reason(stop_reason: str | None) -> str | None:
-    if stop_reason is None:
-        return None
-    return STOP_REASON_TO_FINISH.get(stop_reason, "stop")
-
-
-def matched_stop(stop_reason: str | None, stop_sequence: Any) -> dict[str, str]:
-    """The matched stop string, vLLM-style (`stop_reason`), so the /v1/messages front door can
-    answer `stop_sequence` when an Anthropic provider served (OpenAI's "stop" alone cannot say)."""
-    if stop_reason == "stop_sequence" and isinstance(stop_sequence, str):
-        return {"stop_reason": stop_sequence}
-    return {}
-
-
-def messages_to_chat_response(message: dict[str, Any], *, model: str, created: int) -> dict[str, Any]:
-    text = "".join(
-        str(block.get("text") or "") for block in message.get("content") or [] if block.get("type") == "text"
-    )
-    choice: dict[str, Any] = {
-        "index": 0,
-        "message": {"role": "assistant", "content": text},
-        "finish_reason": finish_reason(message.get("stop_reason")),
-        "logprobs": None,
-    }
-    choice.update(matched_stop(message.get("stop_reason"), message.get("stop_sequence")))
-    return {
-        "id": str(message.get("id", "")),
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": [choice],
-        "usage": usage_to_openai(message.get("usage") or {}),
-    }
-
-
-# -- Messages request -> OpenAI chat request (the front door) --------------------------------------
-
-
-def _blocks_text(content: str | list[ContentBlock], where: str) -> str:
-    if isinstance(content, str):
-        return content
-    texts = []
-    for i, block in enumerate(content):
-        if block.type != "text":
-            raise TranslationError(
-                f"content blocks of type {block.type!r} are not supported", param=f"{where}[{i}]"
-            )
-        texts.append(block.text or "")
-    return "".join(texts)
-
-
-def messages_request_to_chat(request: MessagesRequest) -> dict[str, Any]:
-    messages: list[dict[str, Any]] = []
-    if request.system:
-        messages.append({"role": "system", "content": _blocks_text(request.system, "system")})
-    for i, message in enumerate(request.messages):
-        messages.append(
-            {"role": message.role, "content": _blocks_text(message.content, f"messages[{i}].content")}
-        )
-    if request.max_tokens < 1:
-        raise TranslationError("max_tokens must be at least 1", param="max_tokens")
-    body: dict[str, Any] = {"model": request.model, "messages": messages, "max_tokens": request.max_tokens}
-    if request.stop_sequences:
-        body["stop"] = list(request.stop_sequences)
-    for name in ("temperature", "top_p", "top_k"):
-        value = getattr(request, name)
-        if value is not None:
-            body[name] = value
-    if request.metadata is not None and request.metadata.user_id:
-        body["user"] = request.metadata.user_id
-    if request.stream:
-        # Usage arrives in a last chunk only when asked for; message_delta needs it.
-        body["stream"] = True
-        body["stream_options"] = {"include_usage": True}
-    return body
-
-
-# -- OpenAI chat response -> Messages response (the front door) ------------------------------------
-
-
 def usage_to_anthropic(usage: dict[str, Any] | None) -> dict[str, Any]:
     usage = usage or {}
     cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
@@ -254,3 +146,81 @@ def chat_response_to_message(
         "stop_sequence": sequence,
         "usage": usage_to_anthropic(response.get("usage")),
     }
+
+
+class ChatToMessagesStream:
+    """OpenAI chunks from the pipeline -> Anthropic events (the `/v1/messages` front door).
+
+    There is one text block, opened right after message_start. Usage arrives last (OpenAI
+    puts it in a chunk after the finish_reason), so message_delta is written by `finish`.
+    """
+
+    def __init__(self, *, message_id: str, model: str, stop_sequences: list[str] | None = None) -> None:
+        self._message_id = message_id
+        self._model = model
+        self._stop_sequences = stop_sequences
+        self._stop: tuple[str | None, str | None] = (None, None)
+        self._usage: dict[str, Any] | None = None
+
+    def start(self, input_tokens: int = 0) -> list[Event]:
+        message = {
+            "id": self._message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self._model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": input_tokens, "output_tokens": 0},
+        }
+        return [
+            ("message_start", {"type": "message_start", "message": message}),
+            (
+                "content_block_start",
+                {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+            ),
+            ("ping", {"type": "ping"}),
+        ]
+
+    def feed(self, chunk: Chunk) -> list[Event]:
+        usage = usage_of(chunk.usage)
+        if usage is not None:
+            self._usage = msgspec.to_builtins(usage)
+        events: list[Event] = []
+        for choice in chunk.choices:
+            text = choice.content()
+            if text:
+                delta = {"type": "text_delta", "text": text}
+                events.append(
+                    ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta})
+                )
+            if choice.finish_reason is not None:
+                self._stop = stop_reason(
+                    {"finish_reason": choice.finish_reason, "stop_reason": choice.stop_reason or None},
+                    self._stop_sequences,
+                )
+        return events
+
+    def close_block(self) -> Event:
+        return ("content_block_stop", {"type": "content_block_stop", "index": 0})
+
+    def finish(self) -> list[Event]:
+        """The stream ended with its finish (the pipeline guarantees one, or ends with an error)."""
+        reason, sequence = self._stop
+        usage = usage_to_anthropic(self._usage)
+        return [
+            self.close_block(),
+            (
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                    "usage": usage,
+                },
+            ),
+            ("message_stop", {"type": "message_stop"}),
+        ]
+
+    @staticmethod
+    def error(error_type: str, message: str) -> Event:
+        return ("error", {"type": "error", "error": {"type": error_type, "message": message}})

@@ -1,4 +1,5 @@
-"""A call's usage event, built from what the request path knows when it settles.
+"""A call's usage event (gateway/ledger's UsageEvent), built from what the request path knows when
+it settles: here, in the call package, so the ledger never reaches back up into the call.
 
 Pure: the pipeline hands in the call context, the usage the client received and the time; the
 price table prices it. The usage is the client-facing one (after a continuation's carried tokens
@@ -7,22 +8,15 @@ moved from prompt to completion), so the ledger adds up to exactly what clients 
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 
+from gateway.call.context import CallContext
 from gateway.escalation.cascade import Escalated
 from gateway.ledger.event import UsageEvent
 from gateway.ledger.prices import PriceTable
-from gateway.request.context import CallContext
-
-
-def api_key_id(api_key: str) -> str:
-    """A short, stable id for a key, safe to store and show: not the key, nor the hash policies
-    match (12 hex digits of a differently prefixed SHA-256 cannot be used to find the key)."""
-    return "key_" + hashlib.sha256(b"meridian-key-id:" + api_key.encode()).hexdigest()[:12]
 
 
 def usage_counts(usage: Mapping[str, Any]) -> tuple[int, int, int]:
@@ -62,7 +56,7 @@ def usage_event(
     upstream = target.target_id if target is not None else "-"
     served_model = target.model if target is not None else "-"
     price = prices.price(served_model if target is not None else model_requested, upstream)
-    latency = ctx.latency  # gateway/request/latency.py: the one breakdown
+    latency = ctx.latency  # gateway/call/latency.py: the one breakdown
     return UsageEvent(
         request_id=ctx.request_id,
         ts_ms=int(now_s * 1000),

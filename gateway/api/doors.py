@@ -1,0 +1,97 @@
+"""How every front door is declared, once: the call and its tenant as dependencies, and one
+exception handler per wire format.
+
+A handler is parse → pipeline → encode. It names what it needs:
+
+- `call`: the CallContext, started for this request (and remembered on the request, so the
+  exception handler can finish it);
+- `tenant`: the caller's tenant, authenticated from `Authorization: Bearer` (the Anthropic door
+  also takes `x-api-key`); an unknown key raises, and the handler never runs.
+
+Whatever a handler or a dependency raises reaches its door's exception handler, which maps it to
+the door's own error format once (errors.py), tells the call's observers how it ended, and puts
+the call's headers on the answer. Requests rejected before any door is reached (404, 405) are
+answered by the app's handler, in the format of the door whose path they named.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from litestar import Request, Response
+from litestar.di import Provide
+from litestar.params import Dependency
+
+from gateway.call.context import CallContext
+from gateway.call.pipeline import RequestPipeline
+from gateway.errors import to_api_error
+from gateway.upstreams.providers.anthropic_errors import anthropic_error
+from protocol import APIError, AuthenticationError
+from router.types import TenantPolicy
+
+_CALL = "meridian.call"
+
+# Handlers name them with these types: the values are ours, so Litestar is told not to convert them.
+Call = Annotated[CallContext, Dependency(skip_validation=True)]
+Tenant = Annotated[TenantPolicy, Dependency(skip_validation=True)]
+
+
+async def _start_call(request: Request[Any, Any, Any], pipeline: RequestPipeline) -> CallContext:
+    ctx = pipeline.start_call(request.headers)
+    request.scope[_CALL] = ctx  # type: ignore[literal-required]
+    return ctx
+
+
+async def _bearer_tenant(
+    request: Request[Any, Any, Any], pipeline: RequestPipeline, call: Call
+) -> TenantPolicy:
+    return pipeline.authenticate(call, request.headers.get("authorization"))
+
+
+async def _anthropic_tenant(
+    request: Request[Any, Any, Any], pipeline: RequestPipeline, call: Call
+) -> TenantPolicy:
+    api_key = request.headers.get("x-api-key")
+    authorization = f"Bearer {api_key}" if api_key else request.headers.get("authorization")
+    return pipeline.authenticate(call, authorization)
+
+
+CALL = Provide(_start_call)
+# Every door's dependencies; the Anthropic door replaces `tenant` with its own.
+DEPENDENCIES = {"call": CALL, "tenant": Provide(_bearer_tenant)}
+ANTHROPIC_DEPENDENCIES = {"tenant": Provide(_anthropic_tenant)}
+
+
+def _finished(request: Request[Any, Any, Any], exc: Exception) -> APIError:
+    """The APIError for `exc`; the call (if one started) is recorded under its status and its
+    headers join the error's."""
+    ctx: CallContext | None = request.scope.get(_CALL)  # type: ignore[assignment]
+    error = to_api_error(exc, request_id=ctx.request_id if ctx is not None else "-")
+    if ctx is not None:
+        pipeline: RequestPipeline = request.app.state["gateway"].pipeline
+        pipeline.record(ctx, str(error.status_code), stream=False)  # adds Server-Timing to the headers
+        error.headers = {**ctx.headers, **error.headers}
+    return error
+
+
+def openai_errors(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    error = _finished(request, exc)
+    return Response(error.to_body(), status_code=error.status_code, headers=error.headers)
+
+
+def anthropic_errors(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    """Anthropic's `{"type": "error", "error": {type, message}}`, for every error of /v1/messages."""
+    error = _finished(request, exc)
+    if isinstance(error, AuthenticationError):
+        error.message = (
+            "Incorrect or missing API key. Send it as 'x-api-key: KEY' or 'Authorization: Bearer KEY'."
+        )
+    return Response(anthropic_error(error), status_code=error.status_code, headers=error.headers)
+
+
+def any_door_errors(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    """The app's handler: errors raised before a door's own handler could (no route, wrong
+    method) in the format of the door the path names."""
+    if request.scope.get("path", "").startswith("/v1/messages"):
+        return anthropic_errors(request, exc)
+    return openai_errors(request, exc)

@@ -1,0 +1,112 @@
+"""Anthropic Messages → OpenAI chat. Pure.
+
+The `/v1/messages` front door turns its clients' requests into chat requests here; the Anthropic
+adapter turns an Anthropic upstream's answers (and stop reasons, usage) into OpenAI's shapes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.translate.errors import TranslationError
+from protocol.anthropic import ContentBlock, MessagesRequest
+
+STOP_REASON_TO_FINISH: dict[str, str] = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "max_tokens": "length",
+    "tool_use": "tool_calls",
+    "pause_turn": "stop",
+    "refusal": "content_filter",
+}
+
+
+def usage_to_openai(usage: dict[str, Any]) -> dict[str, Any]:
+    """Anthropic counts cached prompt tokens apart from `input_tokens`; OpenAI's prompt_tokens
+    includes them, with the cache hits repeated in prompt_tokens_details.cached_tokens."""
+    cached = int(usage.get("cache_read_input_tokens") or 0)
+    prompt = int(usage.get("input_tokens") or 0) + cached + int(usage.get("cache_creation_input_tokens") or 0)
+    completion = int(usage.get("output_tokens") or 0)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+def finish_reason(stop_reason: str | None) -> str | None:
+    if stop_reason is None:
+        return None
+    return STOP_REASON_TO_FINISH.get(stop_reason, "stop")
+
+
+def matched_stop(stop_reason: str | None, stop_sequence: Any) -> dict[str, str]:
+    """The matched stop string, vLLM-style (`stop_reason`), so the /v1/messages front door can
+    answer `stop_sequence` when an Anthropic provider served (OpenAI's "stop" alone cannot say)."""
+    if stop_reason == "stop_sequence" and isinstance(stop_sequence, str):
+        return {"stop_reason": stop_sequence}
+    return {}
+
+
+def messages_to_chat_response(message: dict[str, Any], *, model: str, created: int) -> dict[str, Any]:
+    text = "".join(
+        str(block.get("text") or "") for block in message.get("content") or [] if block.get("type") == "text"
+    )
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": {"role": "assistant", "content": text},
+        "finish_reason": finish_reason(message.get("stop_reason")),
+        "logprobs": None,
+    }
+    choice.update(matched_stop(message.get("stop_reason"), message.get("stop_sequence")))
+    return {
+        "id": str(message.get("id", "")),
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "usage": usage_to_openai(message.get("usage") or {}),
+    }
+
+
+def _blocks_text(content: str | list[ContentBlock], where: str) -> str:
+    if isinstance(content, str):
+        return content
+    texts = []
+    for i, block in enumerate(content):
+        if block.type != "text":
+            raise TranslationError(
+                f"content blocks of type {block.type!r} are not supported", param=f"{where}[{i}]"
+            )
+        texts.append(block.text or "")
+    return "".join(texts)
+
+
+def messages_request_to_chat(request: MessagesRequest) -> dict[str, Any]:
+    messages: list[dict[str, Any]] = []
+    if request.system:
+        messages.append({"role": "system", "content": _blocks_text(request.system, "system")})
+    for i, message in enumerate(request.messages):
+        messages.append(
+            {"role": message.role, "content": _blocks_text(message.content, f"messages[{i}].content")}
+        )
+    if request.max_tokens < 1:
+        raise TranslationError("max_tokens must be at least 1", param="max_tokens")
+    body: dict[str, Any] = {"model": request.model, "messages": messages, "max_tokens": request.max_tokens}
+    if request.stop_sequences:
+        body["stop"] = list(request.stop_sequences)
+    for name in ("temperature", "top_p", "top_k"):
+        value = getattr(request, name)
+        if value is not None:
+            body[name] = value
+    if request.metadata is not None and request.metadata.user_id:
+        body["user"] = request.metadata.user_id
+    if request.stream:
+        # Usage arrives in a last chunk only when asked for; message_delta needs it.
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+# -- OpenAI chat response -> Messages response (the front door) ------------------------------------
