@@ -28,8 +28,11 @@ from __future__ import annotations
 import re
 import string
 import unicodedata
+from array import array
 from bisect import bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from confusable_homoglyphs.utils import load as _load_confusables
 
@@ -132,10 +135,12 @@ class NormalisedText:
 
     original: str
     text: str
-    view_at: tuple[int, ...] = ()
-    view_len: tuple[int, ...] = ()
-    original_at: tuple[int, ...] = ()
-    original_end: tuple[int, ...] = ()
+    # Machine integers (8 bytes each, not a Python int each): a hostile text of a million
+    # zero-width characters is a million pieces.
+    view_at: Sequence[int] = ()
+    view_len: Sequence[int] = ()
+    original_at: Sequence[int] = ()
+    original_end: Sequence[int] = ()
 
     def _char(self, at: int) -> tuple[int, int]:
         """The original characters view[at] comes from."""
@@ -170,8 +175,15 @@ def normalise(text: str) -> NormalisedText:
     translated in one pass; one with combining marks is read cluster by cluster."""
     if text.isascii():
         return NormalisedText(text, text)
+    return _normalise(text)
+
+
+# A stream's check asks for the view of the same held text three times (scan, open_span,
+# held_from): the last few views are kept rather than built again.
+@lru_cache(maxsize=8)
+def _normalise(text: str) -> NormalisedText:
     table: dict[int, str] = {}
-    resized = []
+    removed, expanded = [], []  # characters whose view is empty, or longer than one
     for char in set(text):
         if char.isascii():
             continue
@@ -182,34 +194,35 @@ def normalise(text: str) -> NormalisedText:
             view = "" if kind == _IGNORABLE else _view_of(char)
             table[ord(char)] = view
             if len(view) != 1:
-                resized.append(char)
+                (expanded if view else removed).append(char)
     if not table:
         return NormalisedText(text, text)
     view = text.translate(table)
-    if not resized:
+    if not removed and not expanded:
         return NormalisedText(text, view)
-    view_at, view_len, original_at = [], [], []
+    # One piece per run of invisible characters (however long), one per expanded character.
+    classes = [f"[{''.join(map(re.escape, sorted(chars)))}]" for chars in (removed, expanded) if chars]
+    if removed:
+        classes[0] += "+"
+    pieces = array("q"), array("q"), array("q"), array("q")
+    view_at, view_len, original_at, original_end = pieces
     shift = 0  # len(view so far) - len(original so far)
-    for match in re.finditer("[" + "".join(map(re.escape, sorted(resized))) + "]", text):
-        at = match.start()
-        size = len(table[ord(text[at])])
-        view_at.append(at + shift)
+    for match in re.finditer("|".join(classes), text):
+        start, end = match.span()
+        size = len(table[ord(text[start])])
+        view_at.append(start + shift)
         view_len.append(size)
-        original_at.append(at)
-        shift += size - 1
-    return NormalisedText(
-        text, view, tuple(view_at), tuple(view_len), tuple(original_at), tuple(a + 1 for a in original_at)
-    )
+        original_at.append(start)
+        original_end.append(end)
+        shift += size - (end - start)
+    return NormalisedText(text, view, *pieces)
 
 
 def _normalise_clusters(text: str) -> NormalisedText:
     """The view of a text with combining marks: each character with the marks after it is one
     cluster, composed and folded whole."""
     out: list[str] = []
-    view_at: list[int] = []
-    view_len: list[int] = []
-    original_at: list[int] = []
-    original_end: list[int] = []
+    view_at, view_len, original_at, original_end = array("q"), array("q"), array("q"), array("q")
     size = 0  # length of the view so far
     done = 0  # original characters consumed so far
     for run in _RUN.finditer(text):
@@ -254,6 +267,4 @@ def _normalise_clusters(text: str) -> NormalisedText:
             i = last
         done = end
     out.append(text[done:])
-    return NormalisedText(
-        text, "".join(out), tuple(view_at), tuple(view_len), tuple(original_at), tuple(original_end)
-    )
+    return NormalisedText(text, "".join(out), view_at, view_len, original_at, original_end)
