@@ -233,7 +233,7 @@ def compile_words(words: Iterable[str]) -> re.Pattern[str]:
     """The words as the normalised view spells them (a word written with a full-width letter or
     a non-breaking space matches its plain form). A tenant's regex is matched as written, so it
     should be written in plain characters (the view never holds a full-width one)."""
-    plain = {normalise(w).text for w in words}
+    plain = {normalise(w).text for w in words} - {""}  # a word of invisible characters is none
     alternatives = "|".join(re.escape(w) for w in sorted(plain, key=len, reverse=True))
     return re.compile(rf"(?<!\w)(?:{alternatives})(?!\w)", re.IGNORECASE)
 
