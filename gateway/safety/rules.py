@@ -5,6 +5,10 @@ Luhn-invalid number is not a card and an IBAN must pass mod-97). Each detector h
 (the rule a policy names), a category (`secret` or `pii`) and, for text that arrives in pieces,
 an optional `opener`: the start of a match that can be longer than a stream's hold-back window
 (a PEM private key), so the stream holds from there until the whole match is seen.
+
+Everything matches on the normalised view of the text (normalise.py: invisible characters
+removed, NFKC, digits and look-alike letters folded), and every position a function here
+returns is a position in the original text, so a redaction replaces the original characters.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+
+from gateway.safety.normalise import normalise
 
 
 @dataclass(frozen=True)
@@ -36,6 +42,7 @@ class Detector:
     hints: tuple[str, ...] = ()
 
     def find(self, text: str) -> Iterable[Finding]:
+        """Findings in `text` as given (scan passes the normalised view and maps them back)."""
         if self.hints and not any(hint in text for hint in self.hints):
             return
         for match in self.pattern.finditer(text):
@@ -223,20 +230,26 @@ class BlocklistEntry:
 
 
 def compile_words(words: Iterable[str]) -> re.Pattern[str]:
-    alternatives = "|".join(re.escape(w) for w in sorted(words, key=len, reverse=True))
+    """The words as the normalised view spells them (a word written with a full-width letter or
+    a non-breaking space matches its plain form). A tenant's regex is matched as written, so it
+    should be written in plain characters (the view never holds a full-width one)."""
+    plain = {normalise(w).text for w in words} - {""}  # a word of invisible characters is none
+    alternatives = "|".join(re.escape(w) for w in sorted(plain, key=len, reverse=True))
     return re.compile(rf"(?<!\w)(?:{alternatives})(?!\w)", re.IGNORECASE)
 
 
 def scan(text: str, rules: Iterable[str], blocklist: Iterable[BlocklistEntry] = ()) -> list[Finding]:
     """Every finding of the named detectors and the blocklist in `text`, by position; where two
     overlap, the earlier (then longer) one wins, so one digit run is one finding."""
-    found: list[Finding] = []
+    view = normalise(text)
+    in_view: list[Finding] = []
     for name in rules:
-        found.extend(BY_NAME[name].find(text))
+        in_view.extend(BY_NAME[name].find(view.text))
     for entry in blocklist:
-        for match in entry.pattern.finditer(text):
+        for match in entry.pattern.finditer(view.text):
             if match.end() > match.start():
-                found.append(Finding(entry.name, "blocklist", match.start(), match.end()))
+                in_view.append(Finding(entry.name, "blocklist", match.start(), match.end()))
+    found = [Finding(f.rule, f.category, *view.span(f.start, f.end)) for f in in_view]
     found.sort(key=lambda f: (f.start, -f.end))
     kept: list[Finding] = []
     for finding in found:
@@ -248,16 +261,25 @@ def scan(text: str, rules: Iterable[str], blocklist: Iterable[BlocklistEntry] = 
 
 def open_span(text: str, rules: Iterable[str]) -> int | None:
     """Where an unfinished long match (an opener with no complete match after it) starts."""
+    view = normalise(text)
     earliest: int | None = None
     for name in rules:
         detector = BY_NAME[name]
         if detector.opener is None:
             continue
-        for match in detector.opener.finditer(text):
-            if detector.pattern.match(text, match.start()) is None:
+        for match in detector.opener.finditer(view.text):
+            if detector.pattern.match(view.text, match.start()) is None:
                 earliest = match.start() if earliest is None else min(earliest, match.start())
                 break
-    return earliest
+    return None if earliest is None else view.position(earliest)
+
+
+def held_from(text: str, hold_back: int) -> int:
+    """Where the last `hold_back` characters of the normalised view begin in `text`: a stream
+    holds from there, so a hold-back counts characters as the rules see them and a match
+    stretched with invisible characters is still held whole until it can be recognised."""
+    view = normalise(text)
+    return view.position(max(0, len(view.text) - hold_back))
 
 
 def redact(text: str, findings: Iterable[Finding]) -> str:

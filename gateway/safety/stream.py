@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gateway.safety.policy import Action, SafetyPolicy
-from gateway.safety.rules import BlocklistEntry, Finding, open_span, scan
+from gateway.safety.rules import BlocklistEntry, Finding, held_from, open_span, scan
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class StreamHold:
                 return Release("", blocked=(finding, action), upto=base)
         cut = len(pending)
         if not final:
-            cut = max(0, cut - self._hold_back)
+            cut = held_from(pending, self._hold_back)  # counted on the normalised view
             opened = open_span(pending, self._rules)
             if opened is not None:
                 cut = min(cut, opened)
