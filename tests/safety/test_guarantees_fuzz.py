@@ -73,9 +73,11 @@ def gw(
     )
     regions = work / "regions.yaml"
     regions.write_text(yaml.safe_dump({"nodes": [dead_node("gone-1", "us-east", "us")]}), encoding="utf-8")
+    # Broken streams are failures to a breaker: this one never opens, so every case is served.
+    never_opens = {"min_calls": 1_000_000, "failure_rate": 1.0, "cooldown_s": 0.1, "window_s": 1}
     entries = [
-        provider_entry(upstreams["openai"], "oa-1", models={"oa": "gpt-x"}),
-        provider_entry(upstreams["anthropic"], "an-1", models={"an": "claude-x"}),
+        provider_entry(upstreams["openai"], "oa-1", models={"oa": "gpt-x"}, breaker=never_opens),
+        provider_entry(upstreams["anthropic"], "an-1", models={"an": "claude-x"}, breaker=never_opens),
     ]
     config = gateway_config(
         regions,
