@@ -41,6 +41,8 @@ class Screening(Generic[T]):
     outside_residency: int = 0
     unhealthy: int = 0
     excluded: int = 0
+    # Of the unhealthy: ids of those healthy but failing their golden probes for the model.
+    probe_failed: tuple[str, ...] = ()
 
 
 def screen(
@@ -50,9 +52,12 @@ def screen(
     model: str,
     residency: Residency,
     exclude: frozenset[str],
+    probe_failed: Callable[[T], bool] = lambda _: False,
 ) -> Screening[T]:
+    """`probe_failed(target)`: the target fails its golden probes for `model` (unhealthy for it)."""
     admitted: list[T] = []
     seen: set[str] = set()
+    failed: list[str] = []
     serving = outside = unhealthy = excluded = 0
     for target in targets:
         # A directory that lists one id twice must not make it two targets; the first entry wins.
@@ -66,15 +71,25 @@ def screen(
             excluded += 1
         elif not target.healthy:
             unhealthy += 1
+        elif probe_failed(target):
+            unhealthy += 1
+            failed.append(target_id(target))
         else:
             admitted.append(target)
-    return Screening(tuple(admitted), serving, outside, unhealthy, excluded)
+    return Screening(tuple(admitted), serving, outside, unhealthy, excluded, tuple(failed))
 
 
 def screen_nodes(
     nodes: Iterable[NodeInfo], *, model: str, residency: Residency, exclude: frozenset[str]
 ) -> Screening[NodeInfo]:
-    return screen(nodes, lambda n: n.node_id, model=model, residency=residency, exclude=exclude)
+    return screen(
+        nodes,
+        lambda n: n.node_id,
+        model=model,
+        residency=residency,
+        exclude=exclude,
+        probe_failed=lambda n: n.load is not None and model in n.load.probe_failed,
+    )
 
 
 def screen_providers(

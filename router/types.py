@@ -153,6 +153,9 @@ class NodeLoad:
     # When the report was asked for (the gateway's time.monotonic()): requests admitted after it
     # cannot be in it (router/overload.py).
     asked_at: float = float("-inf")
+    # Models failing their golden-output probes on the node (regional_node/probes): not routed to
+    # it, as if it were unhealthy for those models only (router/candidates.py).
+    probe_failed: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

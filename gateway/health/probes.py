@@ -165,4 +165,5 @@ class NodeProber:
                 if m.version
             },
             asked_at=asked_at,
+            probe_failed=frozenset(name for name, m in report.per_model.items() if m.probe == "failed"),
         )

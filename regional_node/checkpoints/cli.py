@@ -16,6 +16,7 @@ from regional_node.checkpoints.errors import CheckpointError, CheckpointExistsEr
 from regional_node.checkpoints.sizes import ARCHES, SIZES
 from regional_node.checkpoints.train import TrainingPlan, default_steps, stderr_progress
 from regional_node.checkpoints.writer import write_checkpoint
+from regional_node.probes.certify import add_certify_command
 
 
 def configure_model_parser(parser: argparse.ArgumentParser) -> None:
@@ -39,6 +40,7 @@ def configure_model_parser(parser: argparse.ArgumentParser) -> None:
         "--steps", type=int, default=None, help="training steps with --train (default: per size, see README)"
     )
     parser.set_defaults(handler=run_model_command)
+    add_certify_command(commands)  # `certify` sets its own handler
 
 
 def add_model_commands(subparsers: Any) -> argparse.ArgumentParser:
