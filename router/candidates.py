@@ -41,7 +41,7 @@ class Screening(Generic[T]):
     outside_residency: int = 0
     unhealthy: int = 0
     excluded: int = 0
-    # Of the unhealthy: ids of those healthy but failing their golden probes for the model.
+    # Of the unhealthy: ids of those failing their golden probes for the model.
     probe_failed: tuple[str, ...] = ()
 
 
@@ -69,11 +69,11 @@ def screen(
             outside += 1
         elif target_id(target) in exclude:
             excluded += 1
-        elif not target.healthy:
-            unhealthy += 1
-        elif probe_failed(target):
+        elif probe_failed(target):  # first: a node failing its only model's probe is also not ready
             unhealthy += 1
             failed.append(target_id(target))
+        elif not target.healthy:
+            unhealthy += 1
         else:
             admitted.append(target)
     return Screening(tuple(admitted), serving, outside, unhealthy, excluded, tuple(failed))
