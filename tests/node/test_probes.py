@@ -1,10 +1,12 @@
-"""Golden-output probes on a real node (issue 34): `meridian model certify` writes the golden file
-next to a checkpoint; a node serving other weights under the same name and version never becomes
-ready for that model, and says so in /ready, /load and /metrics, while its certified model serves.
+"""Operations on a real node (issue 34). Golden-output probes: `meridian model certify` writes the
+golden file next to a checkpoint; a node serving other weights under the same name and version
+never becomes ready for that model, and says so in /ready, /load and /metrics, while its
+certified model serves. Queue age per tier, utilization per phase, and histograms from the start.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import time
@@ -16,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from regional_node.probes import GOLDEN_FILE, read_golden
-from tests.support.checkpoints import make_checkpoint
+from tests.support.checkpoints import endless_checkpoint, make_checkpoint
 from tests.support.processes import free_port, python_command, start_process
 
 pytestmark = pytest.mark.slow
@@ -75,6 +77,7 @@ port: {port}
 models:
   - {{name: good, path: {certified}, version: v1, probes: {probes}}}
   - {{name: bad, path: {impostor}, version: v1, probes: {probes}}}
+  - {{name: one-slot, path: {endless_checkpoint(folder)}, engine: {{max_num_seqs: 1}}}}
 """,
         encoding="utf-8",
     )
@@ -103,7 +106,7 @@ def test_impostor_weights_never_become_ready(node: str) -> None:
         ready = http.get("/ready")
         assert ready.status_code == 200, ready.text  # the node serves its certified model
         assert ready.json()["failing"] == ["bad"]
-        assert ready.json()["probes"] == {"good": "passed", "bad": "failed"}
+        assert ready.json()["probes"] == {"good": "passed", "bad": "failed", "one-slot": "none"}
         assert http.get("/ready", params={"model": "bad"}).status_code == 503
         assert http.get("/ready", params={"model": "good"}).status_code == 200
 
@@ -144,3 +147,42 @@ def test_queue_age_and_utilization_are_exported(node: str) -> None:
         assert 0 < found[("meridian_node_memory_bandwidth_utilization", key)]
         assert found[("meridian_node_phase_tokens_total", key)] > 0
     assert found[("meridian_node_peak_flops_per_second", (("model", "good"), ("source", "measured")))] > 0
+
+
+async def test_queue_age_grows_while_a_request_waits(node: str) -> None:
+    import asyncio
+
+    import openai
+
+    sdk = openai.AsyncOpenAI(base_url=f"{node}/v1", api_key=TOKEN, max_retries=0, timeout=120)
+    ask = {"model": "one-slot", "messages": [{"role": "user", "content": "go"}], "max_tokens": 4000}
+    async with sdk:
+        # The one slot is taken by a reply that never ends of itself; the next request waits.
+        holder = await sdk.chat.completions.create(**ask, stream=True)
+        await anext(aiter(holder))
+        waiter = asyncio.create_task(sdk.chat.completions.create(**{**ask, "max_tokens": 1}))
+        try:
+            async with httpx.AsyncClient(base_url=node, headers=AUTH, timeout=10) as http:
+                ages: list[float] = []
+                deadline = time.monotonic() + 60
+                while len(ages) < 2 or ages[-1] <= ages[0]:
+                    load = (await http.get("/load")).json()
+                    age = load["per_model"]["one-slot"]["queue_age_s_by_tier"].get("interactive")
+                    if age is not None:
+                        ages.append(age)
+                    assert time.monotonic() < deadline, f"no growing queue age: {ages}"
+                    await asyncio.sleep(0.1)
+                assert load["queue_age_s_by_tier"]["interactive"] >= age
+                assert "batch" not in load["per_model"]["one-slot"]["queue_age_s_by_tier"]
+                found = samples((await http.get("/metrics")).text)
+                key = (("model", "one-slot"), ("tier", "interactive"))
+                assert found[("meridian_node_queue_age_seconds", key)] >= age
+                assert (
+                    found[("meridian_node_queue_age_seconds", (("model", "one-slot"), ("tier", "batch")))]
+                    == 0
+                )
+        finally:
+            await holder.close()
+            waiter.cancel()
+            with contextlib.suppress(BaseException):
+                await waiter
