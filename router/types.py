@@ -138,6 +138,8 @@ class ModelQueue:
     max_num_batched_tokens: int = 0
     step_cost: StepCost = field(default_factory=StepCost)
     finish_rate: float = 0.0
+    # Seconds the oldest waiting request has waited, per tier (absent: none waiting).
+    queue_age_s_by_tier: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

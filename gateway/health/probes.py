@@ -156,6 +156,7 @@ class NodeProber:
                     max_num_batched_tokens=m.max_num_batched_tokens,
                     step_cost=m.step_cost,
                     finish_rate=m.finish_rate,
+                    queue_age_s_by_tier=m.queue_age_s_by_tier,
                 )
                 for name, m in report.per_model.items()
             },

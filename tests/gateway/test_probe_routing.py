@@ -121,6 +121,24 @@ def test_a_model_that_goes_wrong_is_routed_around_until_it_passes(
             assert "after" not in route  # no failed attempt on the home node
         load = httpx.get(f"{home.url}/load", headers=AUTH, timeout=5).json()
         assert load["per_model"][MODEL]["probe"] == "failed"
+        # What the gateway sees, in its own metrics: the failing model, and the nodes' queue age.
+        registry = gateway.gateway.metrics.registry
+        labels = {"node_id": "home-1", "region": "eu-west", "model": MODEL}
+        assert registry.get_sample_value("meridian_gateway_node_probe_failed", labels) == 1
+        assert (
+            registry.get_sample_value(
+                "meridian_gateway_node_probe_failed", {**labels, "node_id": "away-1", "region": "eu-north"}
+            )
+            == 0
+        )
+        age = registry.get_sample_value(
+            "meridian_gateway_node_queue_age_seconds", {**labels, "tier": "interactive"}
+        )
+        assert age is not None and age >= 0
 
         (faults / MODEL).unlink()  # mended: the next passing probe brings it back
         assert "probe-failed" not in _until(http, "home-1")
+        deadline = time.monotonic() + DEADLINE_S
+        while registry.get_sample_value("meridian_gateway_node_probe_failed", labels) != 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
