@@ -166,5 +166,8 @@ class NodeProber:
                 if m.version
             },
             asked_at=asked_at,
-            probe_failed=frozenset(name for name, m in report.per_model.items() if m.probe == "failed"),
+            # "pending" too: the node does not serve a model before its first round passes.
+            probe_failed=frozenset(
+                name for name, m in report.per_model.items() if m.probe in ("pending", "failed")
+            ),
         )

@@ -47,6 +47,11 @@ class ProbeState:
     def failing(self) -> bool:
         return self.status == "failed"
 
+    @property
+    def serves(self) -> bool:
+        """Passed its last round, or has no golden file: a model not yet verified does not serve."""
+        return self.status in ("passed", "none")
+
 
 async def answer_cases(
     engine: NodeEngine,
@@ -120,6 +125,11 @@ class ModelProber:
         self._last_duration_s = time.monotonic() - started
         self._record(verdict)
         return verdict
+
+    @property
+    def last_duration_s(self) -> float:
+        """How long the last round took (0 before the first)."""
+        return self._last_duration_s
 
     def next_delay_s(self) -> float:
         """Seconds until the next round: the interval, stretched so probes stay within max_share."""

@@ -158,7 +158,10 @@ class ModelPool:
     def serving(self, name: str) -> bool:
         """`name` is loaded and not failing its golden probes."""
         prober = self._probers.get(name)
-        return self.state == "ready" and name in self._models and not (prober and prober.state.failing)
+        return self.state == "ready" and name in self._models and (prober is None or prober.state.serves)
+
+    def prober(self, name: str) -> ModelProber | None:
+        return self._probers.get(name)
 
     def probe_states(self) -> dict[str, ProbeState]:
         """Each loaded model's probe result, by name (status "none": not probed)."""
@@ -182,12 +185,12 @@ class ModelPool:
                 headers={"retry-after": "1"},
             )
         prober = self._probers.get(name)
-        if prober is not None and prober.state.failing:
-            # A model that answers its golden probes wrongly is not served: a wrong answer is worse
-            # than none, and another node can serve it.
+        if prober is not None and not prober.state.serves:
+            # A model that answers its golden probes wrongly (or has not answered them yet) is not
+            # served: a wrong answer is worse than none, and another node can serve it.
             raise ServiceUnavailableError(
-                f"The model `{name}` is failing its golden-output probes on this node "
-                f"({prober.state.detail}); it is not served here until a probe passes.",
+                f"The model `{name}` has not passed its golden-output probes on this node "
+                f"({prober.state.detail or 'not probed yet'}); it is not served here until a probe passes.",
                 code="model_probe_failed",
                 headers={"retry-after": str(int(prober.next_delay_s()))},
             )
