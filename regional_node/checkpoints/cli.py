@@ -1,5 +1,6 @@
 """`meridian model init OUT_DIR --arch ... --size ... [--train [--steps N]]`: write a local
-checkpoint, random or briefly trained on the corpus.
+checkpoint, random or briefly trained on the corpus. `meridian model certify CHECKPOINT`: record
+its golden probe outputs (regional_node/probes/certify.py).
 
 meridian/cli.py either calls `model_init_main(argv_after_model)` or mounts `add_model_commands` on
 its own subparsers; `python -m regional_node.checkpoints init ...` runs the same code.
