@@ -2,7 +2,7 @@
 
 GPUs: NVIDIA's datasheet numbers (dense, no sparsity) for the dtype the model serves in, looked up
 by the name torch reports. CPUs, and GPUs not in the table: measured once at start — the best of
-a few square matmuls (2*n^3 FLOPs each) and of a few 64 MiB tensor copies (read + write) in the
+3 square 384x384 matmuls (2*n^3 FLOPs each) and of 3 copies of a 32 MiB tensor (read + write) in the
 serving dtype, on the threads torch uses then. A measured peak is what this machine reaches on a
 dense kernel, not a datasheet's, so a CPU node's MFU reads near 1 only when its steps run as fast
 as a plain matmul; the source ("table" or "measured") is exported beside the numbers.
@@ -57,7 +57,7 @@ def device_peak(device: str, dtype: str) -> Peak:
     return measure_peak(device, dtype)
 
 
-def measure_peak(device: str, dtype: str, *, n: int = 512, copy_mib: int = 64, repeats: int = 5) -> Peak:
+def measure_peak(device: str, dtype: str, *, n: int = 384, copy_mib: int = 32, repeats: int = 3) -> Peak:
     import torch
 
     torch_dtype = getattr(torch, dtype)
