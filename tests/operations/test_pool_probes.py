@@ -61,3 +61,17 @@ async def test_certified_weights_pass_and_probing_keeps_to_its_share(certified: 
         assert prober.next_delay_s() >= prober.last_duration_s / 0.001 > 0
     finally:
         await pool.shutdown()
+
+
+def test_a_configured_golden_file_must_exist(certified: Path, tmp_path: Path) -> None:
+    from regional_node.server.config import ConfigError, convert_config, validate_config
+
+    raw = {
+        "models": [{"name": "m", "path": str(certified), "probes": {"golden": str(tmp_path / "nope.json")}}]
+    }
+    with pytest.raises(ConfigError, match=r"models\[0\]\.probes\.golden: .*meridian model certify"):
+        validate_config(convert_config(raw, source="node.yaml"), source="node.yaml")
+    with pytest.raises(ConfigError, match="max_share"):
+        convert_config(
+            {"models": [{"name": "m", "path": "x", "probes": {"max_share": 2}}]}, source="node.yaml"
+        )

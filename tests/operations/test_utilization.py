@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from regional_node.utilization import ModelShape, Peak, UtilizationMeter
 from regional_node.utilization.work import Chunk, StepWork, step_work
@@ -71,3 +73,28 @@ def test_the_gpu_table_and_the_measured_cpu_peak() -> None:
     assert table_peak("Some Unknown Accelerator", "bfloat16") is None
     measured = measure_peak("cpu", "float32", n=128, copy_mib=4, repeats=2)
     assert measured.source == "measured" and measured.flops_per_s > 0 and measured.bytes_per_s > 0
+
+
+chunks = st.lists(
+    st.builds(
+        lambda start, n, sampled: Chunk(
+            start=start, num_tokens=n, sampled=sampled, decode=n == 1 and start > 0
+        ),
+        st.integers(0, 4096),
+        st.integers(1, 512),
+        st.booleans(),
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+@given(chunks, chunks)
+def test_work_adds_up_over_chunks_with_the_weights_read_once_per_step(a: list[Chunk], b: list[Chunk]) -> None:
+    # Batching two sets of chunks into one step costs their FLOPs summed, and their bytes summed
+    # less one read of the weights: the saving batching exists for.
+    one, two, both = step_work(SHAPE, a), step_work(SHAPE, b), step_work(SHAPE, a + b)
+    assert both.flops == one.flops + two.flops
+    assert both.bytes == one.bytes + two.bytes - SHAPE.weight_bytes
+    assert both.tokens == one.tokens + two.tokens
+    assert both.phase == ("decode" if one.phase == two.phase == "decode" else "prefill")
