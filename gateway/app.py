@@ -157,6 +157,8 @@ def build_gateway(
 
     def on_probe(node: NodeInfo, result: ProbeResult) -> None:
         metrics.node_ready.labels(node.node_id, node.region).set(1.0 if result.ready else 0.0)
+        if result.load is not None:
+            metrics.observe_node_load(node.node_id, node.region, result.load)
 
     auth_headers = {"authorization": f"Bearer {node_token}"} if node_token else {}
     prober = NodeProber(

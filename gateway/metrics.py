@@ -8,6 +8,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from router.types import NodeLoad
+
+# The traffic tiers whose queue age is always set (0 when none waits), so alerts find a series.
+QUEUE_TIERS = ("interactive", "batch")
+
 # Gateway-added latency is milliseconds; whole requests on CPU nodes run to tens of seconds.
 # Signed: an estimate's error either way, finest near zero.
 _ERROR_BUCKETS = (
@@ -214,6 +219,28 @@ class GatewayMetrics:
             ["node_id", "region"],
             registry=r,
         )
+        self.node_queue_age = Gauge(
+            "meridian_gateway_node_queue_age_seconds",
+            "Age of the oldest request waiting on the node, per model and tier, as of its last /load.",
+            ["node_id", "region", "model", "tier"],
+            registry=r,
+        )
+        self.node_probe_failed = Gauge(
+            "meridian_gateway_node_probe_failed",
+            "1 while the node's last /load says the model fails its golden probes (not routed there).",
+            ["node_id", "region", "model"],
+            registry=r,
+        )
+
+    def observe_node_load(self, node_id: str, region: str, load: NodeLoad) -> None:
+        """The queue age per tier and the probe state of each of a node's models, from its /load."""
+        for model, queue in load.models.items():
+            for tier in QUEUE_TIERS:
+                age = queue.queue_age_s_by_tier.get(tier, 0.0)
+                self.node_queue_age.labels(node_id, region, model, tier).set(age)
+            self.node_probe_failed.labels(node_id, region, model).set(
+                1.0 if model in load.probe_failed else 0.0
+            )
 
     def labelled(self, metric: Counter | Histogram, *values: str) -> Any:
         """`metric.labels(*values)`, remembered: labels() validates and locks on every call, and

@@ -49,6 +49,15 @@ class ModelLoad(msgspec.Struct, kw_only=True):
     # estimate: a free slot, then its prefill steps at the fitted step cost), and the largest.
     first_token_s_by_tier: dict[str, float] = msgspec.field(default_factory=dict)
     queue_wait_s: float = 0.0
+    # Seconds the oldest request waiting for its first step has waited, per tier (issue 34);
+    # absent tier: none waiting.
+    queue_age_s_by_tier: dict[str, float] = msgspec.field(default_factory=dict)
+    # Golden-output probes (regional_node/probes): "none" (not probed), "pending", "passed" or
+    # "failed"; a failing model is not served by this node. Failed rounds since the node started,
+    # and the Unix time of the last round that passed (None: none yet).
+    probe: str = "none"
+    probe_failures: int = 0
+    probe_last_success: float | None = None
 
 
 class LoadReport(msgspec.Struct, kw_only=True):
@@ -69,3 +78,5 @@ class LoadReport(msgspec.Struct, kw_only=True):
     # The largest estimated queue wait over the node's models (per model in `per_model`).
     queue_wait_s: float = 0.0
     per_model: dict[str, ModelLoad] = msgspec.field(default_factory=dict)
+    # The oldest waiting request's age per tier over the node's models (per model in `per_model`).
+    queue_age_s_by_tier: dict[str, float] = msgspec.field(default_factory=dict)

@@ -41,6 +41,8 @@ class Screening(Generic[T]):
     outside_residency: int = 0
     unhealthy: int = 0
     excluded: int = 0
+    # Of the unhealthy: ids of those failing their golden probes for the model.
+    probe_failed: tuple[str, ...] = ()
 
 
 def screen(
@@ -50,9 +52,12 @@ def screen(
     model: str,
     residency: Residency,
     exclude: frozenset[str],
+    probe_failed: Callable[[T], bool] = lambda _: False,
 ) -> Screening[T]:
+    """`probe_failed(target)`: the target fails its golden probes for `model` (unhealthy for it)."""
     admitted: list[T] = []
     seen: set[str] = set()
+    failed: list[str] = []
     serving = outside = unhealthy = excluded = 0
     for target in targets:
         # A directory that lists one id twice must not make it two targets; the first entry wins.
@@ -64,17 +69,27 @@ def screen(
             outside += 1
         elif target_id(target) in exclude:
             excluded += 1
+        elif probe_failed(target):  # first: a node failing its only model's probe is also not ready
+            unhealthy += 1
+            failed.append(target_id(target))
         elif not target.healthy:
             unhealthy += 1
         else:
             admitted.append(target)
-    return Screening(tuple(admitted), serving, outside, unhealthy, excluded)
+    return Screening(tuple(admitted), serving, outside, unhealthy, excluded, tuple(failed))
 
 
 def screen_nodes(
     nodes: Iterable[NodeInfo], *, model: str, residency: Residency, exclude: frozenset[str]
 ) -> Screening[NodeInfo]:
-    return screen(nodes, lambda n: n.node_id, model=model, residency=residency, exclude=exclude)
+    return screen(
+        nodes,
+        lambda n: n.node_id,
+        model=model,
+        residency=residency,
+        exclude=exclude,
+        probe_failed=lambda n: n.load is not None and model in n.load.probe_failed,
+    )
 
 
 def screen_providers(

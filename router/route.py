@@ -74,7 +74,7 @@ def route(
         model=request.model,
         affinity_key=affinity_key,
         params=params,
-        reason_prefix="degraded;" if request.degraded_from else "",
+        reason_prefix=("degraded;" if request.degraded_from else "") + _probe_note(nodes),
         **where,
     )
 
@@ -123,6 +123,11 @@ def route(
         + (f"; version={version}" if version else ""),
         version=version,
     )
+
+
+def _probe_note(nodes: Screening[NodeInfo]) -> str:
+    """Leads a target's reason when nodes were passed over for failing their golden probes."""
+    return f"probe-failed={','.join(nodes.probe_failed)};" if nodes.probe_failed else ""
 
 
 def _of_version(nodes: Sequence[NodeInfo], model: str, version: str | None) -> Sequence[NodeInfo]:
@@ -222,6 +227,11 @@ def _turned_away(
         parts.append(f"{_count(screening.excluded, noun)} already tried for this request")
     if screening.unhealthy:
         parts.append(f"{_count(screening.unhealthy, noun)}{inside} {_were(screening.unhealthy)} unhealthy")
+    probe_failed = screening.probe_failed
+    if probe_failed:
+        parts.append(
+            f"{_count(len(probe_failed), noun)} failing golden-output probes for it ({', '.join(probe_failed)})"
+        )
     return parts
 
 

@@ -138,6 +138,8 @@ class ModelQueue:
     max_num_batched_tokens: int = 0
     step_cost: StepCost = field(default_factory=StepCost)
     finish_rate: float = 0.0
+    # Seconds the oldest waiting request has waited, per tier (absent: none waiting).
+    queue_age_s_by_tier: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,9 @@ class NodeLoad:
     # When the report was asked for (the gateway's time.monotonic()): requests admitted after it
     # cannot be in it (router/overload.py).
     asked_at: float = float("-inf")
+    # Models failing their golden-output probes on the node (regional_node/probes): not routed to
+    # it, as if it were unhealthy for those models only (router/candidates.py).
+    probe_failed: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

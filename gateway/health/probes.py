@@ -156,6 +156,7 @@ class NodeProber:
                     max_num_batched_tokens=m.max_num_batched_tokens,
                     step_cost=m.step_cost,
                     finish_rate=m.finish_rate,
+                    queue_age_s_by_tier=m.queue_age_s_by_tier,
                 )
                 for name, m in report.per_model.items()
             },
@@ -165,4 +166,8 @@ class NodeProber:
                 if m.version
             },
             asked_at=asked_at,
+            # "pending" too: the node does not serve a model before its first round passes.
+            probe_failed=frozenset(
+                name for name, m in report.per_model.items() if m.probe in ("pending", "failed")
+            ),
         )

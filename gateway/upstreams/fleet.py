@@ -102,6 +102,15 @@ class Fleet:
         """Ids of the directory's nodes whose breaker is open, sorted."""
         return sorted(n.node_id for n in self.directory.snapshot() if self.board.is_open(n.node_id))
 
+    def probe_failed(self) -> dict[str, list[str]]:
+        """By node id, the models its last /load says fail their golden probes (not routed there)."""
+        failing = {}
+        for node in self.directory.snapshot():
+            probe = self.prober.result(node.node_id)
+            if probe is not None and probe.load is not None and probe.load.probe_failed:
+                failing[node.node_id] = sorted(probe.load.probe_failed)
+        return failing
+
     def route_label(self, target: Target) -> str:
         """What x-meridian-route says about the target that served."""
         return self.providers.route_label(target.target_id) or target.reason

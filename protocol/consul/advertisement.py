@@ -19,6 +19,9 @@ META_JURISDICTION = "jurisdiction"
 META_MODELS = "models"
 META_SCHEME = "scheme"  # the node's URL scheme: http or https
 META_VERSIONS = "versions"  # the versions of its models, for rollouts (absent: none versioned)
+# Comma-separated models failing their golden-output probes, not served by the node (absent: none);
+# updated while the node runs (regional_node/probes).
+META_PROBE_FAILED = "probe_failed"
 
 
 class MetaError(ValueError):

@@ -1,5 +1,6 @@
 """`meridian model init OUT_DIR --arch ... --size ... [--train [--steps N]]`: write a local
-checkpoint, random or briefly trained on the corpus.
+checkpoint, random or briefly trained on the corpus. `meridian model certify CHECKPOINT`: record
+its golden probe outputs (regional_node/probes/certify.py).
 
 meridian/cli.py either calls `model_init_main(argv_after_model)` or mounts `add_model_commands` on
 its own subparsers; `python -m regional_node.checkpoints init ...` runs the same code.
@@ -16,6 +17,7 @@ from regional_node.checkpoints.errors import CheckpointError, CheckpointExistsEr
 from regional_node.checkpoints.sizes import ARCHES, SIZES
 from regional_node.checkpoints.train import TrainingPlan, default_steps, stderr_progress
 from regional_node.checkpoints.writer import write_checkpoint
+from regional_node.probes.certify import add_certify_command
 
 
 def configure_model_parser(parser: argparse.ArgumentParser) -> None:
@@ -39,6 +41,7 @@ def configure_model_parser(parser: argparse.ArgumentParser) -> None:
         "--steps", type=int, default=None, help="training steps with --train (default: per size, see README)"
     )
     parser.set_defaults(handler=run_model_command)
+    add_certify_command(commands)  # `certify` sets its own handler
 
 
 def add_model_commands(subparsers: Any) -> argparse.ArgumentParser:

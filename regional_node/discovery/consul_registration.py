@@ -20,6 +20,7 @@ from protocol.consul.advertisement import (
     META_JURISDICTION,
     META_MODELS,
     META_NODE_ID,
+    META_PROBE_FAILED,
     META_REGION,
     META_SCHEME,
     META_VERSIONS,
@@ -114,7 +115,10 @@ class ConsulRegistration:
         readiness: Callable[[], bool],
         *,
         retry_max_s: Annotated[float, msgspec.Meta(gt=0)] = 10.0,
+        failing_models: Callable[[], Sequence[str]] = tuple,
     ) -> None:
+        """`failing_models`: the models failing their golden probes, published in the service's
+        meta (META_PROBE_FAILED) at each heartbeat that finds them changed."""
         assert registration.Check is not None and registration.Check.CheckID, (
             "needs a TTL check with a CheckID"
         )
@@ -124,6 +128,7 @@ class ConsulRegistration:
         self._check_id = registration.Check.CheckID
         self._interval_s = _ttl_seconds(registration.Check.TTL) / 3
         self._retry_max_s = retry_max_s
+        self._failing_models = failing_models
         self._registered = False
         self._unreachable = False
         self._wake = asyncio.Event()
@@ -204,10 +209,33 @@ class ConsulRegistration:
         except Exception:
             logger.exception("readiness check failed; reporting not ready")
             ready = False
+        await self._publish_probes(ready)
         if ready:
             await self._client.update_ttl(self._check_id, "pass", "ready")
         else:
             await self._client.update_ttl(self._check_id, "fail", "not ready")
+
+    async def _publish_probes(self, ready: bool) -> None:
+        """Register again with the failing models in meta when they changed (Consul replaces a
+        service's meta only by registering it again); the check keeps the state it has."""
+        meta = dict(self._registration.Meta)
+        failing = ",".join(sorted(self._failing_models()))
+        if failing:
+            meta[META_PROBE_FAILED] = failing
+        else:
+            meta.pop(META_PROBE_FAILED, None)
+        if meta == self._registration.Meta:
+            return
+        check = self._registration.Check
+        assert check is not None
+        registration = msgspec.structs.replace(
+            self._registration,
+            Meta=meta,
+            Check=msgspec.structs.replace(check, Status="passing" if ready else "critical"),
+        )
+        await self._client.register_service(registration)
+        self._registration = registration
+        logger.info("Consul meta of %s: models failing their probes: %s", self.service_id, failing or "none")
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
 from protocol.consul.advertisement import ModelVersionTag
@@ -15,6 +15,7 @@ from regional_node.discovery.consul_registration import (
 )
 
 if TYPE_CHECKING:
+    from regional_node.probes import ProbeState
     from regional_node.server.config import NodeConfig
 
 
@@ -30,8 +31,13 @@ class _Absent:
 
 
 @contextlib.asynccontextmanager
-async def consul_presence(config: NodeConfig, readiness: Callable[[], bool]) -> AsyncIterator[Presence]:
-    """Registered (and heartbeating `readiness()`) inside the block; deregistered on the way out."""
+async def consul_presence(
+    config: NodeConfig,
+    readiness: Callable[[], bool],
+    probes: Callable[[], Mapping[str, ProbeState]] = dict,
+) -> AsyncIterator[Presence]:
+    """Registered (and heartbeating `readiness()`) inside the block; deregistered on the way out.
+    The models failing their golden probes (`probes()`) are kept in the service's meta."""
     consul = config.consul
     if consul is None:
         yield _Absent()
@@ -58,7 +64,13 @@ async def consul_presence(config: NodeConfig, readiness: Callable[[], bool]) -> 
         ],
     )
     async with ConsulClient(consul) as client:
-        presence = ConsulRegistration(client, registration, readiness, retry_max_s=consul.retry_max_s)
+        presence = ConsulRegistration(
+            client,
+            registration,
+            readiness,
+            retry_max_s=consul.retry_max_s,
+            failing_models=lambda: [name for name, state in probes().items() if state.failing],
+        )
         await presence.start()
         try:
             yield presence

@@ -9,7 +9,7 @@ import itertools
 import time
 from collections.abc import Sequence as SequenceOf
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from regional_node.engine.block_manager import BlockManager
 from regional_node.engine.config import EngineConfig, ModelConfig
@@ -22,8 +22,12 @@ from regional_node.engine.output_processor import RequestState, append_token
 from regional_node.engine.outputs import RequestDelta, RequestOutput
 from regional_node.engine.request_intake import RequestIntake
 from regional_node.engine.sampling_params import SamplingParams
-from regional_node.engine.scheduler import Scheduler
+from regional_node.engine.scheduler import ScheduledChunk, Scheduler
 from regional_node.engine.tokenizer import Tokenizer
+
+
+class StepObserver(Protocol):
+    def step_done(self, chunks: list[ScheduledChunk], started: float, ended: float) -> None: ...
 
 
 class LLMEngine:
@@ -72,6 +76,9 @@ class LLMEngine:
         self.generation_tokens_total = 0
         # Tokens computed per second, recently: how fast the waiting queue drains.
         self.drain = DrainMeter()
+        # Told about every step's chunks and timing, on the step thread (the node's utilization
+        # meters, regional_node/utilization); they must be quick and never raise.
+        self.step_observers: list[StepObserver] = []
 
     @classmethod
     def from_pretrained(
@@ -196,6 +203,8 @@ class LLMEngine:
                 finished += 1
             deltas.append(delta)
         self.drain.record(started, ended, out.num_batched_tokens, finished)
+        for observer in self.step_observers:
+            observer.step_done(out.chunks, started, ended)
         # Abort notices are taken only now, so a step that raises leaves them for the next one.
         pending, self._pending = self._pending, []
         return pending + deltas
@@ -273,6 +282,9 @@ class LLMEngine:
             "waiting_tokens": sched.waiting.num_tokens,
             "waiting_tokens_by_tier": sched.waiting.tokens_by_tier(),
             "waiting_requests_by_tier": sched.waiting.requests_by_tier(),
+            # time.monotonic() of the oldest waiting request's arrival per tier: readers turn it
+            # into an age at read time, so a stalled step loop shows an age that keeps growing.
+            "oldest_waiting_by_tier": self._oldest_waiting_by_tier(),
             # What admission's time-to-first-token estimate needs (admission.py reads these and
             # the drain meter through AsyncEngine._queue_state).
             "max_num_seqs": self.engine_config.max_num_seqs,
@@ -285,3 +297,11 @@ class LLMEngine:
             "prompt_tokens_total": self.prompt_tokens_total,
             "generation_tokens_total": self.generation_tokens_total,
         }
+
+    def _oldest_waiting_by_tier(self) -> dict[str, float]:
+        oldest: dict[str, float] = {}
+        for seq in self.scheduler.waiting:
+            state = self._requests.get(seq.request_id)
+            if state is not None and state.arrival_time < oldest.get(seq.priority, float("inf")):
+                oldest[seq.priority] = state.arrival_time
+        return oldest

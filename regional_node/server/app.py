@@ -48,7 +48,16 @@ def create_app(
     tracing = start_tracing(os.environ, default_service="meridian-node")
     tracer = NodeTracer(tracing, node_id=config.node_id, region=config.region) if tracing else None
     node = NodeState(
-        config=config, pool=pool, metrics=NodeMetrics(pool.stats, pool.cache_configs), tracer=tracer
+        config=config,
+        pool=pool,
+        metrics=NodeMetrics(
+            pool.stats,
+            pool.cache_configs,
+            probes=pool.probe_states,
+            utilization=pool.utilization,
+            models=config.model_names(),
+        ),
+        tracer=tracer,
     )
     token = effective_token(config)
 
@@ -57,7 +66,9 @@ def create_app(
         loading = asyncio.create_task(pool.load(), name="meridian-node-load-models")
         try:
             # Deregisters on the way out, before the engines stop.
-            async with consul_presence(config, readiness=lambda: pool.ready) as presence:
+            async with consul_presence(
+                config, readiness=lambda: pool.ready, probes=pool.probe_states
+            ) as presence:
                 loading.add_done_callback(lambda _: presence.readiness_changed())
                 yield
         finally:

@@ -12,6 +12,8 @@ import functools
 import hashlib
 from pathlib import Path
 
+from regional_node.probes.golden import GOLDEN_FILE
+
 
 @functools.lru_cache(maxsize=64)
 def checkpoint_hash(path: str) -> str:
@@ -22,7 +24,9 @@ def checkpoint_hash(path: str) -> str:
     try:
         digest.update((folder / "config.json").read_bytes())
         for item in sorted(folder.iterdir()):
-            if item.is_file() and item.name != "config.json":
+            # The golden file is written next to the weights after they are certified: not part
+            # of what was loaded.
+            if item.is_file() and item.name not in ("config.json", GOLDEN_FILE):
                 digest.update(f"\x00{item.name}\x00{item.stat().st_size}".encode())
     except OSError:
         return ""

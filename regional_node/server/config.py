@@ -108,6 +108,22 @@ class QueueSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return {tier: wait for tier, wait in waits.items() if wait is not None}
 
 
+Share = Annotated[float, msgspec.Meta(gt=0, le=1)]
+
+
+class ProbeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Golden-output probes (regional_node/probes): the model must answer the prompts recorded by
+    `meridian model certify` as it did then, before /ready and every `interval_s` after."""
+
+    # The golden file; null: `meridian-golden.json` in the checkpoint folder if there is one
+    # (none: the model is not probed). A path given here must exist.
+    golden: str | None = None
+    interval_s: PositiveFloat = 300.0
+    # The most of the engine's time probes may take: a round that took d seconds is followed by
+    # the next no sooner than d / max_share seconds later.
+    max_share: Share = 0.01
+
+
 class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """One served model: the name clients put in `model`, its checkpoint folder and its tier,
     how its engine is built (`engine`: LLMEngine options) and how much its queue may hold
@@ -121,6 +137,7 @@ class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     version: Name | None = None
     engine: EngineSettings = msgspec.field(default_factory=EngineSettings)
     queue: QueueSettings = msgspec.field(default_factory=QueueSettings)
+    probes: ProbeSettings = msgspec.field(default_factory=ProbeSettings)
 
     def queue_bounds(self) -> dict[str, int]:
         """Each bounded tier's bound on waiting prompt tokens, defaults resolved."""
@@ -193,7 +210,15 @@ def load_config(path: Path) -> NodeConfig:
         raw = {}
     config = convert_config(raw, source=str(path))
     models = [
-        msgspec.structs.replace(model, path=str(_resolve(path.parent, model.path))) for model in config.models
+        msgspec.structs.replace(
+            model,
+            path=str(_resolve(path.parent, model.path)),
+            probes=msgspec.structs.replace(
+                model.probes,
+                golden=str(_resolve(path.parent, model.probes.golden)) if model.probes.golden else None,
+            ),
+        )
+        for model in config.models
     ]
     return msgspec.structs.replace(config, models=models)
 
@@ -224,6 +249,11 @@ def validate_config(config: NodeConfig, *, source: str) -> NodeConfig:
             raise ConfigError(
                 f"{source}: models[{index}].path: {model.path!r} is not a checkpoint folder "
                 "(no config.json); create one with `meridian model init`"
+            )
+        if model.probes.golden is not None and not Path(model.probes.golden).is_file():
+            raise ConfigError(
+                f"{source}: models[{index}].probes.golden: {model.probes.golden!r} does not exist; "
+                f"write it with `meridian model certify {model.path}`"
             )
     return config
 

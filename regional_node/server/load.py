@@ -9,30 +9,50 @@ model's `queue` config, whether or not it is loaded yet), the engine's drain rat
 estimated time to first token of a new request per tier (regional_node/engine/admission.py, the
 same estimate the node admits by). The report's `queue_wait_s` is the largest over the models.
 
-Each model also carries the version it is configured as and its checkpoint's hash.
+Each model also carries the version it is configured as and its checkpoint's hash, its golden
+probes' result (regional_node/probes), and the age of its oldest waiting request per tier.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from protocol.first_token import StepCost
 from protocol.load import LoadReport, ModelEntry, ModelLoad
+from regional_node.probes import ProbeState
 from regional_node.server.checkpoint import checkpoint_hash
 from regional_node.server.config import ModelConfig, NodeConfig
 from regional_node.server.pool import ModelPool
 
 
+def queue_ages(stats: Mapping[str, Any], now: float) -> dict[str, float]:
+    """Seconds the oldest waiting request has waited, per tier, from the engine's arrival times."""
+    return {
+        str(tier): max(0.0, now - float(t)) for tier, t in (stats.get("oldest_waiting_by_tier") or {}).items()
+    }
+
+
 def load_report(config: NodeConfig, pool: ModelPool) -> LoadReport:
     served = {model.name: model for model in pool.models()}
     stats = pool.stats()
+    probes = pool.probe_states()
+    now = time.monotonic()
     per_model: dict[str, ModelLoad] = {}
     for model_config in pool.configs:
         model = served.get(model_config.name)
         per_model[model_config.name] = _model_load(
-            model_config, stats.get(model_config.name, {}), model.max_model_len if model else None
+            model_config,
+            stats.get(model_config.name, {}),
+            model.max_model_len if model else None,
+            probes.get(model_config.name),
+            now,
         )
+    ages: dict[str, float] = {}
+    for load in per_model.values():
+        for tier, age in load.queue_age_s_by_tier.items():
+            ages[tier] = max(age, ages.get(tier, 0.0))
     loads = per_model.values()
     blocks_total = sum(load.kv_blocks_total for load in loads)
     blocks_used = sum(load.kv_blocks_used for load in loads)
@@ -53,10 +73,18 @@ def load_report(config: NodeConfig, pool: ModelPool) -> LoadReport:
         prefix_cache_hit_rate=hits / queries if queries else 0.0,
         queue_wait_s=max((load.queue_wait_s for load in loads), default=0.0),
         per_model=per_model,
+        queue_age_s_by_tier=ages,
     )
 
 
-def _model_load(config: ModelConfig, stats: Mapping[str, Any], max_model_len: int | None) -> ModelLoad:
+def _model_load(
+    config: ModelConfig,
+    stats: Mapping[str, Any],
+    max_model_len: int | None,
+    probe: ProbeState | None,
+    now: float,
+) -> ModelLoad:
+    probe = probe or ProbeState()
     return ModelLoad(
         tier=config.tier,
         loaded=bool(stats),
@@ -87,6 +115,10 @@ def _model_load(config: ModelConfig, stats: Mapping[str, Any], max_model_len: in
             str(tier): float(wait) for tier, wait in (stats.get("first_token_s_by_tier") or {}).items()
         },
         queue_wait_s=float(stats.get("queue_wait_s", 0.0) or 0.0),
+        queue_age_s_by_tier=queue_ages(stats, now),
+        probe=probe.status,
+        probe_failures=probe.failures,
+        probe_last_success=probe.last_success,
     )
 
 

@@ -8,6 +8,7 @@ registry carries vLLM's metric contract (vllm_metrics.py), fed from the same sou
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +17,10 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from regional_node.probes import ProbeState
+from regional_node.server.load import queue_ages
 from regional_node.server.vllm_metrics import ENGINE, VllmRequestMetrics, VllmStatsCollector
+from regional_node.utilization import UtilizationReport
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -27,6 +31,8 @@ _TOKEN_GAP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25
 # Tenants come from a header or the OpenAI `user` field (often one id per end user), so their
 # number is unbounded; past this many, new tenants share one series instead of adding their own.
 MAX_TENANT_SERIES = 100
+# The traffic tiers whose queue age is always exported (0 when empty), so alerts find a series.
+TIERS = ("interactive", "batch")
 OTHER_TENANT = "other"
 
 # (metric suffix, stats() key, help): gauges read from engine.stats() at scrape time.
@@ -109,6 +115,102 @@ class EngineStatsCollector(Collector):
             yield counter
 
 
+class OperationsCollector(Collector):
+    """Queue age per tier, golden-probe results and utilization per phase, read at scrape time
+    (regional_node/probes, regional_node/utilization)."""
+
+    def __init__(
+        self,
+        prefix: str,
+        stats: Callable[[], Mapping[str, Mapping[str, Any]]],
+        probes: Callable[[], Mapping[str, ProbeState]],
+        utilization: Callable[[], Mapping[str, UtilizationReport]],
+    ) -> None:
+        self._prefix = prefix
+        self._stats = stats
+        self._probes = probes
+        self._utilization = utilization
+
+    def collect(self) -> Iterable[Metric]:
+        p = self._prefix
+        now = time.monotonic()
+        age = GaugeMetricFamily(
+            f"{p}queue_age_seconds",
+            "Age of the oldest request waiting for its first step, per tier (0: none waiting).",
+            labels=["model", "tier"],
+        )
+        for model, stats in self._stats().items():
+            ages = queue_ages(stats, now)
+            for tier in TIERS:
+                age.add_metric([model, tier], ages.get(tier, 0.0))
+        yield age
+        yield from self._probe_metrics()
+        yield from self._utilization_metrics()
+
+    def _probe_metrics(self) -> Iterable[Metric]:
+        p = self._prefix
+        failures = CounterMetricFamily(
+            f"{p}probe_failures", "Golden-output probe rounds that failed, per model.", labels=["model"]
+        )
+        last = GaugeMetricFamily(
+            f"{p}probe_last_success_timestamp_seconds",
+            "Unix time of the model's last golden-output probe round that passed (absent: none yet).",
+            labels=["model"],
+        )
+        passing = GaugeMetricFamily(
+            f"{p}probe_passing",
+            "1 while the model passes its golden-output probes (or has none), 0 while it fails or is "
+            "not probed yet; a failing model is not served by this node.",
+            labels=["model"],
+        )
+        for model, state in self._probes().items():
+            failures.add_metric([model], float(state.failures))
+            passing.add_metric([model], 1.0 if state.status in ("passed", "none") else 0.0)
+            if state.last_success is not None:
+                last.add_metric([model], state.last_success)
+        yield from (failures, last, passing)
+
+    def _utilization_metrics(self) -> Iterable[Metric]:
+        p = self._prefix
+        labels = ["model", "phase"]
+        mfu = GaugeMetricFamily(
+            f"{p}model_flops_utilization",
+            "Model FLOPs / (peak FLOP/s x step time) over the phase's steps of the last minute.",
+            labels=labels,
+        )
+        mbu = GaugeMetricFamily(
+            f"{p}memory_bandwidth_utilization",
+            "Bytes moved (weights, KV read and written) / (peak bytes/s x step time), last minute.",
+            labels=labels,
+        )
+        seconds = CounterMetricFamily(f"{p}phase_seconds", "Engine step time per phase.", labels=labels)
+        tokens = CounterMetricFamily(f"{p}phase_tokens", "Tokens computed per phase.", labels=labels)
+        flops = CounterMetricFamily(f"{p}phase_flops", "Model FLOPs computed per phase.", labels=labels)
+        moved = CounterMetricFamily(f"{p}phase_bytes", "Bytes moved per phase.", labels=labels)
+        peak_flops = GaugeMetricFamily(
+            f"{p}peak_flops_per_second",
+            "The device's peak FLOP/s in the model's dtype (source: datasheet table or measured).",
+            labels=["model", "source"],
+        )
+        peak_bytes = GaugeMetricFamily(
+            f"{p}peak_memory_bandwidth_bytes_per_second",
+            "The device's peak memory bandwidth (source: datasheet table or measured).",
+            labels=["model", "source"],
+        )
+        for model, report in self._utilization().items():
+            peak_flops.add_metric([model, report.peak.source], report.peak.flops_per_s)
+            peak_bytes.add_metric([model, report.peak.source], report.peak.bytes_per_s)
+            for phase, value in report.utilization.items():
+                mfu.add_metric([model, phase], value.mfu)
+                mbu.add_metric([model, phase], value.mbu)
+            for phase, total in report.totals.items():
+                seconds.add_metric([model, phase], total.seconds)
+                tokens.add_metric([model, phase], float(total.tokens))
+                flops.add_metric([model, phase], total.flops)
+                moved.add_metric([model, phase], total.bytes)
+        yield from (mfu, mbu, seconds, tokens, flops, moved, peak_flops, peak_bytes)
+
+
 class NodeMetrics:
     """Every `meridian_node_*` series of one app."""
 
@@ -118,8 +220,13 @@ class NodeMetrics:
         self,
         engine_stats: Callable[[], Mapping[str, Mapping[str, Any]]],
         cache_configs: Callable[[], Mapping[str, Mapping[str, str]]] = dict,
+        *,
+        probes: Callable[[], Mapping[str, ProbeState]] = dict,
+        utilization: Callable[[], Mapping[str, UtilizationReport]] = dict,
+        models: Iterable[str] = (),
     ) -> None:
-        """`cache_configs`: each model's KV-cache settings, for `vllm:cache_config_info`."""
+        """`cache_configs`: each model's KV-cache settings, for `vllm:cache_config_info`;
+        `models`: the configured names, whose latency histograms exist (empty) from the start."""
         self.registry = CollectorRegistry(auto_describe=True)
         p, r = self.PREFIX, self.registry
 
@@ -157,9 +264,21 @@ class NodeMetrics:
             registry=r,
         )
         r.register(EngineStatsCollector(p, engine_stats))
+        r.register(OperationsCollector(p, engine_stats, probes, utilization))
         r.register(VllmStatsCollector(engine_stats, cache_configs))
         self.vllm = VllmRequestMetrics(r)
         self._tenants: set[str] = set()
+        for model in models:
+            self._precreate(model)
+
+    def _precreate(self, model: str) -> None:
+        # vLLM creates its histograms per model when the engine starts, so a dashboard or
+        # autoscaler reading them finds zeros rather than nothing before the first request.
+        for ours in (self.ttft, self.inter_token, self.e2e, self.queue_wait, self.prefill, self.decode):
+            ours.labels(model)
+        vllm = self.vllm
+        for theirs in (vllm.ttft, vllm.inter_token, vllm.e2e, vllm.queue, vllm.prefill, vllm.decode):
+            theirs.labels(model, ENGINE)
 
     def observe_timings(self, model: str, timings: RequestTimings) -> None:
         vllm = self.vllm

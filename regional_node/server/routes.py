@@ -65,13 +65,24 @@ async def health() -> Response[bytes]:
 
 
 @get("/ready")
-async def ready(node: NodeState) -> Response[bytes]:
-    """Readiness: 200 once every model is loaded and warmed up, else 503 with the state."""
+async def ready(node: NodeState, model: str | None = None) -> Response[bytes]:
+    """Readiness: 200 once every model is loaded, warmed up and probed and one of them serves,
+    else 503 with the state; `?model=NAME` asks about that model alone. `failing` lists the
+    models that fail their golden probes (not served here)."""
     pool = node.pool
-    body: dict[str, Any] = {"status": pool.state, "models": [config.name for config in pool.configs]}
+    names = [config.name for config in pool.configs]
+    if model is not None and model not in names:
+        raise NotFoundError(f"The model `{model}` does not exist on this node.", param="model")
+    body: dict[str, Any] = {
+        "status": pool.state,
+        "models": names,
+        "probes": {name: state.status for name, state in pool.probe_states().items()},
+        "failing": sorted(name for name, state in pool.probe_states().items() if state.failing),
+    }
     if pool.error:
         body["error"] = pool.error
-    return _json(body, 200 if pool.ready else 503)
+    ok = pool.serving(model) if model is not None else pool.ready
+    return _json(body, 200 if ok else 503)
 
 
 @get("/load")

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -123,6 +124,8 @@ class VllmEngine:
         # and the requests.
         self._waiting: dict[str, int] = dict.fromkeys(PRIORITY_RANK, 0)
         self._waiting_requests: dict[str, int] = dict.fromkeys(PRIORITY_RANK, 0)
+        # Request id -> (tier, time.monotonic() it was handed to vLLM), until its first output.
+        self._waiting_since: dict[str, tuple[str, float]] = {}
         scheduler = config.scheduler_config
         self._max_num_seqs = int(scheduler.max_num_seqs)
         self._max_num_batched_tokens = int(scheduler.max_num_batched_tokens)
@@ -219,6 +222,7 @@ class VllmEngine:
         self._active.add(request_id)
         self._waiting[priority] += tokens
         self._waiting_requests[priority] += 1
+        self._waiting_since[request_id] = (priority, time.monotonic())
         waiting, done = True, False
         inputs: dict[str, Any] = {"prompt_token_ids": list(state.seq.token_ids)}
         if cache_salt:
@@ -230,6 +234,7 @@ class VllmEngine:
                     if waiting:
                         self._waiting[priority] -= tokens
                         self._waiting_requests[priority] -= 1
+                        self._waiting_since.pop(request_id, None)
                         waiting = False
                     delta = _delta(state, output)
                     done = delta.finished
@@ -245,6 +250,7 @@ class VllmEngine:
             if waiting:
                 self._waiting[priority] -= tokens
                 self._waiting_requests[priority] -= 1
+                self._waiting_since.pop(request_id, None)
             self._active.discard(request_id)
             if not done:
                 with contextlib.suppress(Exception):
@@ -294,8 +300,17 @@ class VllmEngine:
             "prompt_tokens_total": t.prompt_tokens_total,
             "generation_tokens_total": t.generation_tokens_total,
             "block_size": self._block_size,
+            # Our engine's oldest waiting arrival per tier; here "waiting" lasts until vLLM's first
+            # output (its queue and the prefill: vLLM does not say when it first schedules one).
+            "oldest_waiting_by_tier": self._oldest_waiting_by_tier(),
             **admission.report(self._queue_state(), self.limits),
         }
+
+    def _oldest_waiting_by_tier(self) -> dict[str, float]:
+        oldest: dict[str, float] = {}
+        for tier, since in list(self._waiting_since.values()):
+            oldest[tier] = min(since, oldest.get(tier, since))
+        return oldest
 
 
 @contextlib.contextmanager

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from protocol.consul.advertisement import ModelTag, decode_models, encode_models
@@ -161,3 +163,40 @@ async def test_a_node_started_while_consul_is_down_registers_when_it_comes_up() 
         finally:
             await registration.stop()
             consul.stop()
+
+
+async def test_models_failing_their_probes_are_published_in_meta(
+    consul: ConsulStandIn, client: ConsulClient
+) -> None:
+    failing: list[str] = []
+    registration = ConsulRegistration(
+        client, node_registration("eu-1"), readiness=lambda: True, failing_models=lambda: failing
+    )
+
+    async def meta() -> dict[str, str]:
+        (entry,) = (await client.health_service("meridian-node")).entries
+        return dict(entry.Service.Meta or {})
+
+    async def published(value: str | None) -> bool:
+        return (await meta()).get("probe_failed") == value
+
+    async def eventually_published(value: str | None) -> None:
+        deadline = asyncio.get_running_loop().time() + 10
+        while not await published(value):
+            assert asyncio.get_running_loop().time() < deadline, f"meta never said {value!r}"
+            await asyncio.sleep(0.05)
+
+    await registration.start()
+    try:
+        await eventually(lambda: consul.check_status(CHECK_ID, "eu") == "passing")
+        assert "probe_failed" not in await meta()
+        failing.append("meridian-small")
+        registration.readiness_changed()
+        await eventually_published("meridian-small")
+        # Registering again kept the check passing: the node stayed in the passing set.
+        assert await _passing_ids(client) == [SERVICE_ID]
+        failing.clear()
+        registration.readiness_changed()
+        await eventually_published(None)
+    finally:
+        await registration.stop()

@@ -139,3 +139,19 @@ def started_node(
         cmd, env=env, ready_url=f"{url}/ready", ready_headers={"authorization": f"Bearer {NODE_TOKEN}"}
     ):
         yield StartedNode(url=url, node_id=node_id, config_path=config_path)
+
+
+def documented_names(listing: str) -> set[str]:
+    """The names in a tests/deploy/schemas/*.txt list (one per line, # comments)."""
+    text = (Path(__file__).parent / "schemas" / listing).read_text(encoding="utf-8")
+    return {line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")}
+
+
+def dcgm_collected() -> set[str]:
+    """dcgm-exporter's fields the GPU kit's counters.csv collects (each series is named after one)."""
+    csv = (DEPLOY / "k8s" / "gpu-monitoring" / "counters.csv").read_text(encoding="utf-8")
+    return {
+        line.split(",", 1)[0].strip()
+        for line in csv.splitlines()
+        if line.strip() and not line.startswith("#")
+    }

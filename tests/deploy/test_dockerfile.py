@@ -108,3 +108,11 @@ def test_the_image_contains_every_package_pyproject_installs() -> None:
     assert packages <= copied
     ignored = (DEPLOY / "Dockerfile.dockerignore").read_text(encoding="utf-8").split()
     assert not packages & set(ignored)
+
+
+def test_the_test_only_fault_never_ships() -> None:
+    # regional_node/probes/fault.py breaks a model on purpose (tests/gateway/test_probe_routing.py);
+    # production images leave it out, so no environment variable can arm it there.
+    ignored = (DEPLOY / "Dockerfile.dockerignore").read_text(encoding="utf-8").splitlines()
+    assert "regional_node/probes/fault.py" in ignored
+    assert (REPO_ROOT / "regional_node" / "probes" / "fault.py").is_file()

@@ -4,7 +4,9 @@ metric breaks this test instead of a dashboard at 3 a.m.
 What "exported" means: the families in a built gateway's registry (with every optional part on: a
 Consul directory, a Redis quota store, a commercial provider, so their metrics are registered
 too) and in a started node's /metrics, plus the series Prometheus adds itself (`up`) and the
-recording rules the PrometheusRule defines.
+recording rules the PrometheusRule defines. The GPU kit (deploy/k8s/gpu-monitoring) and the
+pod alerts also read other exporters' documented names: NVIDIA dcgm-exporter's fields that the
+kit's counters.csv has it collect, and kube-state-metrics' pod series (tests/deploy/schemas).
 """
 
 from __future__ import annotations
@@ -19,11 +21,23 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import build_gateway
 from gateway.config import config_from_dict
-from tests.deploy.conftest import DEPLOY, NODE_TOKEN, StartedNode, find
+from tests.deploy.conftest import (
+    DEPLOY,
+    NODE_TOKEN,
+    StartedNode,
+    dcgm_collected,
+    documented_names,
+    find,
+    render,
+)
 from tests.deploy.promql import SYNTHETIC, UnknownFunction, exported_series, grafana_query, metric_names
 from tests.support.processes import REPO_ROOT
 
 DASHBOARDS = sorted((DEPLOY / "grafana").glob("*.json"))
+GPU_KIT = DEPLOY / "k8s" / "gpu-monitoring"
+# Other exporters' names: dcgm-exporter's fields the GPU kit collects (and NVIDIA documents), and
+# kube-state-metrics' pod series.
+EXTERNAL = dcgm_collected() | documented_names("kube-state-metrics-series.txt")
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +127,7 @@ def test_dashboards_name_only_exported_metrics(gateway_series: set[str], node_se
     assert DASHBOARDS, "no dashboards in deploy/grafana"
     expressions = [expr for path in DASHBOARDS for expr in dashboard_expressions(path)]
     assert len(expressions) > 20
-    assert unknown_names(expressions, gateway_series | node_series | SYNTHETIC) == []
+    assert unknown_names(expressions, gateway_series | node_series | SYNTHETIC | EXTERNAL) == []
 
 
 def test_alert_rules_and_keda_trigger_name_only_exported_metrics(
@@ -121,8 +135,23 @@ def test_alert_rules_and_keda_trigger_name_only_exported_metrics(
 ) -> None:
     for region, objects in rendered.items():
         expressions, recorded = rule_expressions(objects)
-        known = gateway_series | node_series | SYNTHETIC | recorded
+        known = gateway_series | node_series | SYNTHETIC | recorded | EXTERNAL
         assert unknown_names(expressions, known) == [], region
+
+
+def test_gpu_alerts_name_only_dcgm_fields_it_collects_and_meridian_metrics(node_series: set[str]) -> None:
+    rules = find(render(GPU_KIT), "PrometheusRule", "meridian-gpu")
+    expressions = [
+        (f"PrometheusRule {group['name']}/{rule['alert']}", str(rule["expr"]))
+        for group in rules["spec"]["groups"]
+        for rule in group["rules"]
+    ]
+    assert {"MeridianGPUXidError", "MeridianGPUUnderused", "MeridianGPUSaturated"} <= {
+        where.rpartition("/")[2] for where, _ in expressions
+    }
+    assert unknown_names(expressions, node_series | SYNTHETIC | dcgm_collected()) == []
+    # What a field the kit does not collect looks like: caught, not silently empty.
+    assert unknown_names([("rule", "DCGM_FI_DEV_ENC_UTIL > 0")], node_series | dcgm_collected())
 
 
 def test_a_renamed_metric_is_caught(gateway_series: set[str], node_series: set[str]) -> None:

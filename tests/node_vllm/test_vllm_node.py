@@ -203,6 +203,8 @@ def test_load_moves_under_load_and_returns_to_idle(vllm_node: Node) -> None:
     assert 0 < model["kv_cache_usage"] <= 1 and model["kv_blocks_total"] > 0
     idle = _wait_for(vllm_node, lambda load: load["num_running"] == 0 and load["kv_blocks_used"] == 0)
     assert idle["per_model"][MODEL]["drain_tokens_per_s"] >= 0
+    # Every request left the waiting set on its first output: no queue age is left behind.
+    assert idle["per_model"][MODEL]["queue_age_s_by_tier"] == {}
 
 
 def test_client_disconnect_aborts_the_vllm_request(vllm_node: Node) -> None:
