@@ -26,6 +26,8 @@ class AdminController(Controller):
             "nodes": len(nodes),
             "healthy_nodes": sum(1 for n in nodes if n.healthy),
             "ejected": fleet.ejected(),
+            # (node, model) pairs whose golden probes fail: routing leaves that model alone there.
+            "probe_failed": fleet.probe_failed(),
         }
 
     @get("/ready")

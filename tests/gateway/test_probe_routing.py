@@ -121,6 +121,8 @@ def test_a_model_that_goes_wrong_is_routed_around_until_it_passes(
             assert "after" not in route  # no failed attempt on the home node
         load = httpx.get(f"{home.url}/load", headers=AUTH, timeout=5).json()
         assert load["per_model"][MODEL]["probe"] == "failed"
+        # The gateway's /health says which model it leaves alone where.
+        assert httpx.get(f"{gateway.url}/health", timeout=5).json()["probe_failed"] == {"home-1": [MODEL]}
         # What the gateway sees, in its own metrics: the failing model, and the nodes' queue age.
         registry = gateway.gateway.metrics.registry
         labels = {"node_id": "home-1", "region": "eu-west", "model": MODEL}
