@@ -14,7 +14,7 @@ parent is the stage object it was opened from.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -179,8 +179,6 @@ class _Both:
 
 @contextmanager
 def _entered(managers: list[Any]) -> Iterator[list[Any]]:
-    from contextlib import ExitStack
-
     with ExitStack() as stack:
         yield [stack.enter_context(manager) for manager in managers]
 

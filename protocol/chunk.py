@@ -248,6 +248,10 @@ class StreamFailed(msgspec.Struct, frozen=True, kw_only=True):
     kind: str = "server_error"
 
 
+# What a stream carries to its client: chunks, and at most one StreamFailed, last.
+Streamed = Chunk | StreamFailed
+
+
 def usage_of(value: Usage | UnsetType | None) -> Usage | None:
     return value if isinstance(value, Usage) else None
 

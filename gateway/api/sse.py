@@ -16,7 +16,7 @@ from litestar.response.base import ASGIResponse
 from litestar.types import Receive, Scope, Send
 
 from gateway.call.served import ServedStream
-from protocol.chunk import Chunk, StreamFailed, encoder
+from protocol.chunk import Streamed, StreamFailed, encoder
 from protocol.sse import DONE, encode_data
 
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
@@ -60,7 +60,7 @@ class SSEResponse(Stream):
         return _ClosingResponse(inner, self._frames, self._served)  # type: ignore[return-value]
 
 
-async def openai_frames(items: AsyncIterator[Chunk | StreamFailed]) -> AsyncGenerator[bytes, None]:
+async def openai_frames(items: AsyncIterator[Streamed]) -> AsyncGenerator[bytes, None]:
     """OpenAI's framing: each chunk as `data:`; a stream that could not finish ends with its error
     event (in OpenAI's error shape), then [DONE]."""
     async for item in items:

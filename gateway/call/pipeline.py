@@ -60,7 +60,7 @@ from gateway.upstreams.errors import UpstreamRejected, UpstreamsExhausted
 from gateway.upstreams.failover import Forwarder, OpenedStream
 from gateway.upstreams.fleet import Fleet
 from protocol import AuthenticationError, ChatCompletionRequest, CompletionRequest
-from protocol.chunk import Chunk, Completion, StreamFailed, Usage, usage_of
+from protocol.chunk import Chunk, Completion, Streamed, StreamFailed, Usage, usage_of
 from protocol.timing import timing_from_wire
 from router import AUTO_MODEL, auto_family, escalation_model, judge, route, rule_for
 from router.types import CatalogModel, RouteRequest, Target, TenantPolicy
@@ -68,7 +68,6 @@ from router.types import CatalogModel, RouteRequest, Target, TenantPolicy
 logger = logging.getLogger(__name__)
 
 ParsedRequest = ChatCompletionRequest | CompletionRequest
-Streamed = Chunk | StreamFailed
 _OPERATIONS: dict[str, str] = {"chat": "chat", "completions": "text_completion"}
 
 

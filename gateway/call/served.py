@@ -14,16 +14,16 @@ from collections.abc import AsyncGenerator
 
 from gateway.call.context import CallContext
 from gateway.runtime.tasks import run_shielded
-from protocol.chunk import Chunk, StreamFailed
+from protocol.chunk import Streamed
 
 
 class ServedStream:
-    def __init__(self, ctx: CallContext, items: AsyncGenerator[Chunk | StreamFailed | None, None]) -> None:
+    def __init__(self, ctx: CallContext, items: AsyncGenerator[Streamed | None, None]) -> None:
         self.ctx = ctx
         self._items = items
         self._closed = False
 
-    async def items(self) -> AsyncGenerator[Chunk | StreamFailed, None]:
+    async def items(self) -> AsyncGenerator[Streamed, None]:
         """The client's chunks, then (for a stream that could not finish) its StreamFailed."""
         async for item in self._items:
             if item is not None:

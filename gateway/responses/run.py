@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from gateway.responses.translate import ResponsesRequest
-from protocol.chunk import Chunk, StreamFailed, Usage, usage_of
+from protocol.chunk import Streamed, StreamFailed, Usage, usage_of
 
 Status = Literal["queued", "in_progress", "completed", "failed", "cancelled", "incomplete"]
 FINISHED: frozenset[str] = frozenset({"completed", "failed", "cancelled", "incomplete"})
@@ -108,7 +108,7 @@ class Run:
             ),
         )
 
-    async def feed(self, item: Chunk | StreamFailed) -> None:
+    async def feed(self, item: Streamed) -> None:
         """One item of the pipeline's stream: a chat chunk, or the error that ends it."""
         if isinstance(item, StreamFailed):
             if item.code == "content_policy_violation":

@@ -34,10 +34,9 @@ from gateway.safety.errors import ClassifierError, ContentBlocked, SafetyUnavail
 from gateway.safety.output import Blocked, ChoiceChecks, Piece, texts_of, write
 from gateway.safety.policy import Action, SafetyPolicy, Where, strongest
 from gateway.safety.rules import BlocklistEntry, Finding, redact, scan
-from protocol.chunk import Choice, Chunk, Completion, Message, StreamFailed
+from protocol.chunk import Choice, Chunk, Completion, Message, Streamed, StreamFailed
 
 T = TypeVar("T")
-Streamed = Chunk | StreamFailed
 
 
 @dataclass(frozen=True)
