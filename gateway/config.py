@@ -22,6 +22,7 @@ import msgspec
 import yaml
 
 from gateway.batches.config import BatchesConfig
+from gateway.config_section import Section
 from gateway.escalation.config import AutoConfig
 from gateway.ledger.config import LedgerConfig, SqliteStoreConfig
 from gateway.ledger.prices import ModelPrice
@@ -41,10 +42,6 @@ class ConfigError(Exception):
     """The configuration is invalid; the message names the file and the field."""
 
 
-class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """Sections reject unknown keys so a typo fails at start-up instead of being ignored."""
-
-
 class GatewayServerLimits(ServerLimits, kw_only=True, forbid_unknown_fields=True, frozen=True):
     """A node's limits, but idle client connections are kept 65 s rather than 5: clients that
     never expire idle connections themselves (python-requests, many SDKs) would otherwise race
@@ -55,12 +52,12 @@ class GatewayServerLimits(ServerLimits, kw_only=True, forbid_unknown_fields=True
     keep_alive_s: KeepAliveSeconds = 65
 
 
-class ListenConfig(_Section):
+class ListenConfig(Section):
     host: str = "127.0.0.1"
     port: int = 8080
 
 
-class RolloutConfig(_Section):
+class RolloutConfig(Section):
     """`rollout: {versions: {v2: 10, v1: 90}}`: each request's sticky key draws a version by
     weight (router/rollout.py). The first version listed owns the bottom of the range, so put the
     canary first: growing its weight then only moves sessions onto it."""
@@ -77,7 +74,7 @@ class RolloutConfig(_Section):
         return Rollout(tuple(self.versions.items()))
 
 
-class CatalogEntry(_Section):
+class CatalogEntry(Section):
     name: str
     tier: Literal["small", "large"]
     description: str = ""
@@ -99,7 +96,7 @@ class CatalogEntry(_Section):
         return CatalogModel(name=self.name, tier=self.tier, description=self.description)
 
 
-class NodeAuthConfig(_Section):
+class NodeAuthConfig(Section):
     # The credential itself is a secret, so the config names the environment variable holding it.
     token_env: str = "MERIDIAN_NODE_TOKEN"
 
@@ -109,7 +106,7 @@ Positive = Annotated[float, msgspec.Meta(gt=0)]
 NonNegative = Annotated[float, msgspec.Meta(ge=0)]
 
 
-class TimeoutsConfig(_Section):
+class TimeoutsConfig(Section):
     connect_s: Positive = 2.0  # TCP connect to a node or provider
     read_s: Positive = 120.0  # a whole non-streaming response
     stream_idle_s: Positive = 30.0  # the longest gap between two streamed chunks (first one included)
@@ -120,7 +117,7 @@ class TimeoutsConfig(_Section):
     probe_interval_s: Positive = 0.25
 
 
-class RetryConfig(_Section):
+class RetryConfig(Section):
     # Targets tried before the first byte, the first one included.
     max_attempts: Annotated[int, msgspec.Meta(ge=1, le=MAX_ATTEMPTS_BOUND)] = 3
     backoff_base_s: NonNegative = 0.02  # full-jitter back-off between attempts: U(0, base * 2^n)
@@ -130,7 +127,7 @@ class RetryConfig(_Section):
     )
 
 
-class EjectionConfig(_Section):
+class EjectionConfig(Section):
     # A node that fails a request is out for base_s, doubling with each further failure up to max_s;
     # then a single trial request decides whether it is back.
     base_s: Positive = 1.0
@@ -141,7 +138,7 @@ class EjectionConfig(_Section):
             raise ValueError("max_s: must be at least base_s")
 
 
-class TokenEstimateConfig(_Section):
+class TokenEstimateConfig(Section):
     # The gateway has no tokenizer: ~4 bytes per token is OpenAI's rule of thumb for English and
     # over-counts for most other text, which is the safe side for quota reservations.
     bytes_per_token: float = 4.0
@@ -153,7 +150,7 @@ class TokenEstimateConfig(_Section):
             raise ValueError("bytes_per_token: must be positive")
 
 
-class TierAdmissionConfig(_Section):
+class TierAdmissionConfig(Section):
     """One traffic tier's admission: its target and its gateway queue (gateway/admission)."""
 
     # Admit while the pool's estimated queueing delay (router/overload.py) is at most this.
@@ -164,7 +161,7 @@ class TierAdmissionConfig(_Section):
     max_queue: Annotated[int, msgspec.Meta(ge=0)]
 
 
-class AdmissionConfig(_Section):
+class AdmissionConfig(Section):
     """Tier-aware admission against a time-to-first-token target (gateway/README.md, "Overload")."""
 
     enabled: bool = True
@@ -199,7 +196,7 @@ class AdmissionConfig(_Section):
         return self.interactive if tier == "interactive" else self.batch
 
 
-class StaticDirectoryConfig(_Section, frozen=True, tag_field="type", tag="static"):
+class StaticDirectoryConfig(Section, tag_field="type", tag="static"):
     """`directory: {type: static, file: regions.yaml}`: the fleet is the regions file's nodes."""
 
     file: str
@@ -232,7 +229,7 @@ class ConsulDirectoryConfig(
 DirectoryConfig = StaticDirectoryConfig | ConsulDirectoryConfig
 
 
-class GatewayConfig(_Section):
+class GatewayConfig(Section):
     home_region: str
     catalog: list[CatalogEntry]
     policies: str  # folder of tenant policy YAML files

@@ -20,7 +20,7 @@ from typing import Any
 from protocol.first_token import StepCost
 from protocol.load import LoadReport, ModelEntry, ModelLoad
 from regional_node.server.checkpoint import checkpoint_hash
-from regional_node.server.config import ModelConfig, NodeConfig
+from regional_node.server.config import NodeConfig, ServedModel
 from regional_node.server.pool import ModelPool
 
 
@@ -56,7 +56,7 @@ def load_report(config: NodeConfig, pool: ModelPool) -> LoadReport:
     )
 
 
-def _model_load(config: ModelConfig, stats: Mapping[str, Any], max_model_len: int | None) -> ModelLoad:
+def _model_load(config: ServedModel, stats: Mapping[str, Any], max_model_len: int | None) -> ModelLoad:
     return ModelLoad(
         tier=config.tier,
         loaded=bool(stats),
