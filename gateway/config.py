@@ -1,10 +1,9 @@
 """The gateway's YAML configuration, validated into typed structs at start-up.
 
 Every section is a struct that rejects unknown keys, so a typo anywhere in the file stops start-up.
-Errors name the file and the field (`gateway.yaml: $.timeouts.connect_s: Expected float`). Rules
-the types cannot express live in a struct's `__post_init__`, which raises ValueError("field: why")
-with the field relative to that struct; msgspec reports it at the struct's path and `_field_first`
-joins the two. Relative paths are resolved against the config file's folder, so a config can be
+Errors name the file and the field (`gateway.yaml: $.timeouts.connect_s: Expected float`), read
+by gateway/config_reader.py as policy files are; rules the types cannot express live in a
+struct's `__post_init__`. Relative paths are resolved against the config file's folder, so a config can be
 moved together with its policies and regions file.
 
 `quota` and `providers` are defined next to the code that uses them (gateway/quota/config.py,
@@ -14,7 +13,6 @@ regions-file mistakes as this module's ConfigError, so it imports this module, n
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -22,7 +20,7 @@ import msgspec
 import yaml
 
 from gateway.batches.config import BatchesConfig
-from gateway.config_section import Section
+from gateway.config_reader import FieldError, Section, convert
 from gateway.escalation.config import AutoConfig
 from gateway.ledger.config import LedgerConfig, SqliteStoreConfig
 from gateway.ledger.prices import ModelPrice
@@ -279,28 +277,6 @@ class GatewayConfig(Section):
         return {entry.name: entry.rollout.to_rollout() for entry in self.catalog if entry.rollout is not None}
 
 
-_AT = re.compile(r" - at `\$([^`]*)`$")
-# How a __post_init__ rule words its error: "field: why", the field relative to its struct.
-_OWN_FIELD = re.compile(r"([A-Za-z_][\w.\[\]/*]*): ")
-
-
-def _field_first(message: str) -> str:
-    """msgspec says 'Expected `int`, got `str` - at `$.listen.port`'; lead with the field instead,
-    the way operators scan for it."""
-    path, at = "$", _AT.search(message)
-    if at:
-        path, message = f"${at.group(1)}", message[: at.start()]
-    own = _OWN_FIELD.match(message)
-    if own:
-        return f"{path}.{own.group(1)}: {message[own.end() :]}"
-    if at:
-        return f"{path}: {message}"
-    missing = re.search(r"missing required field `([^`]+)`", message)
-    if missing:
-        return f"$.{missing.group(1)}: required field is missing"
-    return message
-
-
 # Sections that were optional mappings before they had structs: null still means the defaults,
 # and a non-mapping is told what it always was.
 _NULLABLE_SECTIONS = {
@@ -375,9 +351,9 @@ def config_from_dict(data: Any, *, source: str = "<memory>", base_dir: Path | No
     if "source" in data:
         raise ConfigError(f"{source}: $.source: unknown field")
     try:
-        config = msgspec.convert({**_as_sections(data, source), "source": source}, GatewayConfig)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"{source}: {_field_first(str(exc))}") from None
+        config = convert({**_as_sections(data, source), "source": source}, GatewayConfig)
+    except FieldError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
     return _resolve_paths(config, base_dir or Path.cwd())
 
 

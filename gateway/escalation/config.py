@@ -32,7 +32,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from gateway.config_section import Section
+from gateway.config_reader import Section
 from gateway.escalation.thrash import RateRule, ThrashRule
 from router.classifier import ClassifierWeights
 from router.confidence import MAX_K_TOKENS, ConfidenceRule

@@ -22,7 +22,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from gateway.config_section import Section
+from gateway.config_reader import Section
 from gateway.policy.keys import parse_key_hash
 
 

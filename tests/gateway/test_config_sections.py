@@ -1,4 +1,4 @@
-"""One base for the gateway's config sections (`gateway.config_section.Section`): unknown keys are
+"""One base for the gateway's config sections (`gateway.config_reader.Section`): unknown keys are
 errors and a validated config is frozen, in every module that defines sections; and one name per
 meaning for a model's config (the node's served-model entry vs the engine's checkpoint shape)."""
 
@@ -10,11 +10,19 @@ import pytest
 import gateway.config
 import gateway.escalation.config
 import gateway.ledger.config
+import gateway.policy.safety_schema
+import gateway.policy.schema
 import regional_node.engine
 import regional_node.server
-from gateway.config_section import Section
+from gateway.config_reader import FieldError, Section, convert
 
-MODULES = (gateway.config, gateway.ledger.config, gateway.escalation.config)
+MODULES = (
+    gateway.config,
+    gateway.ledger.config,
+    gateway.escalation.config,
+    gateway.policy.schema,
+    gateway.policy.safety_schema,
+)
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
@@ -47,3 +55,17 @@ def test_the_node_and_the_engine_name_their_model_configs_by_meaning() -> None:
     assert not hasattr(regional_node.server, "ModelConfig")
     assert "checkpoint" in regional_node.server.ServedModel.__doc__
     assert hasattr(regional_node.engine, "ModelConfig")
+
+
+def test_a_typo_in_either_kind_of_file_gets_the_closest_known_name() -> None:
+    with pytest.raises(FieldError) as config:
+        convert({"home_region": "eu", "retry": {"max_atempts": 2}}, gateway.config.GatewayConfig)
+    assert (config.value.path, config.value.message) == (
+        "$.retry.max_atempts",
+        "unknown field; did you mean 'max_attempts'?",
+    )
+    tenant = {"id": "acme", "api_keys": [], "limits": {"token_per_minute": 5}}
+    with pytest.raises(FieldError) as policy:
+        convert({"tenants": [tenant]}, gateway.policy.schema.PolicyFile)
+    assert policy.value.path == "$.tenants[0].limits.token_per_minute"
+    assert policy.value.message == "unknown field; did you mean 'tokens_per_minute'?"

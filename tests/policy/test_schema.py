@@ -87,15 +87,15 @@ def tenant_with(field_yaml: str) -> str:
         (
             tenant_with("    limits: {tokens_per_minute: lots}\n"),
             "tenants[0].limits.tokens_per_minute",
-            'expected a positive integer (or null for no limit), got "lots"',
+            "Expected `int | null`, got `str`",
         ),
         (
             tenant_with("    limits: {requests_per_minute: 0}\n"),
             "tenants[0].limits.requests_per_minute",
-            "got 0",
+            "Expected `int` >= 1",
         ),
-        (tenant_with("    limits: {max_tokens: 1.5}\n"), "tenants[0].limits.max_tokens", "got 1.5"),
-        (tenant_with("    limits: {daily_tokens: true}\n"), "tenants[0].limits.daily_tokens", "got true"),
+        (tenant_with("    limits: {max_tokens: 1.5}\n"), "tenants[0].limits.max_tokens", "got `float`"),
+        (tenant_with("    limits: {daily_tokens: true}\n"), "tenants[0].limits.daily_tokens", "got `bool`"),
         (
             tenant_with("    limits: {max_tokens: 2048, context_tokens: 1024}\n"),
             "tenants[0].limits.max_tokens",
@@ -111,17 +111,37 @@ def tenant_with(field_yaml: str) -> str:
             "tenants[0].residancy",
             "did you mean 'residency'",
         ),
-        (tenant_with("    residency: {jurisdictions: eu}\n"), "tenants[0].residency.jurisdictions", "a list"),
-        (tenant_with("    residency: {regions: [eu-west, 3]}\n"), "tenants[0].residency.regions[1]", "got 3"),
-        (tenant_with("    tier: realtime\n"), "tenants[0].tier", 'interactive, batch, got "realtime"'),
-        (tenant_with("    fail_mode: maybe\n"), "tenants[0].fail_mode", "open, closed"),
-        (tenant_with("    prefix_cache: private\n"), "tenants[0].prefix_cache", "shared, isolated"),
-        (tenant_with('    allow_commercial: "true"\n'), "tenants[0].allow_commercial", "true or false"),
-        (tenant_with("    trace_content: yes please\n"), "tenants[0].trace_content", "true or false"),
-        (tenant_with("    models: all\n"), "tenants[0].models", '"*"'),
-        (tenant_with("    models: [meridian-small, '']\n"), "tenants[0].models[1]", "non-empty string"),
-        ("tenants:\n  - api_keys: []\n", "tenants[0].id", "missing required field"),
-        ("tenants:\n  - id: acme\n", "tenants[0].api_keys", "missing required field"),
+        (
+            tenant_with("    residency: {jurisdictions: eu}\n"),
+            "tenants[0].residency.jurisdictions",
+            "Expected `array`",
+        ),
+        (
+            tenant_with("    residency: {regions: [eu-west, 3]}\n"),
+            "tenants[0].residency.regions[1]",
+            "Expected `str`, got `int`",
+        ),
+        (tenant_with("    tier: realtime\n"), "tenants[0].tier", "Invalid enum value 'realtime'"),
+        (tenant_with("    fail_mode: maybe\n"), "tenants[0].fail_mode", "Invalid enum value 'maybe'"),
+        (
+            tenant_with("    prefix_cache: private\n"),
+            "tenants[0].prefix_cache",
+            "Invalid enum value 'private'",
+        ),
+        (
+            tenant_with('    allow_commercial: "true"\n'),
+            "tenants[0].allow_commercial",
+            "Expected `bool`, got `str`",
+        ),
+        (
+            tenant_with("    trace_content: yes please\n"),
+            "tenants[0].trace_content",
+            "Expected `bool`, got `str`",
+        ),
+        (tenant_with("    models: all\n"), "tenants[0].models", "Invalid enum value 'all'"),
+        (tenant_with("    models: [meridian-small, '']\n"), "tenants[0].models[1]", "length >= 1"),
+        ("tenants:\n  - api_keys: []\n", "tenants[0].id", "required field is missing"),
+        ("tenants:\n  - id: acme\n", "tenants[0].api_keys", "required field is missing"),
         ('tenants:\n  - id: "a{b}"\n    api_keys: []\n', "tenants[0].id", "letters, digits"),
         (
             "tenants:\n  - id: acme\n    api_keys: [sk-live-plaintext]\n",
@@ -129,9 +149,13 @@ def tenant_with(field_yaml: str) -> str:
             "never the key",
         ),
         ("tenants:\n  - id: acme\n    api_keys: ['sha256:abc']\n", "tenants[0].api_keys[0]", "64 hex digits"),
-        ("tenants:\n  - id: acme\n    api_keys: 'sha256:abc'\n", "tenants[0].api_keys", "a list"),
-        ("tenants: {id: acme}\n", "tenants", "a list of tenants"),
-        ("tenants:\n  - just-a-string\n", "tenants[0]", "expected a mapping"),
+        (
+            "tenants:\n  - id: acme\n    api_keys: 'sha256:abc'\n",
+            "tenants[0].api_keys",
+            "Expected `array`, got `str`",
+        ),
+        ("tenants: {id: acme}\n", "tenants", "Expected `array`, got `object`"),
+        ("tenants:\n  - just-a-string\n", "tenants[0]", "Expected `object`, got `str`"),
         ("tenant: []\n", "tenant", "did you mean 'tenants'"),
         ("", "", "the file is empty"),
         ("tenants: [\n", "", "invalid YAML at line 2"),
@@ -165,8 +189,7 @@ def test_the_spec_example_error_reads_as_documented(tmp_path: Path) -> None:
         load_policy_dir(tmp_path)
 
     assert str(caught.value) == (
-        f"{tmp_path}/eu.yaml: tenants[0].limits.tokens_per_minute: "
-        'expected a positive integer (or null for no limit), got "lots"'
+        f"{tmp_path}/eu.yaml: tenants[0].limits.tokens_per_minute: Expected `int | null`, got `str`"
     )
 
 
