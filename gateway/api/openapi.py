@@ -246,7 +246,7 @@ def _schemas() -> tuple[dict[type, dict[str, Any]], dict[str, Any]]:
 
 
 def _operation(
-    op: Operation, path_parameters: list[str], schemas: dict[type, dict[str, Any]]
+    op: Operation, path_parameters: dict[str, Any], schemas: dict[type, dict[str, Any]]
 ) -> dict[str, Any]:
     def error(status: int | None) -> dict[str, Any]:
         headers = ("x-request-id", "retry-after") if status in (429, 503) else ("x-request-id",)
@@ -261,9 +261,10 @@ def _operation(
     if op.events is not None:
         answer["text/event-stream"] = {"schema": {"type": "string", "description": op.events}}
         headers = tuple(h for h in _RESPONSE_HEADERS if h != "retry-after")
+    # Litestar's parameter types (`{file_id:str}`), as JSON Schema.
     parameters: list[dict[str, Any]] = [
-        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
-        for name in path_parameters
+        {"name": name, "in": "path", "required": True, "schema": msgspec.json.schema(parameter.type)}
+        for name, parameter in path_parameters.items()
     ]
     if op.events is not None:
         parameters.append(_ref("parameters", "ClientRegion"))
@@ -301,7 +302,7 @@ def build_document(routes: list[Any]) -> dict[str, Any]:
             if op is None:
                 raise LookupError(f"{method} {route.path_format} is served but not in openapi.OPERATIONS")
             item = paths.setdefault(route.path_format, {})
-            item[method.lower()] = _operation(op, list(route.path_parameters), schemas)
+            item[method.lower()] = _operation(op, dict(route.path_parameters), schemas)
     try:
         package_version = version("meridian")
     except PackageNotFoundError:
