@@ -5,8 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.policy import PolicyError, hash_api_key, load_policy_dir, load_policy_file
+from gateway.policy.schema import parse_document
 from router import Residency, TenantLimits
 
 KEY = hash_api_key("sk-test")
@@ -180,6 +183,25 @@ def test_a_plaintext_key_is_never_echoed_in_the_error(tmp_path: Path) -> None:
         load_policy_dir(tmp_path)
 
     assert "supersecret" not in str(caught.value)
+
+
+# Anything that is not a key hash, in any position of the list and beside valid hashes.
+_NOT_A_HASH = st.text(min_size=6).filter(lambda text: not text.startswith("sha256:"))
+
+
+def _api_keys_error(keys: list[str]) -> PolicyError:
+    with pytest.raises(PolicyError) as caught:
+        parse_document({"tenants": [{"id": "acme", "api_keys": keys}]}, "eu.yaml")
+    return caught.value
+
+
+@settings(max_examples=200, deadline=None)
+@given(secret=_NOT_A_HASH, before=st.integers(0, 2))
+def test_no_value_in_api_keys_is_ever_echoed(secret: str, before: int) -> None:
+    # The error is the same whatever the value was: nothing of it can leak into a log.
+    error = _api_keys_error([KEY] * before + [secret])
+    assert error.field == f"tenants[0].api_keys[{before}]"
+    assert str(error) == str(_api_keys_error([KEY] * before + ["<not a hash>"]))
 
 
 def test_the_spec_example_error_reads_as_documented(tmp_path: Path) -> None:
