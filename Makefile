@@ -1,5 +1,7 @@
 # Meridian: `make up` runs a local federation, `make test` runs the test suite.
-# Everything installs into a venv made here, so a clean clone needs nothing else.
+# Everything installs into a venv made here, so a clean clone needs nothing else. Both install the
+# gateway and the node (the `node` extra: torch and the checkpoint readers); a gateway-only host
+# needs just `pip install meridian` (deploy/README.md, "Images").
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -11,7 +13,7 @@ VLLM_STAMP := $(VENV)/.vllm-installed-$(shell cat pyproject.toml | cksum | cut -
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[node,test]'
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
@@ -23,7 +25,7 @@ venv: $(STAMP)
 # mismatched torchvision breaks `import transformers`. vLLM's text-only models use none of the
 # three, so they are removed; the last line checks that torch, transformers and vLLM's kernels load.
 $(VLLM_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet -e '.[test,vllm]'
+	$(PY) -m pip install --quiet -e '.[node,test,vllm]'
 	$(PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	$(PY) -c "import torch, transformers.models.llama.modeling_llama, vllm._custom_ops; assert torch.__version__ == '2.13.0+cpu', torch.__version__"
 	rm -f $(VENV)/.vllm-installed-*

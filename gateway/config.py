@@ -1,10 +1,9 @@
 """The gateway's YAML configuration, validated into typed structs at start-up.
 
 Every section is a struct that rejects unknown keys, so a typo anywhere in the file stops start-up.
-Errors name the file and the field (`gateway.yaml: $.timeouts.connect_s: Expected float`). Rules
-the types cannot express live in a struct's `__post_init__`, which raises ValueError("field: why")
-with the field relative to that struct; msgspec reports it at the struct's path and `_field_first`
-joins the two. Relative paths are resolved against the config file's folder, so a config can be
+Errors name the file and the field (`gateway.yaml: $.timeouts.connect_s: Expected float`), read
+by gateway/config_reader.py as policy files are; rules the types cannot express live in a
+struct's `__post_init__`. Relative paths are resolved against the config file's folder, so a config can be
 moved together with its policies and regions file.
 
 `quota` and `providers` are defined next to the code that uses them (gateway/quota/config.py,
@@ -14,7 +13,6 @@ regions-file mistakes as this module's ConfigError, so it imports this module, n
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -22,6 +20,7 @@ import msgspec
 import yaml
 
 from gateway.batches.config import BatchesConfig
+from gateway.config_reader import FieldError, Section, convert
 from gateway.escalation.config import AutoConfig
 from gateway.ledger.config import LedgerConfig, SqliteStoreConfig
 from gateway.ledger.prices import ModelPrice
@@ -41,10 +40,6 @@ class ConfigError(Exception):
     """The configuration is invalid; the message names the file and the field."""
 
 
-class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """Sections reject unknown keys so a typo fails at start-up instead of being ignored."""
-
-
 class GatewayServerLimits(ServerLimits, kw_only=True, forbid_unknown_fields=True, frozen=True):
     """A node's limits, but idle client connections are kept 65 s rather than 5: clients that
     never expire idle connections themselves (python-requests, many SDKs) would otherwise race
@@ -55,12 +50,12 @@ class GatewayServerLimits(ServerLimits, kw_only=True, forbid_unknown_fields=True
     keep_alive_s: KeepAliveSeconds = 65
 
 
-class ListenConfig(_Section):
+class ListenConfig(Section):
     host: str = "127.0.0.1"
     port: int = 8080
 
 
-class RolloutConfig(_Section):
+class RolloutConfig(Section):
     """`rollout: {versions: {v2: 10, v1: 90}}`: each request's sticky key draws a version by
     weight (router/rollout.py). The first version listed owns the bottom of the range, so put the
     canary first: growing its weight then only moves sessions onto it."""
@@ -77,7 +72,7 @@ class RolloutConfig(_Section):
         return Rollout(tuple(self.versions.items()))
 
 
-class CatalogEntry(_Section):
+class CatalogEntry(Section):
     name: str
     tier: Literal["small", "large"]
     description: str = ""
@@ -99,7 +94,7 @@ class CatalogEntry(_Section):
         return CatalogModel(name=self.name, tier=self.tier, description=self.description)
 
 
-class NodeAuthConfig(_Section):
+class NodeAuthConfig(Section):
     # The credential itself is a secret, so the config names the environment variable holding it.
     token_env: str = "MERIDIAN_NODE_TOKEN"
 
@@ -109,7 +104,7 @@ Positive = Annotated[float, msgspec.Meta(gt=0)]
 NonNegative = Annotated[float, msgspec.Meta(ge=0)]
 
 
-class TimeoutsConfig(_Section):
+class TimeoutsConfig(Section):
     connect_s: Positive = 2.0  # TCP connect to a node or provider
     read_s: Positive = 120.0  # a whole non-streaming response
     stream_idle_s: Positive = 30.0  # the longest gap between two streamed chunks (first one included)
@@ -120,7 +115,7 @@ class TimeoutsConfig(_Section):
     probe_interval_s: Positive = 0.25
 
 
-class RetryConfig(_Section):
+class RetryConfig(Section):
     # Targets tried before the first byte, the first one included.
     max_attempts: Annotated[int, msgspec.Meta(ge=1, le=MAX_ATTEMPTS_BOUND)] = 3
     backoff_base_s: NonNegative = 0.02  # full-jitter back-off between attempts: U(0, base * 2^n)
@@ -130,7 +125,7 @@ class RetryConfig(_Section):
     )
 
 
-class EjectionConfig(_Section):
+class EjectionConfig(Section):
     # A node that fails a request is out for base_s, doubling with each further failure up to max_s;
     # then a single trial request decides whether it is back.
     base_s: Positive = 1.0
@@ -141,7 +136,7 @@ class EjectionConfig(_Section):
             raise ValueError("max_s: must be at least base_s")
 
 
-class TokenEstimateConfig(_Section):
+class TokenEstimateConfig(Section):
     # The gateway has no tokenizer: ~4 bytes per token is OpenAI's rule of thumb for English and
     # over-counts for most other text, which is the safe side for quota reservations.
     bytes_per_token: float = 4.0
@@ -153,7 +148,7 @@ class TokenEstimateConfig(_Section):
             raise ValueError("bytes_per_token: must be positive")
 
 
-class TierAdmissionConfig(_Section):
+class TierAdmissionConfig(Section):
     """One traffic tier's admission: its target and its gateway queue (gateway/admission)."""
 
     # Admit while the pool's estimated queueing delay (router/overload.py) is at most this.
@@ -164,7 +159,7 @@ class TierAdmissionConfig(_Section):
     max_queue: Annotated[int, msgspec.Meta(ge=0)]
 
 
-class AdmissionConfig(_Section):
+class AdmissionConfig(Section):
     """Tier-aware admission against a time-to-first-token target (gateway/README.md, "Overload")."""
 
     enabled: bool = True
@@ -199,7 +194,7 @@ class AdmissionConfig(_Section):
         return self.interactive if tier == "interactive" else self.batch
 
 
-class StaticDirectoryConfig(_Section, frozen=True, tag_field="type", tag="static"):
+class StaticDirectoryConfig(Section, tag_field="type", tag="static"):
     """`directory: {type: static, file: regions.yaml}`: the fleet is the regions file's nodes."""
 
     file: str
@@ -232,7 +227,7 @@ class ConsulDirectoryConfig(
 DirectoryConfig = StaticDirectoryConfig | ConsulDirectoryConfig
 
 
-class GatewayConfig(_Section):
+class GatewayConfig(Section):
     home_region: str
     catalog: list[CatalogEntry]
     policies: str  # folder of tenant policy YAML files
@@ -280,28 +275,6 @@ class GatewayConfig(_Section):
     def rollouts(self) -> dict[str, Rollout]:
         """The rollout plan of each catalog model that has one."""
         return {entry.name: entry.rollout.to_rollout() for entry in self.catalog if entry.rollout is not None}
-
-
-_AT = re.compile(r" - at `\$([^`]*)`$")
-# How a __post_init__ rule words its error: "field: why", the field relative to its struct.
-_OWN_FIELD = re.compile(r"([A-Za-z_][\w.\[\]/*]*): ")
-
-
-def _field_first(message: str) -> str:
-    """msgspec says 'Expected `int`, got `str` - at `$.listen.port`'; lead with the field instead,
-    the way operators scan for it."""
-    path, at = "$", _AT.search(message)
-    if at:
-        path, message = f"${at.group(1)}", message[: at.start()]
-    own = _OWN_FIELD.match(message)
-    if own:
-        return f"{path}.{own.group(1)}: {message[own.end() :]}"
-    if at:
-        return f"{path}: {message}"
-    missing = re.search(r"missing required field `([^`]+)`", message)
-    if missing:
-        return f"$.{missing.group(1)}: required field is missing"
-    return message
 
 
 # Sections that were optional mappings before they had structs: null still means the defaults,
@@ -378,9 +351,9 @@ def config_from_dict(data: Any, *, source: str = "<memory>", base_dir: Path | No
     if "source" in data:
         raise ConfigError(f"{source}: $.source: unknown field")
     try:
-        config = msgspec.convert({**_as_sections(data, source), "source": source}, GatewayConfig)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"{source}: {_field_first(str(exc))}") from None
+        config = convert({**_as_sections(data, source), "source": source}, GatewayConfig)
+    except FieldError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
     return _resolve_paths(config, base_dir or Path.cwd())
 
 

@@ -1,46 +1,188 @@
-"""GET /openapi.json: the OpenAPI 3.1 document of the public API, for client generators and fuzzers.
+"""GET /openapi.json: the OpenAPI 3.1 document of the public API, generated, not written.
 
-The front doors read their bodies themselves (limits on size, time and depth come before any
-decoding), so Litestar cannot infer request types from their signatures, and its own generator
-would describe neither our error bodies nor our responses. The schemas come instead from the
-msgspec structs the doors decode with (msgspec emits JSON Schema 2020-12, OpenAPI 3.1's dialect),
-so the document cannot drift from what the gateway accepts. Bodies the gateway builds as dicts
-(errors, usage, Anthropic's answers) are described here. Operator endpoints (/health, /ready, /metrics)
-are left out. The document depends on no config: it is built and encoded once per process.
+- Paths, methods and path parameters come from the app's own route table, so a route cannot be
+  left out and a `{parameter}` cannot go undeclared (the hand-written document missed eight).
+- Every schema comes from a typed struct by `msgspec.json.schema_components` (JSON Schema 2020-12,
+  OpenAPI 3.1's dialect): the requests the front doors decode (`protocol.openai`,
+  `protocol.anthropic`) and the answers they build (`protocol.objects`).
+- What no signature says is the table `OPERATIONS`: each operation's id, summary, body and answer
+  structs and the error statuses it may answer. The front doors read their own bodies (size, time
+  and depth limits come before decoding), so Litestar's generator cannot see their types.
+
+Operator endpoints (/health, /ready, /metrics) are left out. The document is built once per app.
 """
 
 from __future__ import annotations
 
-import functools
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, get_args
+from typing import Any
 
 import msgspec
-from litestar import Controller, Response, get
+from litestar import Controller, Request, Response, get
+from litestar.routes import HTTPRoute
 
-from gateway.batches.records import BatchStatus
 from protocol import ChatCompletionRequest, CompletionRequest
 from protocol.anthropic import MessagesRequest
+from protocol.objects import (
+    AnthropicError,
+    AnthropicMessage,
+    Batch,
+    BatchList,
+    CreateBatch,
+    ErrorResponse,
+    FileDeleted,
+    FileObject,
+    FileUpload,
+    LedgerPage,
+    QuotaUsage,
+    ResponseDeleted,
+    ResponseObject,
+    ResponsesRequest,
+)
 from protocol.openai import ChatCompletionChunk, ChatCompletionResponse, CompletionResponse, ModelList
 
-_STRUCTS = (
-    ChatCompletionRequest,
-    CompletionRequest,
-    MessagesRequest,
-    ChatCompletionResponse,
-    CompletionResponse,
-    ChatCompletionChunk,
-    ModelList,
-)
-_REQUESTS = ("ChatCompletionRequest", "CompletionRequest", "MessagesRequest")
-# Where the Meridian extensions appear (MessagesRequest's `top_k` is Anthropic's own).
-_EXTENDED = (
-    "ChatCompletionRequest",
-    "CompletionRequest",
-    "ChatChoice",
-    "ChatChunkChoice",
-    "CompletionChoice",
-)
+OPERATOR_PATHS = frozenset({"/health", "/ready", "/metrics", "/openapi.json"})
+
+_OPENAI_EVENTS = "`data:` events, each a {chunk} in JSON (see components), then `data: [DONE]`."
+
+
+@dataclass(frozen=True)
+class Operation:
+    operation_id: str
+    summary: str
+    answer: type  # the 200 body's struct
+    errors: tuple[int, ...]  # besides `default`
+    body: type | None = None  # a JSON request body's struct
+    form: type | None = None  # a multipart request body's struct
+    events: str | None = None  # a generation: `stream: true` answers these server-sent events
+    answer_type: str = "application/json"
+    error: type = ErrorResponse
+    tenant_query: bool = False  # ?tenant= (global keys read another tenant's)
+    anthropic_key: bool = False  # also takes Anthropic's x-api-key header
+
+
+_GENERATION_ERRORS = (400, 401, 403, 404, 408, 413, 429, 503)
+
+OPERATIONS: dict[tuple[str, str], Operation] = {
+    ("POST", "/v1/chat/completions"): Operation(
+        "createChatCompletion",
+        "OpenAI chat completion.",
+        ChatCompletionResponse,
+        _GENERATION_ERRORS,
+        body=ChatCompletionRequest,
+        events=_OPENAI_EVENTS.format(chunk="ChatCompletionChunk"),
+    ),
+    ("POST", "/v1/completions"): Operation(
+        "createCompletion",
+        "OpenAI legacy text completion.",
+        CompletionResponse,
+        _GENERATION_ERRORS,
+        body=CompletionRequest,
+        events=_OPENAI_EVENTS.format(chunk="CompletionResponse"),
+    ),
+    ("POST", "/v1/messages"): Operation(
+        "createMessage",
+        "Anthropic Messages API: a chat completion in Anthropic's format.",
+        AnthropicMessage,
+        _GENERATION_ERRORS,
+        body=MessagesRequest,
+        events="Anthropic's event sequence: message_start, content_block_start, content_block_delta..., "
+        "content_block_stop, message_delta, message_stop; an `error` event if the stream breaks.",
+        error=AnthropicError,
+        anthropic_key=True,
+    ),
+    ("POST", "/v1/responses"): Operation(
+        "createResponse",
+        "OpenAI Responses API, text subset (gateway/README.md); `background: true` returns at once.",
+        ResponseObject,
+        _GENERATION_ERRORS,
+        body=ResponsesRequest,
+        events="The Responses event sequence (`event:` named, with sequence_number): response.created, "
+        "response.in_progress, response.output_item.added, response.content_part.added, "
+        "response.output_text.delta..., response.output_text.done, response.content_part.done, "
+        "response.output_item.done, response.completed (or response.incomplete / response.failed).",
+    ),
+    ("GET", "/v1/responses/{response_id}"): Operation(
+        "getResponse", "A stored response of this key's tenant.", ResponseObject, (401, 404)
+    ),
+    ("DELETE", "/v1/responses/{response_id}"): Operation(
+        "deleteResponse", "Cancels and forgets a response.", ResponseDeleted, (401, 404)
+    ),
+    ("POST", "/v1/responses/{response_id}/cancel"): Operation(
+        "cancelResponse", "Cancels a running response.", ResponseObject, (400, 401, 404)
+    ),
+    ("POST", "/v1/files"): Operation(
+        "createFile",
+        "Uploads a batch input file; JSONL lines are checked (a bad line, unknown url or duplicate "
+        "custom_id is a 400 naming the line).",
+        FileObject,
+        (400, 401, 413),
+        form=FileUpload,
+    ),
+    ("GET", "/v1/files/{file_id}"): Operation(
+        "retrieveFile", "A file of this key's tenant.", FileObject, (401, 404)
+    ),
+    ("DELETE", "/v1/files/{file_id}"): Operation("deleteFile", "Deletes a file.", FileDeleted, (401, 404)),
+    ("GET", "/v1/files/{file_id}/content"): Operation(
+        "downloadFile", "The file's content (JSONL).", str, (401, 404), answer_type="application/jsonl"
+    ),
+    ("POST", "/v1/batches"): Operation(
+        "createBatch",
+        "Runs a file's requests at batch priority through the gateway (24h window).",
+        Batch,
+        (400, 401, 404),
+        body=CreateBatch,
+    ),
+    ("GET", "/v1/batches"): Operation(
+        "listBatches", "This tenant's batches, newest first (limit, after).", BatchList, (400, 401)
+    ),
+    ("GET", "/v1/batches/{batch_id}"): Operation(
+        "retrieveBatch", "A batch of this key's tenant.", Batch, (401, 404)
+    ),
+    ("POST", "/v1/batches/{batch_id}/cancel"): Operation(
+        "cancelBatch", "Cancels a running batch.", Batch, (400, 401, 404)
+    ),
+    ("GET", "/v1/models"): Operation("listModels", "The models this key may use.", ModelList, (401,)),
+    ("GET", "/v1/quota"): Operation(
+        "getQuota",
+        "Meridian extension: the tenant's quota use in the current windows.",
+        QuotaUsage,
+        (401, 403, 503),
+        tenant_query=True,
+    ),
+    ("GET", "/v1/usage"): Operation(
+        "getUsage",
+        "Token usage from the ledger, in time buckets (OpenAI's organization usage shape), or one "
+        "day's totals with ?date=YYYY-MM-DD. Parameters: start_time, end_time, bucket_width (1m, 1h, "
+        "1d), group_by (model, region, api_key_id, tenant_id), limit, page, tenant, date; a bad one "
+        "is a 400 naming it.",
+        dict,
+        (400, 401, 403, 503),
+        tenant_query=True,
+    ),
+    ("GET", "/v1/costs"): Operation(
+        "getCosts",
+        "Costs in USD from the ledger, in time buckets (OpenAI's organization costs shape). "
+        "Parameters as /v1/usage; group_by: model, line_item, region, api_key_id, tenant_id.",
+        LedgerPage,
+        (400, 401, 403, 503),
+        tenant_query=True,
+    ),
+}
+
+_STATUS_TEXT = {
+    400: "The request is invalid: the body is not UTF-8 JSON, nests too deeply, a field or a query "
+    "parameter is wrong, or the object is not in a state that allows it (`param` names the field).",
+    401: "The API key is missing or unknown.",
+    403: "The tenant's policy does not allow it (a model, or another tenant's usage).",
+    404: "No such model or object for this key's tenant (another tenant's ids are not found either).",
+    408: "The body did not arrive in time.",
+    413: "The body is over the gateway's size limit.",
+    429: "A quota is used up, or every target is at capacity; Retry-After says when to retry.",
+    503: "No region may serve the request now, or a store is down; Retry-After says when to retry.",
+}
+# Meridian's extensions to OpenAI's request and answer fields (the structs are shared with the node).
 _EXTENSIONS = {
     "top_k": "Meridian extension (as vLLM): sample among the k most likely tokens.",
     "ignore_eos": "Meridian extension (as vLLM): keep generating past the end-of-sequence token.",
@@ -54,167 +196,12 @@ _EXTENSIONS = {
     "continue_final_message": "Meridian extension (as vLLM): continue the last message, not a new one.",
     "token_ids": "Meridian extension: the generated token ids, when the request set return_token_ids.",
 }
-# The statuses a request with a body can get, besides the `default` error.
-_BODY_ERRORS = {
-    400: "The body is not UTF-8 JSON, nests too deeply, or a field is wrong (the error names it).",
-    401: "The API key is missing or unknown.",
-    403: "The tenant's policy does not allow this model.",
-    404: "The model is not in the catalog.",
-    408: "The body did not arrive in time.",
-    413: "The body is over the gateway's size limit.",
-    429: "A quota is used up, or every target is at capacity; Retry-After says when to retry.",
-    503: "No region may serve the request now, or the quota store is down; Retry-After says when to retry.",
-}
-
-
-def _ref(kind: str, name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/{kind}/{name}"}
-
-
-def _object(properties: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "object", "properties": properties, "required": list(properties)}
-
-
-_STRING, _INTEGER, _NULLABLE_STRING = {"type": "string"}, {"type": "integer"}, {"type": ["string", "null"]}
-_LIMIT = {"type": ["integer", "null"], "description": "null: no limit"}
-
-
-def _window(counter: str = "used", reset: bool = True) -> dict[str, Any]:
-    return _object(
-        {"limit": _LIMIT, counter: _INTEGER, "remaining": _LIMIT, **({"reset": _STRING} if reset else {})}
-    )
-
-
-_BATCH_STATUSES = get_args(BatchStatus)
-_BUILT_AS_DICTS: dict[str, dict[str, Any]] = {
-    "Error": _object(
-        {"message": _STRING, "type": _STRING, "param": _NULLABLE_STRING, "code": _NULLABLE_STRING}
-    ),
-    "ErrorResponse": _object({"error": _ref("schemas", "Error")}),
-    "ResponsesRequest": _object(
-        {
-            "model": _STRING,
-            "input": {"description": "A string, or messages with string or input_text content."},
-            "instructions": _STRING,
-            "max_output_tokens": _INTEGER,
-            "stream": {"type": "boolean"},
-            "background": {"type": "boolean"},
-        }
-    ),
-    "Response": _object(
-        {
-            "id": _STRING,
-            "object": {"const": "response"},
-            "status": _STRING,
-            "model": _STRING,
-            "output": {"type": "array", "items": {"type": "object"}},
-            "usage": {"type": ["object", "null"]},
-        }
-    ),
-    "AnthropicError": _object(
-        {"type": {"const": "error"}, "error": _object({"type": _STRING, "message": _STRING})}
-    ),
-    "AnthropicMessage": _object(
-        {
-            "id": _STRING,
-            "type": {"const": "message"},
-            "role": {"const": "assistant"},
-            "model": _STRING,
-            "content": {"type": "array", "items": _object({"type": {"const": "text"}, "text": _STRING})},
-            "stop_reason": {
-                "type": ["string", "null"],
-                "description": "end_turn, max_tokens, stop_sequence, ...",
-            },
-            "stop_sequence": _NULLABLE_STRING,
-            "usage": _object(
-                {
-                    "input_tokens": _INTEGER,
-                    "output_tokens": _INTEGER,
-                    "cache_read_input_tokens": _INTEGER,
-                    "cache_creation_input_tokens": _INTEGER,
-                }
-            ),
-        }
-    ),
-    "FileObject": _object(
-        {
-            "id": _STRING,
-            "object": {"const": "file"},
-            "bytes": _INTEGER,
-            "created_at": _INTEGER,
-            "filename": _STRING,
-            "purpose": {"enum": ["batch", "batch_output"]},
-            "status": {"const": "processed"},
-        }
-    ),
-    "FileDeleted": _object({"id": _STRING, "object": {"const": "file"}, "deleted": {"type": "boolean"}}),
-    "Batch": _object(
-        {
-            "id": _STRING,
-            "object": {"const": "batch"},
-            "endpoint": _STRING,
-            "input_file_id": _STRING,
-            "completion_window": {"const": "24h"},
-            "status": {"enum": list(_BATCH_STATUSES)},
-            "output_file_id": _NULLABLE_STRING,
-            "error_file_id": _NULLABLE_STRING,
-            "created_at": _INTEGER,
-            "request_counts": _object({"total": _INTEGER, "completed": _INTEGER, "failed": _INTEGER}),
-            "metadata": {"type": ["object", "null"]},
-            "errors": {
-                "type": ["object", "null"],
-                "description": "Why a `failed` batch failed: {object: list, data: [{code, message, param, line}]}",
-            },
-            "usage": _object(
-                {
-                    "input_tokens": _INTEGER,
-                    "input_tokens_details": _object({"cached_tokens": _INTEGER}),
-                    "output_tokens": _INTEGER,
-                    "output_tokens_details": _object({"reasoning_tokens": _INTEGER}),
-                    "total_tokens": _INTEGER,
-                }
-            ),
-        }
-    ),
-    "BatchList": {
-        "type": "object",
-        "description": "{object: list, data: [Batch], first_id, last_id, has_more}",
-    },
-    "CreateBatch": _object(
-        {
-            "input_file_id": _STRING,
-            "endpoint": {"enum": ["/v1/chat/completions", "/v1/completions"]},
-            "completion_window": {"const": "24h"},
-            "metadata": {"type": ["object", "null"]},
-            "callback_url": {
-                **_NULLABLE_STRING,
-                "description": "Meridian extension: POSTed the batch when it ends.",
-            },
-        }
-    ),
-    "UsagePage": {"type": "object", "description": "{object: page, data: [buckets], has_more, next_page}"},
-    "CostsPage": {"type": "object", "description": "{object: page, data: [buckets], has_more, next_page}"},
-    "QuotaUsage": _object(
-        {
-            "object": {"const": "quota.usage"},
-            "tenant": _STRING,
-            "source": {"enum": ["redis", "memory", "local"], "description": "local: this replica's share"},
-            "window_seconds": _INTEGER,
-            "requests": _window(),
-            "tokens": _window(),
-            "concurrent_requests": _window("in_use", reset=False),
-            "daily_tokens": _window(),
-        }
-    ),
-}
-
 _RESPONSE_HEADERS = {
     "x-request-id": "This request's id, also in the gateway's logs.",
     "x-meridian-region": "The region that served the request.",
     "x-meridian-model": "The catalog model that served it (`auto` resolved).",
     "x-meridian-node": "The node or provider that served it.",
     "x-meridian-route": "Why the router chose it.",
-    # Sent for the quotas the tenant has.
     **{
         f"x-ratelimit-{what}-{unit}": text.format(unit=unit)
         for unit in ("requests", "tokens")
@@ -226,124 +213,100 @@ _RESPONSE_HEADERS = {
     },
     "retry-after": "Seconds to wait before retrying.",
 }
+_REF = "#/components/{kind}/{name}"
 
 
-def _nullable(prop: dict[str, Any]) -> dict[str, Any]:
-    if {"type": "null"} in prop.get("anyOf", ()):
-        return prop
-    inner = {k: v for k, v in prop.items() if k != "default"}
-    return {"anyOf": [inner, {"type": "null"}], **({"default": prop["default"]} if "default" in prop else {})}
+def _ref(kind: str, name: str) -> dict[str, str]:
+    return {"$ref": _REF.format(kind=kind, name=name)}
 
 
-def _schemas() -> dict[str, Any]:
-    _, schemas = msgspec.json.schema_components(_STRUCTS, ref_template="#/components/schemas/{name}")
-    for name in _REQUESTS:
+def _schemas() -> tuple[dict[type, dict[str, Any]], dict[str, Any]]:
+    """Each typed body's schema (a $ref for a struct) and the components they refer to."""
+    types = [ChatCompletionChunk]
+    for op in OPERATIONS.values():
+        types += [t for t in (op.answer, op.body, op.form, op.error) if t is not None]
+    types = list(dict.fromkeys(types))
+    refs, components = msgspec.json.schema_components(
+        types, ref_template=_REF.format(kind="schemas", name="{name}")
+    )
+    for struct in (ChatCompletionRequest, CompletionRequest, MessagesRequest):
         # The decoder drops top-level nulls (OpenAI reads `null` as "not given"): optional fields
         # accept null; a required one sent as null is missing.
-        schema = schemas[name]
+        schema = components[struct.__name__]
         required = set(schema.get("required", ()))
-        schema["properties"] = {
-            field: prop if field in required else _nullable(prop)
-            for field, prop in schema["properties"].items()
-        }
-    for name in _EXTENDED:
-        for field, prop in schemas[name]["properties"].items():
-            if field in _EXTENSIONS:
-                prop["description"] = _EXTENSIONS[field]
-    overlap = schemas.keys() & _BUILT_AS_DICTS.keys()
-    assert not overlap, f"schema names used twice: {overlap}"
-    return {**schemas, **_BUILT_AS_DICTS}
+        for name, prop in schema["properties"].items():
+            if name not in required and {"type": "null"} not in prop.get("anyOf", ()):
+                default = {"default": prop.pop("default")} if "default" in prop else {}
+                schema["properties"][name] = {"anyOf": [prop, {"type": "null"}], **default}
+    for schema in components.values():
+        for name, prop in schema.get("properties", {}).items():
+            if name in _EXTENSIONS:
+                prop["description"] = _EXTENSIONS[name]
+    return dict(zip(types, refs, strict=True)), components
 
 
-def _json(schema: dict[str, Any]) -> dict[str, Any]:
-    return {"application/json": {"schema": schema}}
-
-
-def _errors(statuses: dict[int, str], error: str) -> dict[str, Any]:
-    def response(description: str, status: int | None = None) -> dict[str, Any]:
+def _operation(
+    op: Operation, path_parameters: dict[str, Any], schemas: dict[type, dict[str, Any]]
+) -> dict[str, Any]:
+    def error(status: int | None) -> dict[str, Any]:
         headers = ("x-request-id", "retry-after") if status in (429, 503) else ("x-request-id",)
         return {
-            "description": description,
+            "description": _STATUS_TEXT[status] if status else "Any other error, in the same shape.",
             "headers": {h: _ref("headers", h) for h in headers},
-            "content": _json(_ref("schemas", error)),
+            "content": {"application/json": {"schema": schemas[op.error]}},
         }
 
-    answers = {str(status): response(text, status) for status, text in statuses.items()}
-    return {**answers, "default": response("Any other error, in the same shape.")}
+    answer = {op.answer_type: {"schema": schemas[op.answer]}}
+    headers = ("x-request-id",)
+    if op.events is not None:
+        answer["text/event-stream"] = {"schema": {"type": "string", "description": op.events}}
+        headers = tuple(h for h in _RESPONSE_HEADERS if h != "retry-after")
+    # Litestar's parameter types (`{file_id:str}`), as JSON Schema.
+    parameters: list[dict[str, Any]] = [
+        {"name": name, "in": "path", "required": True, "schema": msgspec.json.schema(parameter.type)}
+        for name, parameter in path_parameters.items()
+    ]
+    if op.events is not None:
+        parameters.append(_ref("parameters", "ClientRegion"))
+    if op.tenant_query:
+        parameters.append(_ref("parameters", "Tenant"))
+    document: dict[str, Any] = {"operationId": op.operation_id, "summary": op.summary}
+    if parameters:
+        document["parameters"] = parameters
+    if op.body is not None:
+        document["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": schemas[op.body]}},
+        }
+    if op.form is not None:
+        document["requestBody"] = {
+            "required": True,
+            "content": {"multipart/form-data": {"schema": schemas[op.form]}},
+        }
+    if op.anthropic_key:
+        document["security"] = [{"bearerAuth": []}, {"anthropicApiKey": []}]
+    ok = {"description": op.summary, "headers": {h: _ref("headers", h) for h in headers}, "content": answer}
+    document["responses"] = {"200": ok, **{str(s): error(s) for s in op.errors}, "default": error(None)}
+    return document
 
 
-def _generation(
-    op_id: str, summary: str, request: str, answer: str, events: str, *, error: str = "ErrorResponse"
-) -> dict[str, Any]:
-    """A POST that generates: JSON body in; JSON out, or server-sent events when `stream` is true."""
-    ok = {
-        "description": "The answer; with `stream: true`, server-sent events instead.",
-        "headers": {h: _ref("headers", h) for h in _RESPONSE_HEADERS if h != "retry-after"},
-        "content": {
-            **_json(_ref("schemas", answer)),
-            "text/event-stream": {"schema": {"type": "string", "description": events}},
-        },
-    }
-    return {
-        "operationId": op_id,
-        "summary": summary,
-        "parameters": [_ref("parameters", "ClientRegion")],
-        "requestBody": {"required": True, "content": _json(_ref("schemas", request))},
-        "responses": {"200": ok, **_errors(_BODY_ERRORS, error)},
-    }
-
-
-def _listing(op_id: str, summary: str, answer: str, errors: tuple[int, ...], **extra: Any) -> dict[str, Any]:
-    ok = {
-        "description": summary,
-        "headers": {"x-request-id": _ref("headers", "x-request-id")},
-        "content": _json(_ref("schemas", answer)),
-    }
-    statuses = {
-        400: "A query parameter is invalid; `param` names it.",
-        401: _BODY_ERRORS[401],
-        403: "A key may read only its own tenant's usage.",
-        404: "No such object for this key's tenant (another tenant's ids are not found either).",
-        413: "The file is over the gateway's size limit.",
-        503: _BODY_ERRORS[503],
-    }
-    return {
-        "operationId": op_id,
-        "summary": summary,
-        **extra,
-        "responses": {"200": ok, **_errors({s: statuses[s] for s in errors}, "ErrorResponse")},
-    }
-
-
-_OPENAI_EVENTS = "`data:` events, each a {chunk} in JSON (see components), then `data: [DONE]`."
-_RESPONSES_EVENTS = (
-    "The Responses event sequence (`event:` named, with sequence_number): response.created, "
-    "response.in_progress, response.output_item.added, response.content_part.added, "
-    "response.output_text.delta..., response.output_text.done, response.content_part.done, "
-    "response.output_item.done, response.completed (or response.incomplete / response.failed)."
-)
-_ANTHROPIC_EVENTS = (
-    "Anthropic's event sequence: message_start, content_block_start, content_block_delta..., "
-    "content_block_stop, message_delta, message_stop; an `error` event if the stream breaks."
-)
-
-
-def build_document() -> dict[str, Any]:
-    """The OpenAPI 3.1 document of the gateway's public API."""
+def build_document(routes: list[Any]) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of the public routes among `routes` (a Litestar app's)."""
+    schemas, components = _schemas()
+    paths: dict[str, dict[str, Any]] = {}
+    for route in routes:
+        if not isinstance(route, HTTPRoute) or route.path_format in OPERATOR_PATHS:
+            continue
+        for method in sorted(route.methods - {"OPTIONS", "HEAD"}):
+            op = OPERATIONS.get((method, route.path_format))
+            if op is None:
+                raise LookupError(f"{method} {route.path_format} is served but not in openapi.OPERATIONS")
+            item = paths.setdefault(route.path_format, {})
+            item[method.lower()] = _operation(op, dict(route.path_parameters), schemas)
     try:
         package_version = version("meridian")
     except PackageNotFoundError:
         package_version = "0"
-    anthropic = _generation(
-        "createMessage",
-        "Anthropic Messages API: a chat completion in Anthropic's format.",
-        "MessagesRequest",
-        "AnthropicMessage",
-        _ANTHROPIC_EVENTS,
-        error="AnthropicError",
-    )
-    anthropic["security"] = [{"bearerAuth": []}, {"anthropicApiKey": []}]
-    tenant = {"name": "tenant", "in": "query", "required": False, "schema": _STRING}
     return {
         "openapi": "3.1.0",
         "info": {
@@ -352,122 +315,9 @@ def build_document() -> dict[str, Any]:
             "description": "OpenAI- and Anthropic-compatible LLM gateway with per-tenant data residency.",
         },
         "security": [{"bearerAuth": []}],
-        "paths": {
-            "/v1/chat/completions": {
-                "post": _generation(
-                    "createChatCompletion",
-                    "OpenAI chat completion.",
-                    "ChatCompletionRequest",
-                    "ChatCompletionResponse",
-                    _OPENAI_EVENTS.format(chunk="ChatCompletionChunk"),
-                )
-            },
-            "/v1/completions": {
-                "post": _generation(
-                    "createCompletion",
-                    "OpenAI legacy text completion.",
-                    "CompletionRequest",
-                    "CompletionResponse",
-                    _OPENAI_EVENTS.format(chunk="CompletionResponse"),
-                )
-            },
-            "/v1/messages": {"post": anthropic},
-            "/v1/responses": {
-                "post": _generation(
-                    "createResponse",
-                    "OpenAI Responses API, text subset (gateway/README.md); `background: true` returns at once.",
-                    "ResponsesRequest",
-                    "Response",
-                    _RESPONSES_EVENTS,
-                )
-            },
-            "/v1/responses/{response_id}": {
-                "get": _listing("getResponse", "A stored response of this key's tenant.", "Response", (401,)),
-                "delete": _listing("deleteResponse", "Cancels and forgets a response.", "Response", (401,)),
-            },
-            "/v1/responses/{response_id}/cancel": {
-                "post": _listing("cancelResponse", "Cancels a running response.", "Response", (400, 401))
-            },
-            "/v1/files": {
-                "post": _listing(
-                    "createFile",
-                    "Uploads a batch input file (multipart: `file`, `purpose: batch`); JSONL lines are "
-                    "checked (a bad line, unknown url or duplicate custom_id is a 400 naming the line).",
-                    "FileObject",
-                    (400, 401, 413),
-                    requestBody={
-                        "required": True,
-                        "content": {
-                            "multipart/form-data": {"schema": _object({"file": _STRING, "purpose": _STRING})}
-                        },
-                    },
-                )
-            },
-            "/v1/files/{file_id}": {
-                "get": _listing("retrieveFile", "A file of this key's tenant.", "FileObject", (401, 404)),
-                "delete": _listing("deleteFile", "Deletes a file.", "FileDeleted", (401, 404)),
-            },
-            "/v1/files/{file_id}/content": {
-                "get": _listing("downloadFile", "The file's content (JSONL).", "FileObject", (401, 404))
-            },
-            "/v1/batches": {
-                "post": _listing(
-                    "createBatch",
-                    "Runs a file's requests at batch priority through the gateway (24h window).",
-                    "Batch",
-                    (400, 401, 404),
-                    requestBody={"required": True, "content": _json(_ref("schemas", "CreateBatch"))},
-                ),
-                "get": _listing(
-                    "listBatches",
-                    "This tenant's batches, newest first (limit, after).",
-                    "BatchList",
-                    (400, 401),
-                ),
-            },
-            "/v1/batches/{batch_id}": {
-                "get": _listing("retrieveBatch", "A batch of this key's tenant.", "Batch", (401, 404))
-            },
-            "/v1/batches/{batch_id}/cancel": {
-                "post": _listing("cancelBatch", "Cancels a running batch.", "Batch", (400, 401, 404))
-            },
-            "/v1/models": {
-                "get": _listing("listModels", "The models this key may use.", "ModelList", (401,))
-            },
-            "/v1/quota": {
-                "get": _listing(
-                    "getQuota",
-                    "Meridian extension: the tenant's quota use in the current windows.",
-                    "QuotaUsage",
-                    (401, 403, 503),
-                    parameters=[tenant],
-                )
-            },
-            "/v1/usage": {
-                "get": _listing(
-                    "getUsage",
-                    "Token usage from the ledger, in time buckets (OpenAI's organization usage shape), "
-                    "or one day's totals with ?date=YYYY-MM-DD. Parameters: start_time, end_time, "
-                    "bucket_width (1m, 1h, 1d), group_by (model, region, api_key_id, tenant_id), "
-                    "limit, page, tenant, date; a bad one is a 400 naming it.",
-                    "UsagePage",
-                    (400, 401, 403, 503),
-                    parameters=[tenant],
-                )
-            },
-            "/v1/costs": {
-                "get": _listing(
-                    "getCosts",
-                    "Costs in USD from the ledger, in time buckets (OpenAI's organization costs shape). "
-                    "Parameters as /v1/usage; group_by: model, line_item, region, api_key_id, tenant_id.",
-                    "CostsPage",
-                    (400, 401, 403, 503),
-                    parameters=[tenant],
-                )
-            },
-        },
+        "paths": paths,
         "components": {
-            "schemas": _schemas(),
+            "schemas": components,
             "securitySchemes": {
                 "bearerAuth": {"type": "http", "scheme": "bearer", "description": "A tenant's API key."},
                 "anthropicApiKey": {
@@ -482,25 +332,31 @@ def build_document() -> dict[str, Any]:
                     "name": "x-meridian-client-region",
                     "in": "header",
                     "required": False,
-                    "schema": _STRING,
+                    "schema": {"type": "string"},
                     "description": "The client's region (e.g. `eu-west`): routing prefers it, "
                     "within the tenant's residency policy.",
-                }
+                },
+                "Tenant": {
+                    "name": "tenant",
+                    "in": "query",
+                    "required": False,
+                    "schema": {"type": "string"},
+                    "description": "Another tenant's id (keys allowed to read every tenant's).",
+                },
             },
             "headers": {
-                name: {"description": text, "schema": _STRING} for name, text in _RESPONSE_HEADERS.items()
+                name: {"description": text, "schema": {"type": "string"}}
+                for name, text in _RESPONSE_HEADERS.items()
             },
         },
     }
 
 
-@functools.cache
-def document_bytes() -> bytes:
-    return msgspec.json.encode(build_document())
-
-
 class OpenAPIController(Controller):
     @get("/openapi.json")
-    async def openapi(self) -> Response[bytes]:
+    async def openapi(self, request: Request[Any, Any, Any]) -> Response[bytes]:
         """Public: no API key, so tools can fetch it before they have one."""
-        return Response(document_bytes(), media_type="application/json")
+        state = request.app.state
+        if "openapi_document" not in state:
+            state["openapi_document"] = msgspec.json.encode(build_document(request.app.routes))
+        return Response(state["openapi_document"], media_type="application/json")

@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-BatchStatus = Literal[
-    "validating", "in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled"
-]
+from protocol.objects import BatchStatus
+
 # A line is pending until it has its answer (or its error) for the output files.
 LineStatus = Literal["pending", "completed", "failed"]
 RUNNABLE: tuple[str, ...] = ("validating", "in_progress")

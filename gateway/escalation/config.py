@@ -32,6 +32,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from gateway.config_reader import Section
 from gateway.escalation.thrash import RateRule, ThrashRule
 from router.classifier import ClassifierWeights
 from router.confidence import MAX_K_TOKENS, ConfidenceRule
@@ -47,11 +48,7 @@ Share = Annotated[float, msgspec.Meta(ge=0, le=1)]
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
 
 
-class _Section(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
-    pass
-
-
-class ClassifierWeightsSection(_Section):
+class ClassifierWeightsSection(Section):
     bias: float = _DEFAULT_WEIGHTS.bias
     prompt_per_1k: float = _DEFAULT_WEIGHTS.prompt_per_1k
     max_tokens_per_1k: float = _DEFAULT_WEIGHTS.max_tokens_per_1k
@@ -65,7 +62,7 @@ class ClassifierWeightsSection(_Section):
     escalation_rate: float = _DEFAULT_WEIGHTS.escalation_rate
 
 
-class ClassifierSection(_Section):
+class ClassifierSection(Section):
     threshold: float = _DEFAULT_WEIGHTS.threshold
     weights: ClassifierWeightsSection = msgspec.field(default_factory=ClassifierWeightsSection)
 
@@ -73,12 +70,12 @@ class ClassifierSection(_Section):
         return ClassifierWeights(**msgspec.structs.asdict(self.weights), threshold=self.threshold)
 
 
-class LengthSection(_Section):
+class LengthSection(Section):
     large_above_tokens: Annotated[int, msgspec.Meta(ge=0)] = AutoRule().large_above_tokens
     interactive_long_output: Annotated[int, msgspec.Meta(ge=0)] = AutoRule().interactive_long_output
 
 
-class EscalationSection(_Section):
+class EscalationSection(Section):
     enabled: bool = True  # false: `auto` requests are served by the tier they start on
     threshold: float = _DEFAULT_CONFIDENCE.threshold
     k_tokens: Annotated[int, msgspec.Meta(ge=1, le=MAX_K_TOKENS)] = _DEFAULT_CONFIDENCE.k_tokens
@@ -95,7 +92,7 @@ class EscalationSection(_Section):
         )
 
 
-class ThrashSection(_Section):
+class ThrashSection(Section):
     window_s: Seconds = _DEFAULT_THRASH.window_s
     max_rate: Share = _DEFAULT_THRASH.max_rate
     min_requests: PositiveInt = _DEFAULT_THRASH.min_requests
@@ -105,7 +102,7 @@ class ThrashSection(_Section):
         return ThrashRule(**msgspec.structs.asdict(self))
 
 
-class EscalationRateSection(_Section):
+class EscalationRateSection(Section):
     half_life_s: Seconds = _DEFAULT_RATE.half_life_s
     min_judged: Annotated[float, msgspec.Meta(ge=0)] = _DEFAULT_RATE.min_judged
     judge_share: Share = _DEFAULT_RATE.judge_share
@@ -114,7 +111,7 @@ class EscalationRateSection(_Section):
         return RateRule(**msgspec.structs.asdict(self))
 
 
-class AutoConfig(_Section):
+class AutoConfig(Section):
     rule: Literal["classifier", "length"] = "classifier"
     classifier: ClassifierSection = msgspec.field(default_factory=ClassifierSection)
     length: LengthSection = msgspec.field(default_factory=LengthSection)

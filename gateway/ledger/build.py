@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.ledger.config import LedgerConfig, PostgresStoreConfig, SqliteStoreConfig
 from gateway.ledger.outbox import LocalOutbox
 from gateway.ledger.prices import PriceTable
-from gateway.ledger.store.interface import LedgerStore
+from gateway.ledger.store.operations import LedgerStore
 from gateway.ledger.streams import RedisStreams
 from gateway.ledger.worker import LedgerWorker
 from gateway.policy.keys import key_digest

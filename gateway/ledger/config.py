@@ -22,18 +22,15 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from gateway.config_reader import Section
 from gateway.policy.keys import parse_key_hash
 
 
-class _Section(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
-    pass
-
-
-class SqliteStoreConfig(_Section, tag_field="type", tag="sqlite"):
+class SqliteStoreConfig(Section, tag_field="type", tag="sqlite"):
     path: str = ".meridian/ledger.sqlite"
 
 
-class PostgresStoreConfig(_Section, tag_field="type", tag="postgres"):
+class PostgresStoreConfig(Section, tag_field="type", tag="postgres"):
     dsn_env: str = "MERIDIAN_LEDGER_DSN"  # the variable holding the DSN (it may hold a password)
     pool_size: Annotated[int, msgspec.Meta(ge=1, le=64)] = 4
     timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 5.0
@@ -42,7 +39,7 @@ class PostgresStoreConfig(_Section, tag_field="type", tag="postgres"):
 StoreConfig = SqliteStoreConfig | PostgresStoreConfig
 
 
-class LedgerConfig(_Section):
+class LedgerConfig(Section):
     enabled: bool = True
     worker: Literal["embedded", "external"] = "embedded"
     store: StoreConfig = msgspec.field(default_factory=SqliteStoreConfig)

@@ -17,7 +17,7 @@ import msgspec
 
 from gateway.ledger.event import UsageEvent, decode_events
 from gateway.ledger.source import Delivery, EventSource
-from gateway.ledger.store.interface import LedgerStore
+from gateway.ledger.store.operations import LedgerStore
 
 logger = logging.getLogger(__name__)
 

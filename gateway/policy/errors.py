@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 class PolicyError(Exception):
     """An invalid policy: `file` (as given, e.g. policies/eu.yaml), `field` (a path such as
@@ -12,3 +14,18 @@ class PolicyError(Exception):
         self.field = field
         self.message = message
         super().__init__(f"{file}: {field}: {message}" if field else f"{file}: {message}")
+
+
+@dataclass(frozen=True)
+class Where:
+    """A position in a policy file: the file and a field path such as tenants[0], for errors that
+    span tenants (a duplicate id or key across files)."""
+
+    file: str
+    path: str = ""
+
+    def key(self, name: str) -> Where:
+        return Where(self.file, f"{self.path}.{name}" if self.path else name)
+
+    def error(self, message: str) -> PolicyError:
+        return PolicyError(self.file, self.path, message)

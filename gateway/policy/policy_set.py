@@ -7,7 +7,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from gateway.policy.fields import Where
+from gateway.policy.errors import Where
 from gateway.policy.keys import key_digest, parse_key_hash
 from gateway.safety.policy import SafetyPolicy
 from router.types import TenantPolicy

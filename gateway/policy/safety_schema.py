@@ -1,4 +1,5 @@
-"""A tenant's `safety:` section → gateway.safety.policy.SafetyPolicy, every error naming its field.
+"""A tenant's `safety:` section: typed structs (read by gateway/config_reader.py with the rest of
+the policy file), then gateway.safety.policy.SafetyPolicy.
 
     safety:
       input: [rules, blocklist, classifier]   # layers checking the prompt (default: rules, blocklist,
@@ -19,13 +20,14 @@ policies/README.md has the full reference.
 from __future__ import annotations
 
 import re
-from typing import Any, get_args
+from typing import Annotated, Any, get_args
 
-from gateway.policy.fields import Where, boolean, choice, mapping, shown, string, string_list
+import msgspec
+
+from gateway.config_reader import Section, entries
 from gateway.safety.policy import (
-    ACTIONS,
-    LAYERS,
     MIN_HOLD_BACK_CHARS,
+    Action,
     BlocklistRule,
     CategoryRule,
     FailMode,
@@ -34,116 +36,94 @@ from gateway.safety.policy import (
 )
 from gateway.safety.rules import BY_NAME, GROUPS, BlocklistEntry, compile_words
 
-SAFETY_FIELDS = (
-    "input",
-    "output",
-    "rules",
-    "blocklist",
-    "classifier",
-    "fail_mode",
-    "log_content",
-    "hold_back_chars",
-)
+Word = Annotated[str, msgspec.Meta(min_length=1)]
+_DEFAULT_LAYERS: frozenset[Layer] = frozenset({"rules", "blocklist"})
 
 
-def parse_safety(value: Any, where: Where) -> SafetyPolicy:
-    fields = mapping(value, where, required=(), optional=SAFETY_FIELDS)
-    categories = _classifier(fields.get("classifier", {}), where.key("classifier"))
-    default_layers: frozenset[Layer] = frozenset({"rules", "blocklist"})
-    default_input = default_layers | ({"classifier"} if categories else set())
-    layers = {
-        side: _layers(fields[side], where.key(side)) if side in fields else default
-        for side, default in (("input", default_input), ("output", default_layers))
-    }
-    for side, chosen in layers.items():
-        if "classifier" in chosen and not categories:
-            raise where.key(side).error(
-                "the classifier layer needs classifier.categories (which scores act, at what threshold)"
-            )
-    hold_back = fields.get("hold_back_chars", SafetyPolicy.hold_back_chars)
-    if isinstance(hold_back, bool) or not isinstance(hold_back, int) or hold_back < MIN_HOLD_BACK_CHARS:
-        raise where.key("hold_back_chars").error(
-            f"expected an integer of at least {MIN_HOLD_BACK_CHARS} (the longest fixed-size match), "
-            f"got {shown(hold_back)}"
-        )
-    return SafetyPolicy(
-        input=layers["input"],
-        output=layers["output"],
-        rules=_rules(fields.get("rules", {}), where.key("rules")),
-        blocklist=_blocklist(fields.get("blocklist", []), where.key("blocklist")),
-        categories=categories,
-        fail_mode=choice(fields.get("fail_mode", "open"), where.key("fail_mode"), get_args(FailMode)),  # type: ignore[arg-type]
-        log_content=boolean(fields.get("log_content", False), where.key("log_content")),
-        hold_back_chars=hold_back,
-    )
+class BlocklistSection(Section):
+    """Exactly one of `words` (whole words, case-insensitive) or `regex`."""
 
+    action: Action
+    words: Annotated[list[Word], msgspec.Meta(min_length=1)] | None = None
+    regex: Word | None = None
 
-def _layers(value: Any, where: Where) -> frozenset[Layer]:
-    names = string_list(value, where) if value != [] else []
-    for i, name in enumerate(names):
-        choice(name, where.index(i), LAYERS)
-    return frozenset(names)  # type: ignore[arg-type]
-
-
-def _rules(value: Any, where: Where) -> dict[str, Any]:
-    """Groups first, then single rules, so `{pii: redact, phone: flag}` means what it says."""
-    if not isinstance(value, dict):
-        raise where.error(f"expected a mapping of rule or group name to action, got {shown(value)}")
-    known = [*GROUPS, *BY_NAME]
-    rules: dict[str, Any] = {}
-    for key in sorted(value, key=lambda k: k not in GROUPS):
-        at = where.key(str(key))
-        if key not in known:
-            raise at.error(f"unknown rule; known rules and groups: {', '.join(known)}")
-        action = choice(value[key], at, ACTIONS)
-        for name in GROUPS.get(key, (key,)):
-            rules[name] = action
-    return rules
-
-
-def _blocklist(value: Any, where: Where) -> tuple[BlocklistRule, ...]:
-    if not isinstance(value, list):
-        raise where.error(
-            f"expected a list of {{words: [...], action}} or {{regex: ..., action}}, got {shown(value)}"
-        )
-    entries = []
-    for i, item in enumerate(value):
-        at = where.index(i)
-        fields = mapping(item, at, required=("action",), optional=("words", "regex"))
-        if ("words" in fields) == ("regex" in fields):
-            raise at.error("expected exactly one of 'words' (a list) or 'regex' (a pattern)")
-        if "words" in fields:
-            words = string_list(fields["words"], at.key("words"))
-            if not words:
-                raise at.key("words").error("expected at least one word")
-            pattern = compile_words(words)
-        else:
-            source = string(fields["regex"], at.key("regex"))
+    def __post_init__(self) -> None:
+        if (self.words is None) == (self.regex is None):
+            raise ValueError("expected exactly one of 'words' (a list) or 'regex' (a pattern)")
+        if self.regex is not None:
             try:
-                pattern = re.compile(source, re.IGNORECASE)
+                pattern = re.compile(self.regex, re.IGNORECASE)
             except re.error as exc:
-                raise at.key("regex").error(f"invalid regular expression: {exc}") from None
+                raise ValueError(f"regex: invalid regular expression: {exc}") from None
             if pattern.fullmatch(""):
-                raise at.key("regex").error("the pattern matches empty text")
-        action = choice(fields["action"], at.key("action"), ACTIONS)
-        entries.append(BlocklistRule(BlocklistEntry(f"blocklist[{i}]", pattern), action))  # type: ignore[arg-type]
-    return tuple(entries)
+                raise ValueError("regex: the pattern matches empty text")
+
+    def pattern(self) -> re.Pattern[str]:
+        return compile_words(self.words) if self.words else re.compile(self.regex or "", re.IGNORECASE)
 
 
-def _classifier(value: Any, where: Where) -> dict[str, CategoryRule]:
-    fields = mapping(value, where, required=(), optional=("categories",))
-    raw = fields.get("categories", {})
-    if not isinstance(raw, dict):
-        raise where.key("categories").error(
-            f"expected a mapping of category to {{threshold, action}}, got {shown(raw)}"
+class CategorySection(Section):
+    threshold: Annotated[float, msgspec.Meta(gt=0, le=1)]
+    action: Action
+
+
+class ClassifierSection(Section):
+    # Keyed by the operator's category names: read entry by entry so an error names the category.
+    categories: dict[str, Any] = {}
+
+    def __post_init__(self) -> None:
+        entries(self.categories, CategorySection, "categories")
+
+    def rules(self) -> dict[str, CategoryRule]:
+        read = entries(self.categories, CategorySection, "categories")
+        return {name: CategoryRule(entry.threshold, entry.action) for name, entry in read.items()}
+
+
+class SafetySection(Section):
+    input: list[Layer] | None = None
+    output: list[Layer] | None = None
+    # Rule and group names to actions, checked here so that an error names the rule.
+    rules: dict[str, str] = {}
+    blocklist: list[BlocklistSection] = []
+    classifier: ClassifierSection = ClassifierSection()
+    fail_mode: FailMode = SafetyPolicy.fail_mode
+    log_content: bool = SafetyPolicy.log_content
+    # The longest fixed-size match must fit in what a stream holds back.
+    hold_back_chars: Annotated[int, msgspec.Meta(ge=MIN_HOLD_BACK_CHARS)] = SafetyPolicy.hold_back_chars
+
+    def __post_init__(self) -> None:
+        known = [*GROUPS, *BY_NAME]
+        actions = get_args(Action)
+        for name, action in self.rules.items():
+            if name not in known:
+                raise ValueError(f"rules.{name}: unknown rule; known rules and groups: {', '.join(known)}")
+            if action not in actions:
+                raise ValueError(f"rules.{name}: expected one of {', '.join(actions)}, got {action!r}")
+        for side in ("input", "output"):
+            if "classifier" in (getattr(self, side) or ()) and not self.classifier.categories:
+                raise ValueError(
+                    f"{side}: the classifier layer needs classifier.categories "
+                    "(which scores act, at what threshold)"
+                )
+
+    def policy(self) -> SafetyPolicy:
+        categories = self.classifier.rules()
+        default_input = _DEFAULT_LAYERS | ({"classifier"} if categories else set())
+        rules: dict[str, Action] = {}
+        # Groups first, then single rules, so `{pii: redact, phone: flag}` means what it says.
+        for key in sorted(self.rules, key=lambda k: k not in GROUPS):
+            for name in GROUPS.get(key, (key,)):
+                rules[name] = self.rules[key]  # type: ignore[assignment]  # checked in __post_init__
+        return SafetyPolicy(
+            input=default_input if self.input is None else frozenset(self.input),
+            output=_DEFAULT_LAYERS if self.output is None else frozenset(self.output),
+            rules=rules,
+            blocklist=tuple(
+                BlocklistRule(BlocklistEntry(f"blocklist[{i}]", entry.pattern()), entry.action)
+                for i, entry in enumerate(self.blocklist)
+            ),
+            categories=categories,
+            fail_mode=self.fail_mode,
+            log_content=self.log_content,
+            hold_back_chars=self.hold_back_chars,
         )
-    categories = {}
-    for name, rule in raw.items():
-        at = where.key("categories").key(str(name))
-        spec = mapping(rule, at, required=("threshold", "action"), optional=())
-        threshold = spec["threshold"]
-        if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0 < threshold <= 1:
-            raise at.key("threshold").error(f"expected a number in (0, 1], got {shown(threshold)}")
-        action = choice(spec["action"], at.key("action"), ACTIONS)
-        categories[str(name)] = CategoryRule(float(threshold), action)  # type: ignore[arg-type]
-    return categories

@@ -4,8 +4,8 @@ from regional_node.server.app import create_app
 from regional_node.server.config import (
     ConfigError,
     EngineSettings,
-    ModelConfig,
     NodeConfig,
+    ServedModelConfig,
     convert_config,
     effective_token,
     load_config,
@@ -15,8 +15,8 @@ from regional_node.server.config import (
 __all__ = [
     "ConfigError",
     "EngineSettings",
-    "ModelConfig",
     "NodeConfig",
+    "ServedModelConfig",
     "convert_config",
     "create_app",
     "effective_token",

@@ -124,7 +124,7 @@ class ProbeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_share: Share = 0.01
 
 
-class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class ServedModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """One served model: the name clients put in `model`, its checkpoint folder and its tier,
     how its engine is built (`engine`: LLMEngine options) and how much its queue may hold
     (`queue`: enforced by the node in front of the engine, not an engine option)."""
@@ -179,7 +179,7 @@ class NodeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     jurisdiction: Name = "local"
     host: str = "127.0.0.1"
     port: Port = 8100
-    models: list[ModelConfig] = msgspec.field(default_factory=list)
+    models: list[ServedModelConfig] = msgspec.field(default_factory=list)
     # Prefer the MERIDIAN_NODE_TOKEN environment variable: it wins over this field.
     auth_token: str | None = None
     log_level: LogLevel = "info"

@@ -23,7 +23,7 @@ from protocol.first_token import StepCost
 from protocol.load import LoadReport, ModelEntry, ModelLoad
 from regional_node.probes import ProbeState
 from regional_node.server.checkpoint import checkpoint_hash
-from regional_node.server.config import ModelConfig, NodeConfig
+from regional_node.server.config import NodeConfig, ServedModelConfig
 from regional_node.server.pool import ModelPool
 
 
@@ -78,7 +78,7 @@ def load_report(config: NodeConfig, pool: ModelPool) -> LoadReport:
 
 
 def _model_load(
-    config: ModelConfig,
+    config: ServedModelConfig,
     stats: Mapping[str, Any],
     max_model_len: int | None,
     probe: ProbeState | None,

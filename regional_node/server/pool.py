@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from protocol import NotFoundError, ServiceUnavailableError
 from regional_node.cpu_share import CpuShare
 from regional_node.probes import GoldenSet, ModelProber, ProbeState, golden_path, read_golden
-from regional_node.server.config import EngineKind, ModelConfig
+from regional_node.server.config import EngineKind, ServedModelConfig
 from regional_node.server.node_engine import NodeEngine
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 PoolState = Literal["loading", "ready", "failed", "stopped"]
 # Builds a model's engine, not yet started (in a worker thread: it reads the weights). Tests
 # inject fakes.
-EngineLoader = Callable[[ModelConfig], NodeEngine]
+EngineLoader = Callable[[ServedModelConfig], NodeEngine]
 
 
 def engine_loader(kind: EngineKind, share: CpuShare | None = None) -> EngineLoader:
@@ -43,20 +43,20 @@ def engine_loader(kind: EngineKind, share: CpuShare | None = None) -> EngineLoad
     return functools.partial(load_vllm_engine if kind == "vllm" else load_engine, share=share)
 
 
-def load_engine(model: ModelConfig, share: CpuShare | None = None) -> NodeEngine:
+def load_engine(model: ServedModelConfig, share: CpuShare | None = None) -> NodeEngine:
     from regional_node.engine import AsyncEngine, LLMEngine
 
     engine = LLMEngine.from_pretrained(model.path, **model.engine.engine_kwargs())
     return AsyncEngine(engine, queue_limits(model), cpu_share=share)
 
 
-def load_vllm_engine(model: ModelConfig, share: CpuShare | None = None) -> NodeEngine:
+def load_vllm_engine(model: ServedModelConfig, share: CpuShare | None = None) -> NodeEngine:
     from regional_node.vllm_engine import VllmEngine
 
     return VllmEngine.from_settings(model.path, model.engine, queue_limits(model), cpu_share=share)
 
 
-def queue_limits(model: ModelConfig) -> QueueLimits:
+def queue_limits(model: ServedModelConfig) -> QueueLimits:
     """The model's `queue` section, defaults resolved: both engines enforce it the same way."""
     from regional_node.engine import QueueLimits
 
@@ -71,7 +71,7 @@ def queue_limits(model: ModelConfig) -> QueueLimits:
 class ServedModel:
     """A loaded model and what requests need to know about it."""
 
-    config: ModelConfig
+    config: ServedModelConfig
     engine: NodeEngine
     created: int = field(default_factory=lambda: int(time.time()))
     utilization: UtilizationMeter | None = None
@@ -132,7 +132,7 @@ class ModelPool:
 
     def __init__(
         self,
-        models: list[ModelConfig],
+        models: list[ServedModelConfig],
         *,
         loader: EngineLoader = load_engine,
         warmup: bool = True,
@@ -147,7 +147,7 @@ class ModelPool:
         self.error: str | None = None
 
     @property
-    def configs(self) -> list[ModelConfig]:
+    def configs(self) -> list[ServedModelConfig]:
         return list(self._configs)
 
     @property
@@ -280,7 +280,7 @@ class ModelPool:
         logger.info("engines stopped")
 
 
-def _golden(config: ModelConfig) -> GoldenSet | None:
+def _golden(config: ServedModelConfig) -> GoldenSet | None:
     """The model's golden set: the configured file (which must read), else the checkpoint's own
     if it has one, else None (not probed)."""
     path = golden_path(config.path, config.probes.golden)

@@ -89,20 +89,49 @@ def test_the_pin_check_catches_a_floating_base_image() -> None:
         test_base_images_behind_build_arguments_are_pinned("ARG IMAGE=python\nFROM ${IMAGE}\n")
 
 
-def test_runs_as_a_numeric_non_root_user_with_a_health_check() -> None:
-    steps = instructions(DOCKERFILE.read_text(encoding="utf-8"))
+def stages(text: str) -> dict[str, list[tuple[str, str]]]:
+    """Each named stage's instructions (its FROM first)."""
+    named: dict[str, list[tuple[str, str]]] = {}
+    current: list[tuple[str, str]] = []
+    for kind, args in instructions(text):
+        if kind == "FROM":
+            current = []
+            if " AS " in args.upper():
+                named[args.split()[-1]] = current
+        current.append((kind, args))
+    return named
+
+
+IMAGES = ("gateway", "node")  # the targets that are images (base-* stages are their foundations)
+
+
+@pytest.mark.parametrize("image", IMAGES)
+def test_runs_as_a_numeric_non_root_user_with_a_health_check(image: str) -> None:
+    steps = stages(DOCKERFILE.read_text(encoding="utf-8"))[image]
     users = [args for kind, args in steps if kind == "USER"]
     assert users and users[-1].isdigit() and int(users[-1]) > 0  # numeric: runAsNonRoot can check it
     (healthcheck,) = [args for kind, args in steps if kind == "HEALTHCHECK"]
     assert "MERIDIAN_HEALTH_URL" in healthcheck
 
 
-def test_the_image_contains_every_package_pyproject_installs() -> None:
+def test_the_gateway_image_installs_no_torch_and_the_node_image_the_node_extra() -> None:
+    images = stages(DOCKERFILE.read_text(encoding="utf-8"))
+    gateway_runs = " ".join(args for kind, args in images["gateway"] if kind == "RUN")
+    node_runs = " ".join(args for kind, args in images["node"] if kind == "RUN")
+    assert "pip install . " in gateway_runs
+    assert "torch" not in gateway_runs and "[node" not in gateway_runs
+    assert "[node]" in node_runs and "torch==" in node_runs
+    # The node image is the last stage: a plain `docker build` (compose, the README) builds it.
+    assert list(images)[-1] == "node"
+
+
+@pytest.mark.parametrize("image", IMAGES)
+def test_the_image_contains_every_package_pyproject_installs(image: str) -> None:
     pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     packages = {name.rstrip("*") for name in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]}
     copied = {
         args.split()[0]
-        for kind, args in instructions(DOCKERFILE.read_text(encoding="utf-8"))
+        for kind, args in stages(DOCKERFILE.read_text(encoding="utf-8"))[image]
         if kind == "COPY"
     }
     assert packages <= copied

@@ -56,16 +56,16 @@ def test_a_tenant_without_escalation_keeps_the_gateway_defaults(tmp_path: Path) 
         (
             "{threshold: low}",
             "tenants[0].escalation.threshold",
-            'expected a number (a mean log-probability, e.g. -2.5), got "low"',
+            "Expected `float | null`, got `str`",
         ),
-        ("{threshold: true}", "tenants[0].escalation.threshold", "got true"),
-        ("{threshold: .nan}", "tenants[0].escalation.threshold", "got NaN"),
-        ("{k_tokens: 0}", "tenants[0].escalation.k_tokens", "positive integer"),
-        ("{k_tokens: 1000}", "tenants[0].escalation.k_tokens", "at most 256"),
-        ("{window: 2.5}", "tenants[0].escalation.window", "positive integer"),
+        ("{threshold: true}", "tenants[0].escalation.threshold", "got `bool`"),
+        ("{threshold: .nan}", "tenants[0].escalation.threshold", "expected a finite number"),
+        ("{k_tokens: 0}", "tenants[0].escalation.k_tokens", "Expected `int` >= 1"),
+        ("{k_tokens: 1000}", "tenants[0].escalation.k_tokens", "Expected `int` <= 256"),
+        ("{window: 2.5}", "tenants[0].escalation.window", "Expected `int | null`, got `float`"),
         ("{k_tokens: 4, window: 8}", "tenants[0].escalation.window", "cannot exceed k_tokens (4)"),
         ("{treshold: -1}", "tenants[0].escalation.treshold", "did you mean 'threshold'"),
-        ("-2.5", "tenants[0].escalation", "expected a mapping"),
+        ("-2.5", "tenants[0].escalation", "Expected `object`, got `float`"),
     ],
 )
 def test_escalation_errors_name_the_field(tmp_path: Path, escalation: str, field: str, message: str) -> None:

@@ -86,10 +86,10 @@ providers:
 @pytest.mark.parametrize(
     ("change", "field", "typo"),
     [
-        (("quota: {}", "quota: {redis_ulr: redis://127.0.0.1:6379/0}"), "$.quota", "redis_ulr"),
+        (("quota: {}", "quota: {redis_ulr: redis://127.0.0.1:6379/0}"), "$.quota.redis_ulr", "did you mean 'redis_url'"),
         (("quota: {}", "quota: {timeout_ms: 0}"), "$.quota.timeout_ms", ">= 1"),
-        (("quota: {}", PROVIDER.replace("endpoints:", "endpoint:")), "$.providers", "endpoint"),
-        (("quota: {}", PROVIDER.replace("region:", "regoin:")), "$.providers.endpoints[0]", "regoin"),
+        (("quota: {}", PROVIDER.replace("endpoints:", "endpoint:")), "$.providers.endpoint", "did you mean 'endpoints'"),
+        (("quota: {}", PROVIDER.replace("region:", "regoin:")), "$.providers.endpoints[0].regoin", "did you mean 'region'"),
         (
             ("quota: {}", PROVIDER.replace("kind: openai", "kind: gemini")),
             "$.providers.endpoints[0].kind",
@@ -97,13 +97,13 @@ providers:
         ),
         (
             ("file: regions.yaml", "file: regions.yaml, poll_intervall_s: 1"),
-            "$.directory",
-            "poll_intervall_s",
+            "$.directory.poll_intervall_s",
+            "did you mean 'poll_interval_s'",
         ),
         (
             ("type: static, file: regions.yaml", "type: consul, datacentres: [eu]"),
-            "$.directory",
-            "datacentres",
+            "$.directory.datacentres",
+            "did you mean 'datacenters'",
         ),
         (("type: static, file: regions.yaml", "type: consul, wait_s: 900"), "$.directory.wait_s", "600"),
     ],

@@ -1,6 +1,8 @@
-"""The OpenAPI document at /openapi.json: served without a key, self-contained (every $ref
-resolves), covering every public route and nothing operator-only, and true to the live gateway:
-bodies its schemas accept are served, bodies they reject are 400s."""
+"""The OpenAPI document at /openapi.json: served without a key, a valid OpenAPI 3.1 document
+(openapi-spec-validator), self-contained (every $ref resolves), covering every public route and
+nothing operator-only, and true to the live gateway: bodies its schemas accept are served, bodies
+they reject are 400s, and schemathesis's generated requests get no server error and no answer
+outside the document."""
 
 from __future__ import annotations
 
@@ -12,10 +14,15 @@ from typing import Any
 
 import httpx
 import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
 from litestar.routes import HTTPRoute
+from openapi_spec_validator import validate
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import response_schema_conformance
 
 from gateway.app import create_app
-from tests.gateway.conftest import GLOBAL_KEY, RunningGateway, gateway_over, running_fleet
+from tests.gateway.conftest import GLOBAL_KEY, SMALL_KEY, RunningGateway, gateway_over, running_fleet
 
 OPERATOR_PATHS = {"/health", "/ready", "/metrics"}
 ERROR_STATUSES = ("400", "401", "403", "404", "408", "413", "429", "503")
@@ -128,6 +135,53 @@ def test_document_is_openapi_3_1_served_without_a_key(document: dict[str, Any]) 
         "title": "Meridian gateway",
         "version": version("meridian"),
     }
+
+
+def test_document_is_a_valid_openapi_3_1_document(document: dict[str, Any]) -> None:
+    validate(document)  # raises, naming the first violation
+
+
+def test_every_path_parameter_is_declared_as_a_required_string(document: dict[str, Any]) -> None:
+    templated = {path for path in document["paths"] if "{" in path}
+    assert len(templated) == 6
+    for path in templated:
+        names = set(re.findall(r"{(\w+)}", path))
+        for method, operation in document["paths"][path].items():
+            declared = {p["name"]: p for p in operation.get("parameters", ()) if p.get("in") == "path"}
+            assert set(declared) == names, (method, path)
+            assert all(p["required"] and p["schema"] == {"type": "string"} for p in declared.values())
+
+
+# Per operation; every operation of the document is fuzzed (19 today), so this bounds the test's
+# requests to a few hundred, all answered quickly: the small tenant's max_tokens is 32.
+FUZZ_EXAMPLES = 12
+
+
+def test_fuzzed_requests_get_no_server_error_and_only_documented_answers(
+    gw: RunningGateway, document: dict[str, Any]
+) -> None:
+    schema = schemathesis.openapi.from_dict(document)
+    checks = [not_a_server_error, response_schema_conformance]
+    fuzzed = 0
+    for result in schema.get_all_operations():
+        operation = result.ok()
+
+        @settings(
+            max_examples=FUZZ_EXAMPLES,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
+        @given(case=operation.as_strategy())
+        def fuzz(case: Any) -> None:
+            case.call_and_validate(
+                base_url=gw.url, headers={"authorization": f"Bearer {SMALL_KEY}"}, checks=checks, timeout=60
+            )
+
+        fuzz()
+        fuzzed += 1
+    assert fuzzed == sum(len(item) for item in document["paths"].values())
 
 
 def test_every_ref_resolves_within_the_document(document: dict[str, Any]) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gateway.ledger.event import UsageEvent
-from gateway.ledger.store.interface import LedgerStore
+from gateway.ledger.store import LedgerStore
 from gateway.ledger.store.postgres import PostgresLedger
 from gateway.ledger.store.sqlite import SqliteLedger
 

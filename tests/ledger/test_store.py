@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.ledger.store.interface import AggregateQuery, LedgerStore
+from gateway.ledger.store import AggregateQuery, LedgerStore
 from tests.ledger.conftest import DAY_MS, T0_MS, event
 
 HOUR_MS = 3_600_000

@@ -13,7 +13,7 @@ from redis.asyncio import Redis
 
 from gateway.ledger.event import decode_event, encode_event, encode_events
 from gateway.ledger.outbox import LocalOutbox
-from gateway.ledger.store.interface import AggregateQuery, LedgerStore
+from gateway.ledger.store import AggregateQuery, LedgerStore
 from gateway.ledger.store.sqlite import SqliteLedger
 from gateway.ledger.streams import RedisStreams
 from gateway.ledger.worker import LedgerWorker

@@ -9,21 +9,21 @@ from collections.abc import Callable
 
 from litestar.testing import AsyncTestClient
 
-from regional_node.server import ModelConfig, NodeConfig, create_app
+from regional_node.server import NodeConfig, ServedModelConfig, create_app
 from tests.node.fakes import FakeLLMEngine, FakeRunner
 
 COMPLETION = {"model": "fake", "prompt": [1, 2, 3], "max_tokens": 4}
 
 
 def _config() -> NodeConfig:
-    return NodeConfig(node_id="fake-node", models=[ModelConfig(name="fake", path="/nowhere")], warmup=False)
+    return NodeConfig(node_id="fake-node", models=[ServedModelConfig(name="fake", path="/nowhere")], warmup=False)
 
 
-def _app(script: str = "ok", loader: Callable[[ModelConfig], FakeLLMEngine] | None = None):  # type: ignore[no-untyped-def]
+def _app(script: str = "ok", loader: Callable[[ServedModelConfig], FakeLLMEngine] | None = None):  # type: ignore[no-untyped-def]
     runners: list[FakeRunner] = []
     load = loader or (lambda _: FakeLLMEngine())
 
-    def load_runner(config: ModelConfig) -> FakeRunner:
+    def load_runner(config: ServedModelConfig) -> FakeRunner:
         runners.append(FakeRunner(load(config), script))
         return runners[-1]
 
@@ -43,7 +43,7 @@ async def _wait_ready(client: AsyncTestClient, status: int = 200) -> dict:
 async def test_health_answers_and_ready_is_503_while_models_load() -> None:
     release = threading.Event()
 
-    def slow_loader(_: ModelConfig) -> FakeLLMEngine:
+    def slow_loader(_: ServedModelConfig) -> FakeLLMEngine:
         release.wait(10)
         return FakeLLMEngine()
 
@@ -59,7 +59,7 @@ async def test_health_answers_and_ready_is_503_while_models_load() -> None:
 
 
 async def test_failed_load_keeps_ready_503_with_the_reason() -> None:
-    def broken_loader(_: ModelConfig) -> FakeLLMEngine:
+    def broken_loader(_: ServedModelConfig) -> FakeLLMEngine:
         raise RuntimeError("weights are corrupt")
 
     app, _ = _app(loader=broken_loader)

@@ -13,7 +13,7 @@ from protocol import ServiceUnavailableError
 from regional_node.probes import GOLDEN_FILE
 from regional_node.probes.certify import certify
 from regional_node.probes.golden import write_golden
-from regional_node.server.config import ModelConfig, ProbeSettings
+from regional_node.server.config import ProbeSettings, ServedModelConfig
 from regional_node.server.pool import ModelPool
 from tests.support.checkpoints import make_checkpoint
 
@@ -29,7 +29,7 @@ def certified(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 async def _loaded(path: Path, max_share: float = 0.01) -> ModelPool:
     probes = ProbeSettings(interval_s=3600, max_share=max_share)
-    pool = ModelPool([ModelConfig(name="m", path=str(path), version="v1", probes=probes)], warmup=False)
+    pool = ModelPool([ServedModelConfig(name="m", path=str(path), version="v1", probes=probes)], warmup=False)
     await pool.load()
     return pool
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.policy import PolicyError, hash_api_key, load_policy_dir, load_policy_file
+from gateway.policy.schema import parse_document
 from router import Residency, TenantLimits
 
 KEY = hash_api_key("sk-test")
@@ -87,15 +90,15 @@ def tenant_with(field_yaml: str) -> str:
         (
             tenant_with("    limits: {tokens_per_minute: lots}\n"),
             "tenants[0].limits.tokens_per_minute",
-            'expected a positive integer (or null for no limit), got "lots"',
+            "Expected `int | null`, got `str`",
         ),
         (
             tenant_with("    limits: {requests_per_minute: 0}\n"),
             "tenants[0].limits.requests_per_minute",
-            "got 0",
+            "Expected `int` >= 1",
         ),
-        (tenant_with("    limits: {max_tokens: 1.5}\n"), "tenants[0].limits.max_tokens", "got 1.5"),
-        (tenant_with("    limits: {daily_tokens: true}\n"), "tenants[0].limits.daily_tokens", "got true"),
+        (tenant_with("    limits: {max_tokens: 1.5}\n"), "tenants[0].limits.max_tokens", "got `float`"),
+        (tenant_with("    limits: {daily_tokens: true}\n"), "tenants[0].limits.daily_tokens", "got `bool`"),
         (
             tenant_with("    limits: {max_tokens: 2048, context_tokens: 1024}\n"),
             "tenants[0].limits.max_tokens",
@@ -111,17 +114,37 @@ def tenant_with(field_yaml: str) -> str:
             "tenants[0].residancy",
             "did you mean 'residency'",
         ),
-        (tenant_with("    residency: {jurisdictions: eu}\n"), "tenants[0].residency.jurisdictions", "a list"),
-        (tenant_with("    residency: {regions: [eu-west, 3]}\n"), "tenants[0].residency.regions[1]", "got 3"),
-        (tenant_with("    tier: realtime\n"), "tenants[0].tier", 'interactive, batch, got "realtime"'),
-        (tenant_with("    fail_mode: maybe\n"), "tenants[0].fail_mode", "open, closed"),
-        (tenant_with("    prefix_cache: private\n"), "tenants[0].prefix_cache", "shared, isolated"),
-        (tenant_with('    allow_commercial: "true"\n'), "tenants[0].allow_commercial", "true or false"),
-        (tenant_with("    trace_content: yes please\n"), "tenants[0].trace_content", "true or false"),
-        (tenant_with("    models: all\n"), "tenants[0].models", '"*"'),
-        (tenant_with("    models: [meridian-small, '']\n"), "tenants[0].models[1]", "non-empty string"),
-        ("tenants:\n  - api_keys: []\n", "tenants[0].id", "missing required field"),
-        ("tenants:\n  - id: acme\n", "tenants[0].api_keys", "missing required field"),
+        (
+            tenant_with("    residency: {jurisdictions: eu}\n"),
+            "tenants[0].residency.jurisdictions",
+            "Expected `array`",
+        ),
+        (
+            tenant_with("    residency: {regions: [eu-west, 3]}\n"),
+            "tenants[0].residency.regions[1]",
+            "Expected `str`, got `int`",
+        ),
+        (tenant_with("    tier: realtime\n"), "tenants[0].tier", "Invalid enum value 'realtime'"),
+        (tenant_with("    fail_mode: maybe\n"), "tenants[0].fail_mode", "Invalid enum value 'maybe'"),
+        (
+            tenant_with("    prefix_cache: private\n"),
+            "tenants[0].prefix_cache",
+            "Invalid enum value 'private'",
+        ),
+        (
+            tenant_with('    allow_commercial: "true"\n'),
+            "tenants[0].allow_commercial",
+            "Expected `bool`, got `str`",
+        ),
+        (
+            tenant_with("    trace_content: yes please\n"),
+            "tenants[0].trace_content",
+            "Expected `bool`, got `str`",
+        ),
+        (tenant_with("    models: all\n"), "tenants[0].models", "Invalid enum value 'all'"),
+        (tenant_with("    models: [meridian-small, '']\n"), "tenants[0].models[1]", "length >= 1"),
+        ("tenants:\n  - api_keys: []\n", "tenants[0].id", "required field is missing"),
+        ("tenants:\n  - id: acme\n", "tenants[0].api_keys", "required field is missing"),
         ('tenants:\n  - id: "a{b}"\n    api_keys: []\n', "tenants[0].id", "letters, digits"),
         (
             "tenants:\n  - id: acme\n    api_keys: [sk-live-plaintext]\n",
@@ -129,9 +152,13 @@ def tenant_with(field_yaml: str) -> str:
             "never the key",
         ),
         ("tenants:\n  - id: acme\n    api_keys: ['sha256:abc']\n", "tenants[0].api_keys[0]", "64 hex digits"),
-        ("tenants:\n  - id: acme\n    api_keys: 'sha256:abc'\n", "tenants[0].api_keys", "a list"),
-        ("tenants: {id: acme}\n", "tenants", "a list of tenants"),
-        ("tenants:\n  - just-a-string\n", "tenants[0]", "expected a mapping"),
+        (
+            "tenants:\n  - id: acme\n    api_keys: 'sha256:abc'\n",
+            "tenants[0].api_keys",
+            "Expected `array`, got `str`",
+        ),
+        ("tenants: {id: acme}\n", "tenants", "Expected `array`, got `object`"),
+        ("tenants:\n  - just-a-string\n", "tenants[0]", "Expected `object`, got `str`"),
         ("tenant: []\n", "tenant", "did you mean 'tenants'"),
         ("", "", "the file is empty"),
         ("tenants: [\n", "", "invalid YAML at line 2"),
@@ -158,6 +185,25 @@ def test_a_plaintext_key_is_never_echoed_in_the_error(tmp_path: Path) -> None:
     assert "supersecret" not in str(caught.value)
 
 
+# Anything that is not a key hash, in any position of the list and beside valid hashes.
+_NOT_A_HASH = st.text(min_size=6).filter(lambda text: not text.startswith("sha256:"))
+
+
+def _api_keys_error(keys: list[str]) -> PolicyError:
+    with pytest.raises(PolicyError) as caught:
+        parse_document({"tenants": [{"id": "acme", "api_keys": keys}]}, "eu.yaml")
+    return caught.value
+
+
+@settings(max_examples=200, deadline=None)
+@given(secret=_NOT_A_HASH, before=st.integers(0, 2))
+def test_no_value_in_api_keys_is_ever_echoed(secret: str, before: int) -> None:
+    # The error is the same whatever the value was: nothing of it can leak into a log.
+    error = _api_keys_error([KEY] * before + [secret])
+    assert error.field == f"tenants[0].api_keys[{before}]"
+    assert str(error) == str(_api_keys_error([KEY] * before + ["<not a hash>"]))
+
+
 def test_the_spec_example_error_reads_as_documented(tmp_path: Path) -> None:
     write(tmp_path, "eu.yaml", tenant_with("    limits: {tokens_per_minute: lots}\n"))
 
@@ -165,8 +211,7 @@ def test_the_spec_example_error_reads_as_documented(tmp_path: Path) -> None:
         load_policy_dir(tmp_path)
 
     assert str(caught.value) == (
-        f"{tmp_path}/eu.yaml: tenants[0].limits.tokens_per_minute: "
-        'expected a positive integer (or null for no limit), got "lots"'
+        f"{tmp_path}/eu.yaml: tenants[0].limits.tokens_per_minute: Expected `int | null`, got `str`"
     )
 
 

@@ -1,6 +1,6 @@
 """Where batch state lives: files, batches, lines and their leases."""
 
-from gateway.batches.store.interface import BatchStore
+from gateway.batches.store.operations import BatchStore
 from gateway.batches.store.postgres import PostgresBatchStore
 from gateway.batches.store.sqlite import SqliteBatchStore
 

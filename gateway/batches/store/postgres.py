@@ -8,12 +8,12 @@ the same line: the second takes the next lines in turn.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from gateway.batches.errors import BatchStoreUnavailable
-from gateway.batches.store.operations import Operation, Reply, SqlBatchStore
+from gateway.batches.store.operations import BatchStore
 from gateway.batches.store.sql import Dialect, schema
+from gateway.ledger.store.operation import Operation
 from gateway.ledger.store.pool import PostgresPool
 
 T = TypeVar("T")
@@ -35,7 +35,7 @@ DIALECT = Dialect(
 )
 
 
-class PostgresBatchStore(SqlBatchStore):
+class PostgresBatchStore(BatchStore):
     name = "postgres"
     dialect = DIALECT
 
@@ -58,25 +58,9 @@ class PostgresBatchStore(SqlBatchStore):
     async def _run(self, operation: Operation[T], *, transaction: bool = False) -> T:
         import psycopg
 
-        async with self._pool.connection() as conn:
-            try:
-                async with conn.transaction() if transaction else nullcontext(), conn.cursor() as cursor:
-                    return await _drive(cursor, operation)
-            except (psycopg.OperationalError, psycopg.InterfaceError):
-                raise  # the pool replaces the connection and raises BatchStoreUnavailable
-            except psycopg.Error as exc:
-                raise BatchStoreUnavailable(f"postgres: {type(exc).__name__}: {exc}") from exc
-
-
-async def _drive(cursor: Any, operation: Operation[T]) -> T:
-    try:
-        statement = next(operation)
-        while True:
-            if statement.many:
-                await cursor.executemany(statement.sql, statement.params)
-            else:
-                await cursor.execute(statement.sql, statement.params)
-            rows = await cursor.fetchall() if statement.fetch else []
-            statement = operation.send(Reply(rows, cursor.rowcount))
-    except StopIteration as done:
-        return done.value
+        try:
+            return await self._pool.run_operation(operation, transaction=transaction)
+        except (psycopg.OperationalError, psycopg.InterfaceError):
+            raise  # the pool replaces the connection and raises BatchStoreUnavailable
+        except psycopg.Error as exc:
+            raise BatchStoreUnavailable(f"postgres: {type(exc).__name__}: {exc}") from exc

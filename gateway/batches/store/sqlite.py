@@ -10,14 +10,14 @@ tenant's enqueued lines and the insert that follows it, is never interleaved wit
 from __future__ import annotations
 
 import sqlite3
-from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from gateway.batches.errors import BatchStoreUnavailable
-from gateway.batches.store.operations import Operation, Reply, SqlBatchStore
+from gateway.batches.store.operations import BatchStore
 from gateway.batches.store.sql import Dialect, schema
-from gateway.ledger.store.sqlite_file import SqliteFile, write_transaction
+from gateway.ledger.store.operation import Operation
+from gateway.ledger.store.sqlite_file import SqliteFile
 
 T = TypeVar("T")
 
@@ -29,7 +29,7 @@ DIALECT = Dialect(
 )
 
 
-class SqliteBatchStore(SqlBatchStore):
+class SqliteBatchStore(BatchStore):
     name = "sqlite"
     dialect = DIALECT
 
@@ -40,10 +40,10 @@ class SqliteBatchStore(SqlBatchStore):
         self.path = self._file.path
 
     async def _run(self, operation: Operation[T], *, transaction: bool = False) -> T:
-        return await self._file.run(lambda db: _drive(db, operation, transaction))
+        return await self._file.run_operation(operation, transaction=transaction)
 
     async def start(self) -> None:
-        await self._run(_nothing())
+        await self._file.run(lambda db: None)  # opening the connection creates the tables
 
     async def close(self) -> None:
         await self._file.close()
@@ -52,25 +52,3 @@ class SqliteBatchStore(SqlBatchStore):
 def _prepare(db: sqlite3.Connection) -> None:
     for statement in schema(DIALECT):
         db.execute(statement)
-
-
-def _nothing() -> Operation[None]:
-    return
-    yield  # a generator that runs no statement: opening the connection creates the tables
-
-
-def _drive(db: sqlite3.Connection, operation: Operation[T], transaction: bool) -> T:
-    with write_transaction(db) if transaction else nullcontext():
-        try:
-            statement = next(operation)
-            while True:
-                query = statement.sql.replace("%s", "?")
-                cursor: Any = (
-                    db.executemany(query, statement.params)
-                    if statement.many
-                    else db.execute(query, statement.params)
-                )
-                rows = cursor.fetchall() if statement.fetch else []
-                statement = operation.send(Reply(rows, cursor.rowcount))
-        except StopIteration as done:
-            return done.value

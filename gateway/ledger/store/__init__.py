@@ -1,6 +1,7 @@
 """The ledger store: raw usage events and minute/hour/day rollups, in SQLite or PostgreSQL."""
 
-from gateway.ledger.store.interface import AggregateQuery, AggregateRow, LedgerStore
+from gateway.ledger.store.interface import AggregateQuery, AggregateRow
+from gateway.ledger.store.operations import LedgerStore
 from gateway.ledger.store.postgres import PostgresLedger
 from gateway.ledger.store.sqlite import SqliteLedger
 

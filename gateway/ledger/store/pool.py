@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
-from typing import Any
+from contextlib import asynccontextmanager, nullcontext
+from typing import Any, TypeVar
+
+from gateway.ledger.store.operation import Operation, Reply
+
+T = TypeVar("T")
 
 
 class PostgresPool:
@@ -88,6 +92,23 @@ class PostgresPool:
                 await self._replace(conn)
             else:
                 self._idle.put_nowait(conn)
+
+    async def run_operation(self, operation: Operation[T], *, transaction: bool = False) -> T:
+        """Runs a store's operation (gateway/ledger/store/operation.py) on one connection, in a
+        transaction if asked."""
+        async with self.connection() as conn:
+            async with conn.transaction() if transaction else nullcontext(), conn.cursor() as cursor:
+                try:
+                    statement = next(operation)
+                    while True:
+                        if statement.many:
+                            await cursor.executemany(statement.sql, statement.params)
+                        else:
+                            await cursor.execute(statement.sql, statement.params)
+                        rows = await cursor.fetchall() if statement.fetch else []
+                        statement = operation.send(Reply(rows, cursor.rowcount))
+                except StopIteration as done:
+                    return done.value  # type: ignore[no-any-return]
 
     async def _replace(self, conn: Any) -> None:
         import psycopg

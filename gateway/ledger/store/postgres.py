@@ -1,4 +1,5 @@
-"""The production ledger store: PostgreSQL through psycopg 3 (async).
+"""The production ledger store: PostgreSQL through psycopg 3 (async), running the operations of
+gateway/ledger/store/operations.py.
 
 A batch is two statements in one transaction: the events inserted from arrays (`unnest`, one round
 trip however many) with ON CONFLICT DO NOTHING RETURNING the request ids that were new, then the
@@ -8,13 +9,15 @@ counted twice, and a crash between the two statements rolls back both.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import TypeVar
 
 from gateway.ledger.errors import LedgerUnavailable
-from gateway.ledger.event import UsageEvent
 from gateway.ledger.store import sql
-from gateway.ledger.store.interface import AggregateQuery, AggregateRow
+from gateway.ledger.store.operation import Operation
+from gateway.ledger.store.operations import LedgerStore
 from gateway.ledger.store.pool import PostgresPool
+
+T = TypeVar("T")
 
 _PG_TYPES = {
     "request_id": "text", "ts_ms": "bigint", "tenant_id": "text", "api_key_id": "text",
@@ -45,12 +48,10 @@ UPSERT_ROLLUPS = (
 )
 
 
-def _columns(rows: Sequence[Sequence[object]], width: int) -> list[list[object]]:
-    return [[row[i] for row in rows] for i in range(width)]
-
-
-class PostgresLedger:
+class PostgresLedger(LedgerStore):
     name = "postgres"
+    insert_events = INSERT_EVENTS
+    upsert_rollups = UPSERT_ROLLUPS
 
     def __init__(self, dsn: str, *, pool_size: int = 4, timeout_s: float = 5.0) -> None:
         self._pool = PostgresPool(
@@ -64,47 +65,12 @@ class PostgresLedger:
             unavailable=LedgerUnavailable,
         )
 
+    async def _run(self, operation: Operation[T], *, transaction: bool = False) -> T:
+        return await self._pool.run_operation(operation, transaction=transaction)
+
     async def start(self) -> None:
         async with self._pool.connection():
             pass  # opening the pool creates the schema
-
-    async def commit(self, events: Sequence[UsageEvent]) -> int:
-        unique = sql.unique_by_request(events)
-        if not unique:
-            return 0
-        rows = [sql.event_row(e) for e in unique]
-        async with self._pool.connection() as conn, conn.transaction():
-            cursor = await conn.execute(INSERT_EVENTS, _columns(rows, len(sql.EVENT_COLUMNS)))
-            inserted = {r[0] for r in await cursor.fetchall()}
-            new = [e for e in unique if e.request_id in inserted]
-            if new:
-                deltas = sql.rollup_rows(new)
-                await conn.execute(UPSERT_ROLLUPS, _columns(deltas, len(sql.ROLLUP_COLUMNS)))
-        return len(new)
-
-    async def aggregate(self, query: AggregateQuery) -> list[AggregateRow]:
-        statement, params = sql.aggregate_sql(query)
-        async with self._pool.connection() as conn:
-            cursor = await conn.execute(statement, params)
-            rows = await cursor.fetchall()
-        return sql.aggregate_rows(query, rows)
-
-    async def events(
-        self, start_ms: int, end_ms: int, tenant_id: str | None, *, after: tuple[int, str] | None, limit: int
-    ) -> list[UsageEvent]:
-        statement, params = sql.events_sql(start_ms, end_ms, tenant_id, after, limit)
-        async with self._pool.connection() as conn:
-            cursor = await conn.execute(statement, params)
-            rows = await cursor.fetchall()
-        return [sql.row_event(row) for row in rows]
-
-    async def purge(self, before_ms: int) -> int:
-        deleted = 0
-        async with self._pool.connection() as conn, conn.transaction():
-            for statement in sql.PURGE:
-                cursor = await conn.execute(statement, (before_ms,))
-                deleted += cursor.rowcount
-        return deleted
 
     async def close(self) -> None:
         await self._pool.close()

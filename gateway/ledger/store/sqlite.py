@@ -5,22 +5,19 @@ writes; several gateway processes may share the file)."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 from gateway.ledger.errors import LedgerUnavailable
-from gateway.ledger.event import UsageEvent
 from gateway.ledger.store import sql
-from gateway.ledger.store.interface import AggregateQuery, AggregateRow
-from gateway.ledger.store.sqlite_file import SqliteFile, write_transaction
+from gateway.ledger.store.operation import Operation
+from gateway.ledger.store.operations import LedgerStore
+from gateway.ledger.store.sqlite_file import SqliteFile
+
+T = TypeVar("T")
 
 
-def _q(statement: str) -> str:
-    return statement.replace("%s", "?")
-
-
-class SqliteLedger:
+class SqliteLedger(LedgerStore):
     name = "sqlite"
 
     def __init__(self, path: str | Path, *, busy_timeout_s: float = 10.0) -> None:
@@ -29,39 +26,11 @@ class SqliteLedger:
         )
         self.path = self._file.path
 
-    async def _run(self, call: Any, *args: Any) -> Any:
-        return await self._file.run(lambda db: call(db, *args))
+    async def _run(self, operation: Operation[T], *, transaction: bool = False) -> T:
+        return await self._file.run_operation(operation, transaction=transaction)
 
     async def start(self) -> None:
-        await self._run(lambda db: None)
-
-    async def commit(self, events: Sequence[UsageEvent]) -> int:
-        unique = sql.unique_by_request(events)
-        if not unique:
-            return 0
-        return int(await self._run(_commit, unique))
-
-    async def aggregate(self, query: AggregateQuery) -> list[AggregateRow]:
-        statement, params = sql.aggregate_sql(query)
-        rows = await self._run(lambda db: db.execute(_q(statement), params).fetchall())
-        return sql.aggregate_rows(query, rows)
-
-    async def events(
-        self, start_ms: int, end_ms: int, tenant_id: str | None, *, after: tuple[int, str] | None, limit: int
-    ) -> list[UsageEvent]:
-        statement, params = sql.events_sql(start_ms, end_ms, tenant_id, after, limit)
-        rows = await self._run(lambda db: db.execute(_q(statement), params).fetchall())
-        return [sql.row_event(row) for row in rows]
-
-    async def purge(self, before_ms: int) -> int:
-        def purge(db: sqlite3.Connection) -> int:
-            deleted = 0
-            with write_transaction(db):
-                for statement in sql.PURGE:
-                    deleted += db.execute(_q(statement), (before_ms,)).rowcount
-            return deleted
-
-        return int(await self._run(purge))
+        await self._file.run(lambda db: None)  # opening the connection creates the schema
 
     async def close(self) -> None:
         await self._file.close()
@@ -79,12 +48,3 @@ def _prepare(db: sqlite3.Connection) -> None:
             except sqlite3.OperationalError as exc:
                 if "duplicate column" not in str(exc):  # another process added it first
                     raise
-
-
-def _commit(db: sqlite3.Connection, events: list[UsageEvent]) -> int:
-    insert = _q(sql.INSERT_EVENT)
-    with write_transaction(db):
-        new = [e for e in events if db.execute(insert, sql.event_row(e)).rowcount == 1]
-        if new:
-            db.executemany(_q(sql.UPSERT_ROLLUP), sql.rollup_rows(new))
-    return len(new)

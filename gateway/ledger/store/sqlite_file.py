@@ -13,8 +13,11 @@ import asyncio
 import sqlite3
 import threading
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
+
+from gateway.ledger.store.operation import Operation, Reply
 
 T = TypeVar("T")
 
@@ -48,6 +51,12 @@ class SqliteFile:
                     raise self._unavailable(f"sqlite {self.path}: {exc}") from exc
 
         return await asyncio.to_thread(locked)
+
+    async def run_operation(self, operation: Operation[T], *, transaction: bool = False) -> T:
+        """Runs a store's operation (gateway/ledger/store/operation.py) in the connection's thread,
+        in a write transaction if asked: it holds the whole database, so a read and the write that
+        follows it are never interleaved with another writer's."""
+        return await self.run(lambda db: _drive(db, operation, transaction))
 
     def _open(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -85,3 +94,20 @@ class write_transaction:
 
     def __exit__(self, exc_type: object, *_: object) -> None:
         self._db.execute("ROLLBACK" if exc_type is not None else "COMMIT")
+
+
+def _drive(db: sqlite3.Connection, operation: Operation[T], transaction: bool) -> T:
+    with write_transaction(db) if transaction else nullcontext():
+        try:
+            statement = next(operation)
+            while True:
+                query = statement.sql.replace("%s", "?")
+                cursor: Any = (
+                    db.executemany(query, statement.params)
+                    if statement.many
+                    else db.execute(query, statement.params)
+                )
+                rows = cursor.fetchall() if statement.fetch else []
+                statement = operation.send(Reply(rows, cursor.rowcount))
+        except StopIteration as done:
+            return done.value

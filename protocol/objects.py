@@ -1,0 +1,230 @@
+"""The gateway's answers beyond the generation structs of `protocol.openai` and `protocol.anthropic`:
+errors, Anthropic's message, the Responses, Files and Batches objects and the quota report, as
+typed structs. The OpenAPI document's schemas are generated from them (gateway/api/openapi.py),
+and tests/gateway/test_openapi.py fuzzes the live gateway against that document, so a body the
+gateway builds that strays from its struct is found there.
+
+A field without a default is required; `X | None` without a default is a required field that may
+be null (OpenAI's objects name every field, null or not).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+BatchStatus = Literal[
+    "validating", "in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled"
+]
+
+
+class Error(msgspec.Struct, kw_only=True):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(msgspec.Struct, kw_only=True):
+    """Every OpenAI-shaped error: the HTTP status says which."""
+
+    error: Error
+
+
+class AnthropicErrorDetail(msgspec.Struct, kw_only=True):
+    type: str
+    message: str
+
+
+class AnthropicError(msgspec.Struct, kw_only=True):
+    type: Literal["error"]
+    error: AnthropicErrorDetail
+
+
+class AnthropicTextBlock(msgspec.Struct, kw_only=True):
+    type: Literal["text"]
+    text: str
+
+
+class AnthropicUsage(msgspec.Struct, kw_only=True):
+    input_tokens: int
+    output_tokens: int
+    cache_read_input_tokens: int
+    cache_creation_input_tokens: int
+
+
+class AnthropicMessage(msgspec.Struct, kw_only=True):
+    id: str
+    type: Literal["message"]
+    role: Literal["assistant"]
+    model: str
+    content: list[AnthropicTextBlock]
+    stop_reason: Annotated[str | None, msgspec.Meta(description="end_turn, max_tokens, stop_sequence, ...")]
+    stop_sequence: str | None
+    usage: AnthropicUsage
+
+
+class ResponsesRequest(msgspec.Struct, kw_only=True):
+    """The Responses API's text subset (gateway/README.md)."""
+
+    model: str
+    input: Annotated[
+        Any, msgspec.Meta(description="A string, or messages with string or input_text content.")
+    ]
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    stream: bool | None = None
+    background: bool | None = None
+
+
+class ResponseObject(msgspec.Struct, kw_only=True):
+    """A Responses API response (its `output` items as OpenAI shapes them)."""
+
+    id: str
+    object: Literal["response"]
+    status: str
+    model: str
+    output: list[dict[str, Any]]
+    usage: dict[str, Any] | None
+
+
+class ResponseDeleted(msgspec.Struct, kw_only=True):
+    id: str
+    object: Literal["response"]
+    deleted: bool
+
+
+class FileUpload(msgspec.Struct, kw_only=True):
+    """The multipart form of an upload: the JSONL file and `purpose: batch`."""
+
+    file: Annotated[str, msgspec.Meta(extra_json_schema={"contentMediaType": "application/octet-stream"})]
+    purpose: Literal["batch"]
+
+
+class FileObject(msgspec.Struct, kw_only=True):
+    id: str
+    object: Literal["file"]
+    bytes: int
+    created_at: int
+    filename: str
+    purpose: Literal["batch", "batch_output"]
+    status: Literal["processed"]
+    expires_at: int | None
+    status_details: str | None
+
+
+class FileDeleted(msgspec.Struct, kw_only=True):
+    id: str
+    object: Literal["file"]
+    deleted: bool
+
+
+class CreateBatch(msgspec.Struct, kw_only=True):
+    input_file_id: str
+    endpoint: Literal["/v1/chat/completions", "/v1/completions"]
+    completion_window: Literal["24h"]
+    metadata: dict[str, str] | None = None
+    callback_url: Annotated[
+        str | None, msgspec.Meta(description="Meridian extension: POSTed the batch when it ends.")
+    ] = None
+
+
+class BatchErrors(msgspec.Struct, kw_only=True):
+    """Why a `failed` batch failed: each entry has code, message, param and line."""
+
+    object: Literal["list"]
+    data: list[dict[str, Any]]
+
+
+class RequestCounts(msgspec.Struct, kw_only=True):
+    total: int
+    completed: int
+    failed: int
+
+
+class InputTokensDetails(msgspec.Struct, kw_only=True):
+    cached_tokens: int
+
+
+class OutputTokensDetails(msgspec.Struct, kw_only=True):
+    reasoning_tokens: int
+
+
+class BatchUsage(msgspec.Struct, kw_only=True):
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails
+    total_tokens: int
+
+
+class Batch(msgspec.Struct, kw_only=True):
+    id: str
+    object: Literal["batch"]
+    endpoint: str
+    errors: BatchErrors | None
+    input_file_id: str
+    completion_window: Literal["24h"]
+    status: BatchStatus
+    output_file_id: str | None
+    error_file_id: str | None
+    created_at: int
+    expires_at: int | None
+    in_progress_at: int | None
+    finalizing_at: int | None
+    completed_at: int | None
+    failed_at: int | None
+    expired_at: int | None
+    cancelling_at: int | None
+    cancelled_at: int | None
+    request_counts: RequestCounts
+    metadata: dict[str, Any] | None
+    usage: BatchUsage
+
+
+class BatchList(msgspec.Struct, kw_only=True):
+    object: Literal["list"]
+    data: list[Batch]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class LedgerPage(msgspec.Struct, kw_only=True):
+    """/v1/usage and /v1/costs in OpenAI's organization shape: time buckets, each with its results.
+    (/v1/usage?date=YYYY-MM-DD answers one day's totals instead.)"""
+
+    object: Literal["page"]
+    data: list[dict[str, Any]]
+    has_more: bool
+    next_page: str | None
+
+
+Limit = Annotated[int | None, msgspec.Meta(description="null: no limit")]
+
+
+class Window(msgspec.Struct, kw_only=True):
+    limit: Limit
+    used: int
+    remaining: Limit
+    reset: str
+
+
+class ConcurrencyWindow(msgspec.Struct, kw_only=True):
+    limit: Limit
+    in_use: int
+    remaining: Limit
+
+
+class QuotaUsage(msgspec.Struct, kw_only=True):
+    object: Literal["quota.usage"]
+    tenant: str
+    source: Annotated[
+        Literal["redis", "memory", "local"], msgspec.Meta(description="local: this replica's share")
+    ]
+    window_seconds: int
+    requests: Window
+    tokens: Window
+    concurrent_requests: ConcurrencyWindow
+    daily_tokens: Window
