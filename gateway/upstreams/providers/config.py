@@ -33,6 +33,7 @@ from urllib.parse import urlparse
 
 import msgspec
 
+from gateway.config_reader import Section
 from gateway.health import BreakerConfig, Cooldown, RollingWindow
 
 ProviderKind = Literal["openai", "anthropic"]
@@ -43,11 +44,7 @@ class ProviderConfigError(Exception):
     """A provider's API key variable is unset; the message names the source and the field."""
 
 
-class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """Unknown keys are errors, so a typo fails at start-up instead of being ignored."""
-
-
-class ProviderTimeouts(_Section):
+class ProviderTimeouts(Section):
     connect_s: float = 3.0  # TCP + TLS connect
     first_byte_s: float = 60.0  # request sent -> response headers (a whole answer, unstreamed)
     idle_s: float = 30.0  # the longest silence between two stream events or body reads
@@ -58,7 +55,7 @@ class ProviderTimeouts(_Section):
                 raise ValueError(f"{name}: must be positive")
 
 
-class BreakerSettings(_Section):
+class BreakerSettings(Section):
     failure_rate: float = 0.5
     min_calls: int = 5
     window_s: float = 30.0
@@ -82,7 +79,7 @@ class BreakerSettings(_Section):
         )
 
 
-class ProviderEntry(_Section):
+class ProviderEntry(Section):
     id: str
     kind: ProviderKind
     base_url: str
@@ -114,7 +111,7 @@ class ProviderEntry(_Section):
             raise ValueError("default_max_tokens: must be at least 1")
 
 
-class ProvidersConfig(_Section):
+class ProvidersConfig(Section):
     endpoints: list[ProviderEntry] = msgspec.field(default_factory=list)
     # Share breaker openings across replicas through this Redis (default: the quota's Redis).
     redis_url: str | None = None
