@@ -139,7 +139,10 @@ class _Both:
 
     def __init__(self, calls: Sequence[Any]) -> None:
         self._calls = calls
-        self.wants_text = any(call.wants_text for call in calls)
+
+    @property
+    def wants_text(self) -> bool:  # asked each time: a tracer knows only once the call is planned
+        return any(getattr(call, "wants_text", False) for call in self._calls)
 
     def note(self, **attributes: Any) -> None:
         for call in self._calls:
@@ -169,7 +172,7 @@ class _Both:
 
     def answered_text(self, text: str) -> None:
         for call in self._calls:
-            if call.wants_text:
+            if getattr(call, "wants_text", False):
                 call.answered_text(text)
 
     def ended(self, ended: Ended) -> None:

@@ -121,7 +121,7 @@ class RequestPipeline:
         # Charged only for what was served: a request that failed on every target, or whose input
         # the classifier blocked, gets its tokens back (the request still counts against requests/min).
         served_tokens = 0
-        answered = False
+        answered = returned = False
         usage: Usage | None = None
         try:
             targets = self._route(ctx, plan, ctx.observed)
@@ -151,7 +151,7 @@ class RequestPipeline:
             ctx.finish_reasons = [c.finish_reason for c in result.choices if c.finish_reason]
             if ctx.observed.wants_text:
                 ctx.observed.answered_text("".join(c.content() for c in result.choices))
-            self.record(ctx, "200", stream=False)
+            returned = True
             return result
         except UpstreamsExhausted as exc:
             self._refused_by_upstreams(ctx, exc)
@@ -163,6 +163,8 @@ class RequestPipeline:
             fallback = (plan.prompt_tokens_estimate, 0) if answered and usage is None else (0, 0)
             event = self._usage_event(ctx, plan, usage, status, fallback=fallback, stream=False)
             await self._settle(ctx, admission, served_tokens or _wasted(ctx), event)
+            if returned:  # a failure is recorded with its status where it is answered
+                self.record(ctx, "200", stream=False)
 
     async def stream(
         self, ctx: CallContext, endpoint: Endpoint, request: ParsedRequest, body: dict[str, Any]

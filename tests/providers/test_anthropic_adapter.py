@@ -9,6 +9,7 @@ import pytest
 
 from gateway.upstreams.providers import AnthropicAdapter, ProviderEntry, ProviderError
 from tests.providers.conftest import provider_entry
+from tests.support.chunks import as_wire
 from tests.support.fake_providers import FakeProvider, Fault
 
 CHAT = {
@@ -46,7 +47,7 @@ async def test_request_is_a_messages_request_with_key_and_version(
 async def test_complete_translates_the_answer(
     adapter: AnthropicAdapter, fake_anthropic: FakeProvider
 ) -> None:
-    result = await adapter.complete("chat", {**CHAT, "max_tokens": 3}, {})
+    result = as_wire(await adapter.complete("chat", {**CHAT, "max_tokens": 3}, {}))
     choice = result["choices"][0]
     assert choice["message"]["content"] == "Hello from the"
     assert choice["finish_reason"] == "length"
@@ -58,7 +59,7 @@ async def test_complete_translates_the_answer(
 
 
 async def test_stop_sequence_maps_to_stop(adapter: AnthropicAdapter) -> None:
-    result = await adapter.complete("chat", {**CHAT, "stop": ["provider"]}, {})
+    result = as_wire(await adapter.complete("chat", {**CHAT, "stop": ["provider"]}, {}))
     assert result["choices"][0]["finish_reason"] == "stop"
     assert result["choices"][0]["message"]["content"] == "Hello from the fake"
 
@@ -66,7 +67,7 @@ async def test_stop_sequence_maps_to_stop(adapter: AnthropicAdapter) -> None:
 async def test_stream_becomes_openai_chunks(adapter: AnthropicAdapter, fake_anthropic: FakeProvider) -> None:
     body = {**CHAT, "stream_options": {"include_usage": True}}
     async with adapter.stream("chat", body, {}) as chunks:
-        items = [chunk async for chunk in chunks]
+        items = [as_wire(chunk) async for chunk in chunks]
     assert fake_anthropic.requests[-1].body["stream"] is True
     assert items[0]["choices"][0]["delta"]["role"] == "assistant"
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in items if c["choices"])

@@ -20,6 +20,7 @@ from gateway.upstreams.providers.anthropic_errors import (
 from gateway.upstreams.providers.anthropic_stream import MessagesToChatStream
 from gateway.upstreams.providers.errors import ProviderError
 from protocol.anthropic import MessagesRequest
+from protocol.chunk import chunk_from
 
 # -- to the Messages API ---------------------------------------------------------------------------
 
@@ -273,7 +274,7 @@ def test_chunks_become_the_full_event_sequence() -> None:
         {"choices": [{"delta": {}, "finish_reason": "stop"}]},
         {"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 1}},
     ):
-        events += stream.feed(chunk)
+        events += stream.feed(chunk_from(chunk))
     events += stream.finish()
     assert [name for name, _ in events] == [
         "message_start",
@@ -323,6 +324,6 @@ def test_matched_stop_sequence_survives_the_streamed_round_trip() -> None:
     front = ChatToMessagesStream(message_id="msg_1", model="tiny", stop_sequences=["END"])
     for name, data in events:
         for chunk in translator.feed(name, data):
-            front.feed(chunk)
+            front.feed(chunk_from(chunk))
     delta = next(data for name, data in front.finish() if name == "message_delta")
     assert delta["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "END"}

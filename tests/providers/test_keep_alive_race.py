@@ -17,6 +17,7 @@ from gateway.health import BreakerState
 from gateway.upstreams.providers import AnthropicAdapter, OpenAIAdapter, ProviderEntry
 from tests.providers.conftest import provider_entry
 from tests.providers.gateway_harness import US_KEY, dead_node, running_gateway
+from tests.support.chunks import as_wire
 from tests.support.fake_providers import FakeProvider
 from tests.support.idle_closer import IdleCloser, idle_closer
 
@@ -64,7 +65,7 @@ async def test_a_completion_that_meets_an_idle_close_is_sent_again_on_a_new_conn
     openai: OpenAIAdapter, openai_proxy: IdleCloser, fake_openai: FakeProvider
 ) -> None:
     for _ in range(3):
-        result = await openai.complete("chat", CHAT, {})
+        result = as_wire(await openai.complete("chat", CHAT, {}))
         assert result["choices"][0]["message"]["content"] == fake_openai.reply
     assert openai_proxy.raced == 2  # the second and third met a closing connection first
     assert len(fake_openai.requests) == 3  # each reached the provider exactly once
@@ -75,9 +76,7 @@ async def test_a_stream_that_meets_an_idle_close_is_sent_again_on_a_new_connecti
 ) -> None:
     for _ in range(3):
         async with anthropic.stream("chat", {**CHAT, "stream": True}, {}) as chunks:
-            text = "".join(
-                [c["choices"][0]["delta"].get("content") or "" async for c in chunks if c["choices"]]
-            )
+            text = "".join([c.choices[0].content() async for c in chunks if c.choices])
         assert text == fake_anthropic.reply
     assert anthropic_proxy.raced == 2
     assert len(fake_anthropic.requests) == 3

@@ -10,6 +10,7 @@ import pytest
 
 from gateway.upstreams.providers import OpenAIAdapter, ProviderEntry, ProviderError
 from tests.providers.conftest import provider_entry
+from tests.support.chunks import as_wire
 from tests.support.fake_providers import FakeProvider, Fault
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 50}
@@ -37,7 +38,7 @@ async def test_complete_maps_model_sends_key_and_strips_extensions(
     adapter: OpenAIAdapter, fake_openai: FakeProvider
 ) -> None:
     body = {**CHAT, "top_k": 5, "return_token_ids": True, "stream_options": {"include_usage": True}}
-    result = await adapter.complete("chat", body, {"x-request-id": "r1", "x-meridian-tenant": "t"})
+    result = as_wire(await adapter.complete("chat", body, {"x-request-id": "r1", "x-meridian-tenant": "t"}))
     assert result["choices"][0]["message"]["content"] == fake_openai.reply
     assert result["model"] == "tiny"  # the client's name, not the provider's
     assert result["usage"]["completion_tokens"] == len(fake_openai.reply.split(" "))
@@ -54,7 +55,7 @@ async def test_complete_maps_model_sends_key_and_strips_extensions(
 async def test_stream_yields_chunks_and_usage(adapter: OpenAIAdapter, fake_openai: FakeProvider) -> None:
     body = {**CHAT, "stream_options": {"include_usage": True}}
     async with adapter.stream("chat", body, {}) as chunks:
-        items = [chunk async for chunk in chunks]
+        items = [as_wire(chunk) async for chunk in chunks]
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in items if c["choices"])
     assert text == fake_openai.reply
     assert items[-1]["usage"]["completion_tokens"] > 0

@@ -25,6 +25,7 @@ from gateway.upstreams.fleet import Fleet
 from gateway.upstreams.http1 import ConnectionPool
 from gateway.upstreams.providers import build_providers
 from protocol import APIError, RateLimitError, ServiceUnavailableError
+from protocol.chunk import to_builtins
 from router.types import NodeInfo, Target
 from tests.providers.conftest import env_for, provider_entry, providers_config
 from tests.support.fake_providers import FakeProvider, Fault
@@ -52,7 +53,7 @@ class Gateway:
 
     async def call(self) -> dict[str, Any]:
         _, response, _ = await self.forwarder.complete([TARGET], "chat", lambda t: dict(CHAT), {})
-        return response
+        return to_builtins(response)
 
     def healthy(self) -> list[bool]:
         return [p.healthy for p in self.fleet.snapshot().providers]
