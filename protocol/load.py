@@ -9,6 +9,7 @@ from __future__ import annotations
 import msgspec
 
 from protocol.first_token import StepCost
+from protocol.prefix_cache import PrefixCacheState
 
 
 class ModelEntry(msgspec.Struct, kw_only=True):
@@ -69,3 +70,6 @@ class LoadReport(msgspec.Struct, kw_only=True):
     # The largest estimated queue wait over the node's models (per model in `per_model`).
     queue_wait_s: float = 0.0
     per_model: dict[str, ModelLoad] = msgspec.field(default_factory=dict)
+    # The message prefixes whose KV blocks the node holds, whole or as changes since the version
+    # the reader asked with (`/load?prefixes=<epoch>.<version>`); None: a node that publishes none.
+    prefix_cache: PrefixCacheState | None = None

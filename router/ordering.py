@@ -2,15 +2,17 @@
 
 Nodes are sorted by the tuple
 
-    (saturated, preference class, load band, affinity rank, node id)
+    (saturated, preference class, cost band, load band, affinity rank, node id)
 
 - saturated: a node known to be full sinks below every unsaturated node, whatever its region.
 - preference class: 0 = in the preferred region (the client's, else the gateway's home region),
   1 = in the preferred region's jurisdiction, 2 = anywhere else the tenant's residency allows.
-- load band: floor(load score / band width); nodes in one band have "similar load". A node that
-  has not reported its load gets the neutral score.
+- cost band: floor(estimated time to first token / cost quantum), router/cost.py: queue wait
+  plus the prefill of the prompt tokens the node does not hold cached.
+- load band: floor(load score / band width), among equal costs; a node that has not reported its
+  load gets the neutral score.
 - affinity rank: position in the rendezvous ranking of the affinity key over the admitted nodes,
-  so affinity only breaks ties among nodes of similar load in the same class.
+  so affinity only breaks ties among nodes of equal cost and similar load in the same class.
 - node id: unreachable in practice (ranks are distinct); it keeps the sort total.
 """
 
@@ -20,6 +22,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from router.affinity import rendezvous_rank
+from router.cost import Demand, cost_band, fallback_prefill_s, node_cost
 from router.load import describe_load, is_saturated, load_band
 from router.params import RoutingParams
 from router.rollout import node_version
@@ -55,9 +58,23 @@ def order_nodes(
     preferred_jurisdiction: str | None,
     affinity_key: str,
     params: RoutingParams,
+    demand: Demand = Demand(),
     reason_prefix: str = "",
 ) -> tuple[Target, ...]:
     """`nodes` as Targets for `model`, in the documented order, each with its reason."""
+    names = demand.names(model)
+    fallback = fallback_prefill_s(nodes, model, params)
+    costs = {
+        n.node_id: node_cost(
+            n,
+            model=model,
+            tier=demand.tier,
+            prompt_tokens=demand.prompt_tokens,
+            names=names,
+            fallback_s_per_token=fallback,
+        )
+        for n in nodes
+    }
     # One node needs no ranking (the common case of a small region, and this runs per request).
     ranked = (
         rendezvous_rank(affinity_key, (n.node_id for n in nodes))
@@ -66,25 +83,31 @@ def order_nodes(
     )
     affinity = {node_id: rank for rank, node_id in enumerate(ranked)}
 
-    def group(node: NodeInfo) -> tuple[bool, int, int]:
+    def group(node: NodeInfo) -> tuple[bool, int, float, int]:
         pref = preference_class(
             node.region,
             node.jurisdiction,
             preferred_region=preferred_region,
             preferred_jurisdiction=preferred_jurisdiction,
         )
-        return (is_saturated(node.load, params), pref, load_band(node.load, params))
+        band = cost_band(costs[node.node_id], params)
+        return (is_saturated(node.load, params), pref, band, load_band(node.load, params))
 
     # Once per node: this runs on every request.
     groups = {n.node_id: group(n) for n in nodes}
     ordered = sorted(nodes, key=lambda n: (*groups[n.node_id], affinity[n.node_id], n.node_id))
     group_sizes = Counter(groups.values())
     targets: list[Target] = []
-    place_in_group: Counter[tuple[bool, int, int]] = Counter()
+    place_in_group: Counter[tuple[bool, int, float, int]] = Counter()
     for node in ordered:
         g = groups[node.node_id]
         place_in_group[g] += 1
-        parts = [f"region={node.region}", PREFERENCE_WORDS[g[1]], describe_load(node.load, params)]
+        parts = [
+            f"region={node.region}",
+            PREFERENCE_WORDS[g[1]],
+            describe_load(node.load, params),
+            costs[node.node_id].describe(),
+        ]
         if group_sizes[g] > 1:
             # Affinity decided this node's place among similar ones: say where it came.
             parts.append(f"affinity={place_in_group[g]}/{group_sizes[g]}")

@@ -114,6 +114,12 @@ def _ahead(queue: ModelQueue | None, tier: TrafficTier) -> _Node:
     return _Node(engine, reported, bounded=bound is not None and queued_for_tier >= bound)
 
 
+def node_first_token_s(queue: ModelQueue | None, tier: TrafficTier, prompt_tokens: int) -> float:
+    """One node's estimate for a new request of `prompt_tokens` from its report alone (routing
+    ranks nodes by it, router/cost.py); math.inf when the tier's queue is at its bound."""
+    return _ahead(queue, tier).estimate(prompt_tokens)
+
+
 def pool_wait(
     fleet: FleetSnapshot,
     *,

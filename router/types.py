@@ -153,6 +153,9 @@ class NodeLoad:
     # When the report was asked for (the gateway's time.monotonic()): requests admitted after it
     # cannot be in it (router/overload.py).
     asked_at: float = float("-inf")
+    # The node's published prefix table: message-prefix name -> tokens it holds cached
+    # (protocol/prefix_cache.py); empty: nothing published. Read-only: readers share it.
+    cached_prefixes: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -205,6 +208,10 @@ class RouteRequest:
     session_key: str = ""
     # Set on a stream continuation: only targets serving this version of `model` (never mixed).
     version: str | None = None
+    # The conversation as (role, text) pairs (protocol.prefix_cache.conversation_of), to find the
+    # nodes holding its prefixes; empty: no cache is known to help (a completion prompt).
+    conversation: tuple[tuple[str, str], ...] = ()
+    prompt_tokens: int = 0  # the gateway's estimate; 0: estimated from the conversation's bytes
 
 
 @dataclass(frozen=True)
