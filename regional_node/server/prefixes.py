@@ -12,11 +12,18 @@ the engine calls up here.
 Memory is bounded on this side by `max_entries` (least recently recorded dropped first, with a
 removal in the log) and the log by `log_size` (a reader further behind gets the whole table).
 A new `epoch` at each start makes every reader replace what it held for this node.
+
+A prefix is published from the moment its request arrives, for `pending_s`, before its blocks
+are computed: the next request of a chat or tenant often arrives while the first is still
+prefilling, and would otherwise be sent elsewhere to prefill the same prompt cold. An entry
+whose anchor the engine never holds (the request failed or was refused) is withdrawn after it;
+one it has held follows the engine from then on.
 """
 
 from __future__ import annotations
 
 import secrets
+import time
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,12 +46,22 @@ class _Entry:
     model: str
     tokens: int
     anchor: bytes
+    recorded_at: float
     held: bool = False
+    computed: bool = False  # the engine has held its anchor since it was last recorded
 
 
 class PrefixDirectory:
-    def __init__(self, *, max_entries: int = 4096, log_size: int = 8192, epoch: str | None = None) -> None:
-        assert max_entries > 0 and log_size > 0
+    def __init__(
+        self,
+        *,
+        max_entries: int = 4096,
+        log_size: int = 8192,
+        pending_s: float = 5.0,
+        epoch: str | None = None,
+    ) -> None:
+        assert max_entries > 0 and log_size > 0 and pending_s >= 0
+        self._pending_s = pending_s
         self.epoch = epoch or secrets.token_hex(8)
         self.version = 0
         self._max_entries = max_entries
@@ -55,25 +72,35 @@ class PrefixDirectory:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def record(self, model: str, prefixes: Sequence[tuple[str, int, bytes]]) -> None:
-        """Note a request's prefixes, (name, tokens, anchor) each; published once held."""
+    def record(
+        self, model: str, prefixes: Sequence[tuple[str, int, bytes]], *, now: float | None = None
+    ) -> None:
+        """Note a request's prefixes, (name, tokens, anchor) each: published at the next refresh."""
+        now = time.monotonic() if now is None else now
         for name, tokens, anchor in prefixes:
             entry = self._entries.get(name)
             if entry is None or entry.anchor != anchor:
                 if entry is not None and entry.held:
                     self._change(name, None)
-                self._entries[name] = _Entry(model, tokens, anchor)
+                self._entries[name] = _Entry(model, tokens, anchor, now)
+            elif not entry.held:  # evicted since: this request computes it again
+                entry.recorded_at, entry.computed = now, False
             self._entries.move_to_end(name)
         while len(self._entries) > self._max_entries:
             name, dropped = self._entries.popitem(last=False)
             if dropped.held:
                 self._change(name, None)
 
-    def refresh(self, engines: dict[str, PrefixCacheView]) -> None:
-        """Publish the entries the engines now hold, withdraw the ones they no longer do."""
+    def refresh(self, engines: dict[str, PrefixCacheView], *, now: float | None = None) -> None:
+        """Publish the entries the engines now hold (or that a request is computing), withdraw
+        the ones they no longer do."""
+        now = time.monotonic() if now is None else now
         for name, entry in self._entries.items():
             engine = engines.get(entry.model)
-            held = engine is not None and engine.holds_prefix_block(entry.anchor)
+            holds = engine is not None and engine.holds_prefix_block(entry.anchor)
+            entry.computed = entry.computed or holds
+            pending = engine is not None and not entry.computed and now - entry.recorded_at < self._pending_s
+            held = holds or pending
             if held != entry.held:
                 entry.held = held
                 self._change(name, entry.tokens if held else None)
