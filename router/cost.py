@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from protocol.prefix_cache import cached_tokens, prefix_names
 from router.overload import node_first_token_s
 from router.params import RoutingParams
-from router.types import NodeInfo, TrafficTier
+from router.types import ModelQueue, NodeInfo, TrafficTier
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ def node_cost(
     # The node's block rounding can make a cached prefix cover more than the gateway's estimate.
     uncached = max(prompt_tokens - cached, 1)
     queue = load.models.get(model) if load is not None else None
-    wait = node_first_token_s(queue, tier, 1)
+    wait = _wait_s(queue, tier)
     if math.isinf(wait):
         return NodeCost(cached, math.inf, 0.0)
     if queue is not None and queue.step_cost.measured:
@@ -91,6 +91,17 @@ def node_cost(
     else:
         prefill = uncached * fallback_s_per_token
     return NodeCost(cached, wait, prefill)
+
+
+def _wait_s(queue: ModelQueue | None, tier: TrafficTier) -> float:
+    """The queue part of the estimate (the estimate for a one-token prompt), once per report."""
+    if queue is None:
+        return node_first_token_s(None, tier, 1)
+    key = f"wait:{tier}"
+    wait = queue.derived.get(key)
+    if wait is None:
+        wait = queue.derived[key] = node_first_token_s(queue, tier, 1)
+    return wait
 
 
 def cost_band(cost: NodeCost, params: RoutingParams) -> float:

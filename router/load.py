@@ -43,3 +43,14 @@ def describe_load(load: NodeLoad | None, params: RoutingParams) -> str:
         return "load=unknown"
     text = f"load={load_score(load, params):.2f}"
     return text + ";saturated" if is_saturated(load, params) else text
+
+
+def load_facts(load: NodeLoad | None, params: RoutingParams) -> tuple[bool, int, str]:
+    """(saturated, band, description) in one pass: ordering needs all three for every node."""
+    if not _known(load):
+        return False, math.floor(params.unknown_load / params.load_band_width), "load=unknown"
+    assert load is not None
+    saturated = is_saturated(load, params)
+    score = load_score(load, params)
+    text = f"load={score:.2f}"
+    return saturated, math.floor(score / params.load_band_width), text + ";saturated" if saturated else text

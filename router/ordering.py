@@ -18,12 +18,12 @@ Nodes are sorted by the tuple
 
 from __future__ import annotations
 
-from collections import Counter
+import itertools
 from collections.abc import Iterable, Sequence
 
-from router.affinity import rendezvous_rank
-from router.cost import Demand, cost_band, fallback_prefill_s, node_cost
-from router.load import describe_load, is_saturated, load_band
+from router.affinity import rendezvous_weight
+from router.cost import Demand, NodeCost, cost_band, fallback_prefill_s, node_cost
+from router.load import load_facts
 from router.params import RoutingParams
 from router.rollout import node_version
 from router.types import NodeInfo, ProviderInfo, Target
@@ -61,11 +61,16 @@ def order_nodes(
     demand: Demand = Demand(),
     reason_prefix: str = "",
 ) -> tuple[Target, ...]:
-    """`nodes` as Targets for `model`, in the documented order, each with its reason."""
+    """`nodes` as Targets for `model`, in the documented order, each with its reason.
+
+    This runs on every request over every admitted node (64 and more), so each node's facts are
+    computed once, and rendezvous weights (a hash each) only for nodes that tie on the rest."""
     names = demand.names(model)
-    fallback = fallback_prefill_s(nodes, model, params)
-    costs = {
-        n.node_id: node_cost(
+    measured = all(_measured(n, model) for n in nodes)
+    fallback = params.prefill_s_per_token if measured else fallback_prefill_s(nodes, model, params)
+    facts: dict[str, tuple[tuple[bool, int, float, int], NodeCost, str]] = {}
+    for n in nodes:
+        cost = node_cost(
             n,
             model=model,
             tier=demand.tier,
@@ -73,57 +78,45 @@ def order_nodes(
             names=names,
             fallback_s_per_token=fallback,
         )
-        for n in nodes
-    }
-    # One node needs no ranking (the common case of a small region, and this runs per request).
-    ranked = (
-        rendezvous_rank(affinity_key, (n.node_id for n in nodes))
-        if len(nodes) > 1
-        else [n.node_id for n in nodes]
-    )
-    affinity = {node_id: rank for rank, node_id in enumerate(ranked)}
-
-    def group(node: NodeInfo) -> tuple[bool, int, float, int]:
         pref = preference_class(
-            node.region,
-            node.jurisdiction,
+            n.region,
+            n.jurisdiction,
             preferred_region=preferred_region,
             preferred_jurisdiction=preferred_jurisdiction,
         )
-        band = cost_band(costs[node.node_id], params)
-        return (is_saturated(node.load, params), pref, band, load_band(node.load, params))
-
-    # Once per node: this runs on every request.
-    groups = {n.node_id: group(n) for n in nodes}
-    ordered = sorted(nodes, key=lambda n: (*groups[n.node_id], affinity[n.node_id], n.node_id))
-    group_sizes = Counter(groups.values())
+        saturated, band, load_text = load_facts(n.load, params)
+        facts[n.node_id] = ((saturated, pref, cost_band(cost, params), band), cost, load_text)
+    ordered = sorted(nodes, key=lambda n: (facts[n.node_id][0], n.node_id))
+    # Among nodes of one group, the rendezvous order of the affinity key (ids are distinct).
+    runs = [list(run) for _, run in itertools.groupby(ordered, key=lambda n: facts[n.node_id][0])]
     targets: list[Target] = []
-    place_in_group: Counter[tuple[bool, int, float, int]] = Counter()
-    for node in ordered:
-        g = groups[node.node_id]
-        place_in_group[g] += 1
-        parts = [
-            f"region={node.region}",
-            PREFERENCE_WORDS[g[1]],
-            describe_load(node.load, params),
-            costs[node.node_id].describe(),
-        ]
-        if group_sizes[g] > 1:
-            # Affinity decided this node's place among similar ones: say where it came.
-            parts.append(f"affinity={place_in_group[g]}/{group_sizes[g]}")
-        targets.append(
-            Target(
-                kind="node",
-                target_id=node.node_id,
-                url=node.url,
-                region=node.region,
-                jurisdiction=node.jurisdiction,
-                model=model,
-                reason=reason_prefix + ";".join(parts),
-                version=served.version if (served := node_version(node, model)) is not None else "",
+    for run in runs:
+        if len(run) > 1:
+            run.sort(key=lambda n: (-rendezvous_weight(affinity_key, n.node_id), n.node_id))
+        for place, node in enumerate(run, start=1):
+            group, cost, load_text = facts[node.node_id]
+            parts = [f"region={node.region}", PREFERENCE_WORDS[group[1]], load_text, cost.describe()]
+            if len(run) > 1:
+                # Affinity decided this node's place among equal ones: say where it came.
+                parts.append(f"affinity={place}/{len(run)}")
+            targets.append(
+                Target(
+                    kind="node",
+                    target_id=node.node_id,
+                    url=node.url,
+                    region=node.region,
+                    jurisdiction=node.jurisdiction,
+                    model=model,
+                    reason=reason_prefix + ";".join(parts),
+                    version=served.version if (served := node_version(node, model)) is not None else "",
+                )
             )
-        )
     return tuple(targets)
+
+
+def _measured(node: NodeInfo, model: str) -> bool:
+    queue = node.load.models.get(model) if node.load is not None else None
+    return queue is not None and queue.step_cost.measured
 
 
 def order_providers(

@@ -6,9 +6,10 @@ region directory and load reports) and by the pure routing functions.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from protocol.first_token import StepCost
 
@@ -138,6 +139,12 @@ class ModelQueue:
     max_num_batched_tokens: int = 0
     step_cost: StepCost = field(default_factory=StepCost)
     finish_rate: float = 0.0
+
+    @functools.cached_property
+    def derived(self) -> dict[str, Any]:
+        """What routing derives from this report, computed once per report rather than once per
+        request (router/overload.py): a report is immutable, so nothing here goes stale."""
+        return {}
 
 
 @dataclass(frozen=True)
