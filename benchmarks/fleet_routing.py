@@ -162,6 +162,21 @@ async def send(client: httpx.AsyncClient, url: str, headers: dict[str, str], req
     start = time.perf_counter()
     result = Result(node="", position=req.position, group=req.group, ttft_s=None)
     parts: list[str] = []
+    try:
+        return await _stream(client, url, headers, body, start, result, parts)
+    except httpx.HTTPError:  # a dropped connection is a failed request, not the end of the run
+        return result
+
+
+async def _stream(
+    client: httpx.AsyncClient,
+    url: str,
+    headers: dict[str, str],
+    body: dict[str, Any],
+    start: float,
+    result: Result,
+    parts: list[str],
+) -> Result:
     async with client.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers) as response:
         result.node = response.headers.get("x-meridian-node", "")
         result.status = response.status_code
@@ -407,7 +422,19 @@ async def measure(nodes: list[NodeInfo], gateway_url: str, args: argparse.Namesp
                 ideal = ideal_hit_rates(runs)
                 for row in rows.values():
                     row["hit_rate_of_ideal"] = round(row["hit_rate"] / ideal, 3) if ideal else None
-                report[name] = {"ideal_hit_rate": round(ideal, 3), "policies": rows}
+                report[name] = {
+                    "ideal_hit_rate": round(ideal, 3),
+                    "policies": rows,
+                    # Every request, in completion order, for a closer look.
+                    "requests": {
+                        policy: [
+                            [r.position, r.node, r.status, r.ttft_s and round(r.ttft_s, 4), r.prompt_tokens,
+                             r.cached_tokens]
+                            for r in results
+                        ]
+                        for policy, results in runs.items()
+                    },
+                }
     finally:
         await prober.stop()
     return report
@@ -476,6 +503,12 @@ def main(argv: list[str] | None = None) -> int:
         servers, nodes, gateway_url = start_fleet(work, args)
         try:
             workloads = asyncio.run(measure(nodes, gateway_url, args))
+            # What the nodes fitted (fleet_sim.py's --calibration reads them).
+            step_costs = [
+                next(iter(httpx.get(f"{n.url}/load", headers={"authorization": f"Bearer {NODE_TOKEN}"}, timeout=10)
+                          .json()["per_model"].values()))["step_cost"]
+                for n in nodes
+            ]
         finally:
             for server in servers:
                 stop_server(server)
@@ -485,6 +518,7 @@ def main(argv: list[str] | None = None) -> int:
         "workloads": workloads,
     }
     report["goals"] = goals(workloads)
+    report["step_costs"] = step_costs
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "fleet_routing.json").write_text(json.dumps(report, indent=2))
     plotted = plot(report, args.out_dir / "fleet_routing.png")

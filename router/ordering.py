@@ -2,15 +2,16 @@
 
 Nodes are sorted by the tuple
 
-    (saturated, preference class, cost band, load band, affinity rank, node id)
+    (saturated, preference class, cost band, -cached tokens, load band, affinity rank, node id)
 
 - saturated: a node known to be full sinks below every unsaturated node, whatever its region.
 - preference class: 0 = in the preferred region (the client's, else the gateway's home region),
   1 = in the preferred region's jurisdiction, 2 = anywhere else the tenant's residency allows.
 - cost band: floor(estimated time to first token / cost quantum), router/cost.py: queue wait
   plus the prefill of the prompt tokens the node does not hold cached.
-- load band: floor(load score / band width), among equal costs; a node that has not reported its
-  load gets the neutral score.
+- cached tokens: among equal costs, the node that computes less of the prompt.
+- load band: floor(load score / band width); a node that has not reported its load gets the
+  neutral score.
 - affinity rank: position in the rendezvous ranking of the affinity key over the admitted nodes,
   so affinity only breaks ties among nodes of equal cost and similar load in the same class.
 - node id: unreachable in practice (ranks are distinct); it keeps the sort total.
@@ -68,7 +69,7 @@ def order_nodes(
     names = demand.names(model)
     measured = all(_measured(n, model) for n in nodes)
     fallback = params.prefill_s_per_token if measured else fallback_prefill_s(nodes, model, params)
-    facts: dict[str, tuple[tuple[bool, int, float, int], NodeCost, str]] = {}
+    facts: dict[str, tuple[tuple[bool, int, float, int, int], NodeCost, str]] = {}
     for n in nodes:
         cost = node_cost(
             n,
@@ -85,7 +86,10 @@ def order_nodes(
             preferred_jurisdiction=preferred_jurisdiction,
         )
         saturated, band, load_text = load_facts(n.load, params)
-        facts[n.node_id] = ((saturated, pref, cost_band(cost, params), band), cost, load_text)
+        # Among equal costs, the node with more of the prompt cached: the same first token for
+        # less of the fleet's prefill time, and one copy of a prompt instead of two.
+        group = (saturated, pref, cost_band(cost, params), -cost.cached_tokens, band)
+        facts[n.node_id] = (group, cost, load_text)
     ordered = sorted(nodes, key=lambda n: (facts[n.node_id][0], n.node_id))
     # Among nodes of one group, the rendezvous order of the affinity key (ids are distinct).
     runs = [list(run) for _, run in itertools.groupby(ordered, key=lambda n: facts[n.node_id][0])]
