@@ -97,7 +97,7 @@ def _wait_s(queue: ModelQueue | None, tier: TrafficTier) -> float:
     """The queue part of the estimate (the estimate for a one-token prompt), once per report."""
     if queue is None:
         return node_first_token_s(None, tier, 1)
-    key = f"wait:{tier}"
+    key = ("wait", tier)
     wait = queue.derived.get(key)
     if wait is None:
         wait = queue.derived[key] = node_first_token_s(queue, tier, 1)

@@ -141,7 +141,7 @@ class ModelQueue:
     finish_rate: float = 0.0
 
     @functools.cached_property
-    def derived(self) -> dict[str, Any]:
+    def derived(self) -> dict[Any, Any]:
         """What routing derives from this report, computed once per report rather than once per
         request (router/overload.py): a report is immutable, so nothing here goes stale."""
         return {}
@@ -163,6 +163,11 @@ class NodeLoad:
     # The node's published prefix table: message-prefix name -> tokens it holds cached
     # (protocol/prefix_cache.py); empty: nothing published. Read-only: readers share it.
     cached_prefixes: Mapping[str, int] = field(default_factory=dict)
+
+    @functools.cached_property
+    def derived(self) -> dict[Any, Any]:
+        """What routing derives from this report, once per report (router/load.py)."""
+        return {}
 
 
 @dataclass(frozen=True)
