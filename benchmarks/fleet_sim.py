@@ -354,8 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=64)
     parser.add_argument("--tenants", type=int, default=1000)
     parser.add_argument("--day-s", type=float, default=600.0)
-    parser.add_argument("--trough", type=float, default=3.0, help="requests/s at night")
-    parser.add_argument("--peak", type=float, default=25.0, help="requests/s at the day's peak")
+    parser.add_argument("--trough", type=float, default=2.0, help="requests/s at night")
+    parser.add_argument("--peak", type=float, default=12.0, help="requests/s at the day's peak")
     parser.add_argument("--spike-s", type=float, default=15.0)
     parser.add_argument("--probe-s", type=float, default=0.25)
     parser.add_argument("--max-num-seqs", type=int, default=64)  # the nodes' default

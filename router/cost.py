@@ -105,8 +105,13 @@ def _wait_s(queue: ModelQueue | None, tier: TrafficTier) -> float:
 
 
 def cost_band(cost: NodeCost, params: RoutingParams) -> float:
-    """Costs in one band of `cost_quantum_s` are equal: a few milliseconds of estimate noise
-    (two nodes' fitted step costs never agree exactly) must not outrank prefix affinity."""
-    if math.isinf(cost.total_s):
+    """Costs in one band are equal. Bands grow geometrically by `cost_ratio` from
+    `cost_quantum_s` (every cost below it is band 0): each node fits its own step cost on its
+    own recent steps, and identical nodes' fits differ by tens of percent on a busy machine, so a
+    fixed width would send every new prompt to whichever node's fit is luckiest."""
+    total = cost.total_s
+    if math.isinf(total):
         return math.inf
-    return math.floor(cost.total_s / params.cost_quantum_s)
+    if total <= params.cost_quantum_s:
+        return 0
+    return 1 + math.floor(math.log(total / params.cost_quantum_s) / math.log(params.cost_ratio))

@@ -69,9 +69,8 @@ def order_nodes(
     names = demand.names(model)
     measured = all(_measured(n, model) for n in nodes)
     fallback = params.prefill_s_per_token if measured else fallback_prefill_s(nodes, model, params)
-    facts: dict[str, tuple[tuple[bool, int, float, int, int], NodeCost, str]] = {}
-    for n in nodes:
-        cost = node_cost(
+    costs = [
+        node_cost(
             n,
             model=model,
             tier=demand.tier,
@@ -79,6 +78,15 @@ def order_nodes(
             names=names,
             fallback_s_per_token=fallback,
         )
+        for n in nodes
+    ]
+    # Equal to the cheapest: within cost_ratio of it (or one quantum). Relative to the cheapest
+    # rather than fixed bands alone, so the first choice never hinges on a band boundary.
+    best = min((c.total_s for c in costs), default=0.0)
+    near = max(best * params.cost_ratio, best + params.cost_quantum_s)
+    facts: dict[str, tuple[tuple[bool, int, float, int, int], NodeCost, str]] = {}
+    for n, cost in zip(nodes, costs, strict=True):
+        band_of_cost = 0 if cost.total_s <= near else 1 + cost_band(cost, params)
         pref = preference_class(
             n.region,
             n.jurisdiction,
@@ -88,7 +96,7 @@ def order_nodes(
         saturated, band, load_text = load_facts(n.load, params)
         # Among equal costs, the node with more of the prompt cached: the same first token for
         # less of the fleet's prefill time, and one copy of a prompt instead of two.
-        group = (saturated, pref, cost_band(cost, params), -cost.cached_tokens, band)
+        group = (saturated, pref, band_of_cost, -cost.cached_tokens, band)
         facts[n.node_id] = (group, cost, load_text)
     ordered = sorted(nodes, key=lambda n: (facts[n.node_id][0], n.node_id))
     # Among nodes of one group, the rendezvous order of the affinity key (ids are distinct).
