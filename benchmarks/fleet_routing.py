@@ -70,6 +70,7 @@ MODEL = "meridian-small"
 API_KEY = "sk-bench-fleet"
 OUTPUT_TOKENS = 16
 POLICIES = ("random", "round-robin", "least-load", "bands", "cost", "gateway")
+WORKLOADS = ("many-tenants", "multi-turn", "hot-prefix")
 WORDS = (
     "ledger invoice harbour quartz meadow lantern orbit copper violet saddle thunder whisper canyon "
     "pepper marble velvet falcon ember glacier summit timber anchor beacon cobalt dune fable garnet "
@@ -405,6 +406,7 @@ async def measure(nodes: list[NodeInfo], gateway_url: str, args: argparse.Namesp
         "multi-turn": lambda run, p: run.chats(p, rng, max(4, int(8 * scale)), 5, 4),
         "hot-prefix": lambda run, p: run.pool(p, hot_prefix(rng, max(24, int(96 * scale))), 6),
     }
+    workloads = {name: w for name, w in workloads.items() if name in args.workloads}
     report: dict[str, Any] = {}
     try:
         async with httpx.AsyncClient(timeout=120.0) as client:
@@ -496,6 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--seed", type=int, default=35)
     parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     parser.add_argument("--out-dir", type=Path, default=REPO / "benchmarks" / "results" / "fleet_routing")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="fleet-routing-") as tmp:
