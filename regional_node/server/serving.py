@@ -66,11 +66,16 @@ async def serve_chat(
         prompt_ids = await asyncio.to_thread(chat_prompt_ids, tokenizer, body)
     except Exception as exc:
         raise api_error(exc, prompt_param="messages") from None
-    await _record_prefixes(node, request.headers, model, body, prompt_ids)
     response_id = new_id("chatcmpl")
     source = ChatFormat(body, response_id, model.name, tokenizer)
     job = _job(node, request.headers, model, body, prompt_ids, response_id, "chat", "messages")
-    return await _respond(node, request, job, source, body.stream, body.stream_options)
+    # Rendering the prefixes (a few ms of template and tokenizer work) runs beside the engine's
+    # prefill, off the first token's path; it is done long before the response is.
+    recording = asyncio.create_task(_record_prefixes(node, request.headers, model, body, prompt_ids))
+    try:
+        return await _respond(node, request, job, source, body.stream, body.stream_options)
+    finally:
+        await asyncio.shield(recording)
 
 
 async def serve_completion(
