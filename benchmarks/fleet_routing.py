@@ -60,6 +60,7 @@ from gateway_bench.systems import NODE_TOKEN, REPO, python_env
 from gateway.health.probes import NodeProber
 from gateway.policy import hash_api_key
 from gateway.upstreams.http1 import ConnectionPool
+from protocol.prefix_cache import conversation_of
 from regional_node.checkpoints import init_checkpoint
 from router import FleetSnapshot, NodeInfo, RouteRequest, rendezvous_rank, route
 from router.load import is_saturated, load_band, load_score
@@ -109,7 +110,7 @@ class Router:
     def __init__(self, nodes: Sequence[NodeInfo], prober: NodeProber, rng: random.Random) -> None:
         self.nodes, self.prober, self.rng = list(nodes), prober, rng
         self._turn = itertools.count()
-        self.policy_obj = TenantPolicy(tenant_id="bench", api_key_hashes=frozenset())
+        self.tenant = TenantPolicy(tenant_id="bench", api_key_hashes=frozenset())
 
     def snapshot(self) -> list[NodeInfo]:
         out = []
@@ -135,8 +136,6 @@ class Router:
                 key=lambda n: (is_saturated(n.load, DEFAULT_PARAMS), load_band(n.load, DEFAULT_PARAMS), rank[n.node_id]),
             )
         assert policy == "cost"
-        from protocol.prefix_cache import conversation_of
-
         request = RouteRequest(
             MODEL,
             home_region="eu-west",
@@ -144,7 +143,7 @@ class Router:
             conversation=conversation_of(messages),
             prompt_tokens=prompt_tokens,
         )
-        target = route(request, self.policy_obj, FleetSnapshot(nodes=tuple(nodes))).targets[0]
+        target = route(request, self.tenant, FleetSnapshot(nodes=tuple(nodes))).targets[0]
         return next(n for n in nodes if n.node_id == target.target_id)
 
 
