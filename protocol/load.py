@@ -9,6 +9,7 @@ from __future__ import annotations
 import msgspec
 
 from protocol.first_token import StepCost
+from protocol.prefix_cache import PrefixCacheState
 
 
 class ModelEntry(msgspec.Struct, kw_only=True):
@@ -80,3 +81,6 @@ class LoadReport(msgspec.Struct, kw_only=True):
     per_model: dict[str, ModelLoad] = msgspec.field(default_factory=dict)
     # The oldest waiting request's age per tier over the node's models (per model in `per_model`).
     queue_age_s_by_tier: dict[str, float] = msgspec.field(default_factory=dict)
+    # The message prefixes whose KV blocks the node holds, whole or as changes since the version
+    # the reader asked with (`/load?prefixes=<epoch>.<version>`); None: a node that publishes none.
+    prefix_cache: PrefixCacheState | None = None

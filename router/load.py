@@ -43,3 +43,19 @@ def describe_load(load: NodeLoad | None, params: RoutingParams) -> str:
         return "load=unknown"
     text = f"load={load_score(load, params):.2f}"
     return text + ";saturated" if is_saturated(load, params) else text
+
+
+def load_facts(load: NodeLoad | None, params: RoutingParams) -> tuple[bool, int, str]:
+    """(saturated, band, description): ordering needs all three for every node on every request,
+    so they are derived once per report."""
+    if not _known(load):
+        return False, math.floor(params.unknown_load / params.load_band_width), "load=unknown"
+    assert load is not None
+    facts = load.derived.get(params)
+    if facts is None:
+        saturated = is_saturated(load, params)
+        score = load_score(load, params)
+        text = f"load={score:.2f}"
+        band = math.floor(score / params.load_band_width)
+        facts = load.derived[params] = (saturated, band, text + ";saturated" if saturated else text)
+    return facts

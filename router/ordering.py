@@ -2,25 +2,29 @@
 
 Nodes are sorted by the tuple
 
-    (saturated, preference class, load band, affinity rank, node id)
+    (saturated, preference class, cost band, -cached tokens, load band, affinity rank, node id)
 
 - saturated: a node known to be full sinks below every unsaturated node, whatever its region.
 - preference class: 0 = in the preferred region (the client's, else the gateway's home region),
   1 = in the preferred region's jurisdiction, 2 = anywhere else the tenant's residency allows.
-- load band: floor(load score / band width); nodes in one band have "similar load". A node that
-  has not reported its load gets the neutral score.
+- cost band: floor(estimated time to first token / cost quantum), router/cost.py: queue wait
+  plus the prefill of the prompt tokens the node does not hold cached.
+- cached tokens: among equal costs, the node that computes less of the prompt.
+- load band: floor(load score / band width); a node that has not reported its load gets the
+  neutral score.
 - affinity rank: position in the rendezvous ranking of the affinity key over the admitted nodes,
-  so affinity only breaks ties among nodes of similar load in the same class.
+  so affinity only breaks ties among nodes of equal cost and similar load in the same class.
 - node id: unreachable in practice (ranks are distinct); it keeps the sort total.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+import itertools
 from collections.abc import Iterable, Sequence
 
-from router.affinity import rendezvous_rank
-from router.load import describe_load, is_saturated, load_band
+from router.affinity import rendezvous_weight
+from router.cost import Demand, NodeCost, cost_band, fallback_prefill_s, node_cost
+from router.load import load_facts
 from router.params import RoutingParams
 from router.rollout import node_version
 from router.types import NodeInfo, ProviderInfo, Target
@@ -55,52 +59,76 @@ def order_nodes(
     preferred_jurisdiction: str | None,
     affinity_key: str,
     params: RoutingParams,
+    demand: Demand = Demand(),
     reason_prefix: str = "",
 ) -> tuple[Target, ...]:
-    """`nodes` as Targets for `model`, in the documented order, each with its reason."""
-    # One node needs no ranking (the common case of a small region, and this runs per request).
-    ranked = (
-        rendezvous_rank(affinity_key, (n.node_id for n in nodes))
-        if len(nodes) > 1
-        else [n.node_id for n in nodes]
-    )
-    affinity = {node_id: rank for rank, node_id in enumerate(ranked)}
+    """`nodes` as Targets for `model`, in the documented order, each with its reason.
 
-    def group(node: NodeInfo) -> tuple[bool, int, int]:
+    This runs on every request over every admitted node (64 and more), so each node's facts are
+    computed once, and rendezvous weights (a hash each) only for nodes that tie on the rest."""
+    names = demand.names(model)
+    measured = all(_measured(n, model) for n in nodes)
+    fallback = params.prefill_s_per_token if measured else fallback_prefill_s(nodes, model, params)
+    costs = [
+        node_cost(
+            n,
+            model=model,
+            tier=demand.tier,
+            prompt_tokens=demand.prompt_tokens,
+            names=names,
+            fallback_s_per_token=fallback,
+        )
+        for n in nodes
+    ]
+    # Equal to the cheapest: within cost_ratio of it (or one quantum). Relative to the cheapest
+    # rather than fixed bands alone, so the first choice never hinges on a band boundary.
+    best = min((c.total_s for c in costs), default=0.0)
+    near = max(best * params.cost_ratio, best + params.cost_quantum_s)
+    facts: dict[str, tuple[tuple[bool, int, float, int, int], NodeCost, str]] = {}
+    for n, cost in zip(nodes, costs, strict=True):
+        band_of_cost = 0 if cost.total_s <= near else 1 + cost_band(cost, params)
         pref = preference_class(
-            node.region,
-            node.jurisdiction,
+            n.region,
+            n.jurisdiction,
             preferred_region=preferred_region,
             preferred_jurisdiction=preferred_jurisdiction,
         )
-        return (is_saturated(node.load, params), pref, load_band(node.load, params))
-
-    # Once per node: this runs on every request.
-    groups = {n.node_id: group(n) for n in nodes}
-    ordered = sorted(nodes, key=lambda n: (*groups[n.node_id], affinity[n.node_id], n.node_id))
-    group_sizes = Counter(groups.values())
+        saturated, band, load_text = load_facts(n.load, params)
+        # Among equal costs, the node with more of the prompt cached: the same first token for
+        # less of the fleet's prefill time, and one copy of a prompt instead of two.
+        group = (saturated, pref, band_of_cost, -cost.cached_tokens, band)
+        facts[n.node_id] = (group, cost, load_text)
+    ordered = sorted(nodes, key=lambda n: (facts[n.node_id][0], n.node_id))
+    # Among nodes of one group, the rendezvous order of the affinity key (ids are distinct).
+    runs = [list(run) for _, run in itertools.groupby(ordered, key=lambda n: facts[n.node_id][0])]
     targets: list[Target] = []
-    place_in_group: Counter[tuple[bool, int, int]] = Counter()
-    for node in ordered:
-        g = groups[node.node_id]
-        place_in_group[g] += 1
-        parts = [f"region={node.region}", PREFERENCE_WORDS[g[1]], describe_load(node.load, params)]
-        if group_sizes[g] > 1:
-            # Affinity decided this node's place among similar ones: say where it came.
-            parts.append(f"affinity={place_in_group[g]}/{group_sizes[g]}")
-        targets.append(
-            Target(
-                kind="node",
-                target_id=node.node_id,
-                url=node.url,
-                region=node.region,
-                jurisdiction=node.jurisdiction,
-                model=model,
-                reason=reason_prefix + ";".join(parts),
-                version=served.version if (served := node_version(node, model)) is not None else "",
+    for run in runs:
+        if len(run) > 1:
+            run.sort(key=lambda n: (-rendezvous_weight(affinity_key, n.node_id), n.node_id))
+        for place, node in enumerate(run, start=1):
+            group, cost, load_text = facts[node.node_id]
+            parts = [f"region={node.region}", PREFERENCE_WORDS[group[1]], load_text, cost.describe()]
+            if len(run) > 1:
+                # Affinity decided this node's place among equal ones: say where it came.
+                parts.append(f"affinity={place}/{len(run)}")
+            targets.append(
+                Target(
+                    kind="node",
+                    target_id=node.node_id,
+                    url=node.url,
+                    region=node.region,
+                    jurisdiction=node.jurisdiction,
+                    model=model,
+                    reason=reason_prefix + ";".join(parts),
+                    version=served.version if (served := node_version(node, model)) is not None else "",
+                )
             )
-        )
     return tuple(targets)
+
+
+def _measured(node: NodeInfo, model: str) -> bool:
+    queue = node.load.models.get(model) if node.load is not None else None
+    return queue is not None and queue.step_cost.measured
 
 
 def order_providers(

@@ -18,12 +18,23 @@ class RoutingParams:
     # Loads in the same band count as "similar"; prefix affinity decides between them. Wider bands
     # favour cache hits, narrower bands favour balance.
     load_band_width: float = 0.2
+    # Estimated first-token costs (router/cost.py) in one band are equal; cached tokens, load
+    # band, then prefix affinity decide between them. Bands: below cost_quantum_s (about one
+    # small engine step), then each cost_ratio times the last.
+    cost_quantum_s: float = 0.02
+    cost_ratio: float = 1.25
+    # Prefill seconds per prompt token for a node that has not measured its step cost, when no
+    # node of the model has either (a guess: ~5,000 tokens/s).
+    prefill_s_per_token: float = 0.0002
 
     def __post_init__(self) -> None:
         assert 0.0 < self.saturated_kv_usage <= 1.0, "saturated_kv_usage must be in (0, 1]"
         assert self.saturated_waiting_tokens > 0, "saturated_waiting_tokens must be positive"
         assert self.waiting_tokens_per_cache > 0, "waiting_tokens_per_cache must be positive"
         assert self.load_band_width > 0.0, "load_band_width must be positive"
+        assert self.cost_quantum_s > 0.0, "cost_quantum_s must be positive"
+        assert self.cost_ratio > 1.0, "cost_ratio must be above 1"
+        assert self.prefill_s_per_token > 0.0, "prefill_s_per_token must be positive"
 
 
 DEFAULT_PARAMS = RoutingParams()

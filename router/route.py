@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from router.candidates import Screening, screen_nodes, screen_providers
+from router.cost import Demand
 from router.load import is_saturated
 from router.ordering import order_nodes, order_providers, preferred_jurisdiction
 from router.params import DEFAULT_PARAMS, RoutingParams
@@ -69,11 +70,13 @@ def route(
         version = choose_version(rollouts[request.model], sticky_key)
 
     nodes = screen_nodes(_of_version(fleet.nodes, request.model, version), model=request.model, **screen)
+    demand = _demand(request, policy)
     primary = order_nodes(
         nodes.admitted,
         model=request.model,
         affinity_key=affinity_key,
         params=params,
+        demand=demand,
         reason_prefix=("degraded;" if request.degraded_from else "") + _probe_note(nodes),
         **where,
     )
@@ -95,6 +98,7 @@ def route(
             model=small.name,
             affinity_key=affinity_key,
             params=params,
+            demand=demand,
             reason_prefix="degraded;",
             **where,
         )
@@ -147,6 +151,19 @@ def _of_version(nodes: Sequence[NodeInfo], model: str, version: str | None) -> S
 
 def _described(model: str, version: str | None) -> str:
     return f"version '{version}' of '{model}'" if version else f"'{model}'"
+
+
+def _demand(request: RouteRequest, policy: TenantPolicy) -> Demand:
+    prompt_tokens = request.prompt_tokens
+    if prompt_tokens <= 0:  # the gateway's own estimate's rule: 4 bytes a token, 4 per message
+        prompt_tokens = sum(len(text.encode()) // 4 + 4 for _, text in request.conversation)
+    return Demand(
+        tier=policy.traffic_tier,
+        prompt_tokens=max(prompt_tokens, 1),
+        conversation=request.conversation,
+        # The node salts an isolated tenant's cache with its id (the gateway's cache-salt header).
+        salt=policy.tenant_id if policy.prefix_cache == "isolated" else None,
+    )
 
 
 def _affinity_key(request: RouteRequest, policy: TenantPolicy) -> str:

@@ -6,9 +6,10 @@ region directory and load reports) and by the pure routing functions.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from protocol.first_token import StepCost
 
@@ -141,6 +142,12 @@ class ModelQueue:
     # Seconds the oldest waiting request has waited, per tier (absent: none waiting).
     queue_age_s_by_tier: Mapping[str, float] = field(default_factory=dict)
 
+    @functools.cached_property
+    def derived(self) -> dict[Any, Any]:
+        """What routing derives from this report, computed once per report rather than once per
+        request (router/overload.py): a report is immutable, so nothing here goes stale."""
+        return {}
+
 
 @dataclass(frozen=True)
 class NodeLoad:
@@ -158,6 +165,14 @@ class NodeLoad:
     # Models failing their golden-output probes on the node (regional_node/probes): not routed to
     # it, as if it were unhealthy for those models only (router/candidates.py).
     probe_failed: frozenset[str] = frozenset()
+    # The node's published prefix table: message-prefix name -> tokens it holds cached
+    # (protocol/prefix_cache.py); empty: nothing published. Read-only: readers share it.
+    cached_prefixes: Mapping[str, int] = field(default_factory=dict)
+
+    @functools.cached_property
+    def derived(self) -> dict[Any, Any]:
+        """What routing derives from this report, once per report (router/load.py)."""
+        return {}
 
 
 @dataclass(frozen=True)
@@ -210,6 +225,10 @@ class RouteRequest:
     session_key: str = ""
     # Set on a stream continuation: only targets serving this version of `model` (never mixed).
     version: str | None = None
+    # The conversation as (role, text) pairs (protocol.prefix_cache.conversation_of), to find the
+    # nodes holding its prefixes; empty: no cache is known to help (a completion prompt).
+    conversation: tuple[tuple[str, str], ...] = ()
+    prompt_tokens: int = 0  # the gateway's estimate; 0: estimated from the conversation's bytes
 
 
 @dataclass(frozen=True)

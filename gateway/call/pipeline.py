@@ -61,6 +61,7 @@ from gateway.upstreams.failover import Forwarder, OpenedStream
 from gateway.upstreams.fleet import Fleet
 from protocol import AuthenticationError, ChatCompletionRequest, CompletionRequest
 from protocol.chunk import Chunk, Completion, Streamed, StreamFailed, Usage, usage_of
+from protocol.prefix_cache import conversation_of
 from protocol.timing import timing_from_wire
 from router import AUTO_MODEL, auto_family, escalation_model, judge, route, rule_for
 from router.types import CatalogModel, RouteRequest, Target, TenantPolicy
@@ -500,6 +501,9 @@ class RequestPipeline:
             # The rollout's sticky key: the session header, else the OpenAI `user` field.
             session_key=ctx.session_key or (user if isinstance(user, str) else ""),
             version=version,
+            # What the cost-aware router needs to find the nodes holding this prompt's prefixes.
+            conversation=conversation_of(plan.base_body.get("messages") or ()),
+            prompt_tokens=plan.prompt_tokens_estimate,
         )
         decision = route(
             request,

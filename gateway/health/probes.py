@@ -4,6 +4,11 @@ Results feed NodeInfo.healthy and NodeInfo.load in the fleet snapshot. A node th
 heard from yet counts as not ready, so a node added to the directory gets traffic only after
 its first successful probe.
 
+Each node's published prefix table (protocol/prefix_cache.py) is mirrored here from its `/load`
+answers, asked for as changes since the version last applied; a node that leaves the directory is
+forgotten, one that restarts answers in full under a new epoch. `NodeLoad.cached_prefixes` is the
+mirror's table, so every replica that read the same version routes on the same table.
+
 Probes go over their own pool of the gateway's HTTP/1.1 client (gateway/upstreams/http1.py), so
 they never queue behind traffic and get the same keep-alive rules: a probe never fails because
 the node closed an idle connection just as it was reused, whatever the node's keep-alive.
@@ -23,6 +28,7 @@ from gateway.discovery.interface import RegionDirectory
 from gateway.runtime.tasks import cancel_and_wait
 from gateway.upstreams.http1 import ConnectionPool, TransportError, split_url
 from protocol.load import LoadReport
+from protocol.prefix_cache import PrefixMirror
 from router.types import ModelQueue, ModelVersion, NodeInfo, NodeLoad
 
 logger = logging.getLogger(__name__)
@@ -64,6 +70,7 @@ class NodeProber:
         self._headers = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
         self._on_result = on_result
         self._results: dict[str, ProbeResult] = {}
+        self._mirrors: dict[str, PrefixMirror] = {}
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -83,6 +90,7 @@ class NodeProber:
         results = await asyncio.gather(*(self._probe(node) for node in nodes))
         # Nodes that left the directory are forgotten; a node that comes back starts unknown.
         self._results = {node.node_id: result for node, result in zip(nodes, results, strict=True)}
+        self._mirrors = {n.node_id: m for n in nodes if (m := self._mirrors.get(n.node_id)) is not None}
         if self._on_result is not None:
             for node, result in zip(nodes, results, strict=True):
                 self._on_result(node, result)
@@ -130,13 +138,19 @@ class NodeProber:
         return answer is not None and answer[0] == 200
 
     async def _load(self, node: NodeInfo, asked_at: float) -> NodeLoad | None:
-        answer = await self._get(node, "/load")
+        mirror = self._mirrors.setdefault(node.node_id, PrefixMirror())
+        since = mirror.since()
+        answer = await self._get(node, "/load" + (f"?prefixes={since}" if since else ""))
         if answer is None or answer[0] != 200:
             return None
         try:
             report = _load_decoder.decode(answer[1])
         except msgspec.DecodeError:
             return None
+        if report.prefix_cache is not None:
+            mirror.apply(report.prefix_cache)
+        else:
+            mirror.reset()  # a node that publishes no table (vLLM's engine, an older node)
         return NodeLoad(
             kv_cache_usage=report.kv_cache_usage,
             waiting_tokens=report.waiting_tokens,
@@ -170,4 +184,5 @@ class NodeProber:
             probe_failed=frozenset(
                 name for name, m in report.per_model.items() if m.probe in ("pending", "failed")
             ),
+            cached_prefixes=mirror.entries,
         )

@@ -30,6 +30,7 @@ import torch
 from regional_node.cpu_share import CpuShare
 from regional_node.engine import admission
 from regional_node.engine.admission import QueueLimits, QueueState
+from regional_node.engine.block_hash import hash_block
 from regional_node.engine.errors import EngineError, InvalidRequestError, StepFailedError
 from regional_node.engine.llm_engine import LLMEngine
 from regional_node.engine.outputs import RequestDelta
@@ -111,6 +112,17 @@ class AsyncEngine:
     @property
     def kv_block_size(self) -> int:
         return self.engine.engine_config.block_size
+
+    def prefix_block_hashes(self, token_ids: list[int], cache_salt: str | None) -> list[bytes]:
+        """The prefix-cache names of the whole blocks of `token_ids`, as the engine hashes them."""
+        size, hashes = self.kv_block_size, []
+        for start in range(0, len(token_ids) - size + 1, size):
+            hashes.append(hash_block(hashes[-1] if hashes else None, token_ids[start : start + size], cache_salt))
+        return hashes
+
+    def holds_prefix_block(self, block_hash: bytes) -> bool:
+        """Whether the prefix cache holds the block now (the node publishes what it holds)."""
+        return self.engine.block_manager.holds(block_hash)
 
     # -- requests ---------------------------------------------------------------------------------
     async def generate(

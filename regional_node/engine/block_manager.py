@@ -94,6 +94,11 @@ class BlockManager:
         self._cached[block_hash] = block
         self.block_hashes[block] = block_hash
 
+    def holds(self, block_hash: bytes) -> bool:
+        """Whether a block of this hash is cached (in use or evictable): one dict lookup, safe to
+        call from another thread (the node's prefix publication reads it between steps)."""
+        return block_hash in self._cached
+
     def match(self, hashes: list[bytes]) -> list[int]:
         """The blocks holding the longest cached prefix of `hashes`."""
         blocks = []

@@ -10,9 +10,11 @@ from litestar import Request, Response, get, post
 from http_server import read_body
 from protocol import ChatCompletionRequest, CompletionRequest, NotFoundError, decode_request
 from protocol.openai import ModelCard, ModelList
+from protocol.prefix_cache import parse_since
 from regional_node.server.auth import PUBLIC
 from regional_node.server.load import load_report
 from regional_node.server.metrics import CONTENT_TYPE
+from regional_node.server.prefixes import PrefixCacheView
 from regional_node.server.serving import NodeState, serve_chat, serve_completion
 
 _encoder = msgspec.json.Encoder()
@@ -86,8 +88,13 @@ async def ready(node: NodeState, model: str | None = None) -> Response[bytes]:
 
 
 @get("/load")
-async def load(node: NodeState) -> Response[bytes]:
-    return _json(load_report(node.config, node.pool))
+async def load(node: NodeState, prefixes: str | None = None) -> Response[bytes]:
+    """`prefixes=<epoch>.<version>`: the prefix table's changes since then (protocol/prefix_cache.py)."""
+    engines = {m.name: m.engine for m in node.pool.models() if isinstance(m.engine, PrefixCacheView)}
+    node.prefixes.refresh(engines)
+    report = load_report(node.config, node.pool)
+    report.prefix_cache = node.prefixes.state(parse_since(prefixes))
+    return _json(report)
 
 
 @get("/metrics")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -28,7 +28,13 @@ from regional_node.server.errors import api_error
 from regional_node.server.generation import GenerationRequest, collect, start_generation
 from regional_node.server.metrics import NodeMetrics
 from regional_node.server.pool import ModelPool, ServedModel
-from regional_node.server.prompts import chat_prompt_ids, completion_prompt, completion_prompt_ids
+from regional_node.server.prefixes import PrefixCacheView, PrefixDirectory, chat_prefixes
+from regional_node.server.prompts import (
+    chat_messages,
+    chat_prompt_ids,
+    completion_prompt,
+    completion_prompt_ids,
+)
 from regional_node.server.sampling import check_supported, sampling_params
 from regional_node.server.streaming import SSE_HEADERS, SSE_MEDIA_TYPE, ChunkSource, sse_stream
 from regional_node.server.tenancy import tenancy_from
@@ -46,6 +52,8 @@ class NodeState:
     pool: ModelPool
     metrics: NodeMetrics
     tracer: NodeTracer | None = None  # OTEL_* said to trace (telemetry/); None: off
+    # What the prefix caches hold, published in /load for the gateways' routers.
+    prefixes: PrefixDirectory = field(default_factory=PrefixDirectory)
 
 
 async def serve_chat(
@@ -61,7 +69,13 @@ async def serve_chat(
     response_id = new_id("chatcmpl")
     source = ChatFormat(body, response_id, model.name, tokenizer)
     job = _job(node, request.headers, model, body, prompt_ids, response_id, "chat", "messages")
-    return await _respond(node, request, job, source, body.stream, body.stream_options)
+    # Rendering the prefixes (a few ms of template and tokenizer work) runs beside the engine's
+    # prefill, off the first token's path; it is done long before the response is.
+    recording = asyncio.create_task(_record_prefixes(node, request.headers, model, body, prompt_ids))
+    try:
+        return await _respond(node, request, job, source, body.stream, body.stream_options)
+    finally:
+        await asyncio.shield(recording)
 
 
 async def serve_completion(
@@ -79,6 +93,25 @@ async def serve_completion(
     source = CompletionFormat(body, response_id, model.name, tokenizer)
     job = _job(node, request.headers, model, body, prompt_ids, response_id, "completions", "prompt")
     return await _respond(node, request, job, source, body.stream, body.stream_options)
+
+
+async def _record_prefixes(
+    node: NodeState,
+    headers: Mapping[str, str],
+    model: ServedModel,
+    body: ChatCompletionRequest,
+    prompt_ids: list[int],
+) -> None:
+    """Note the request's message prefixes for publication (regional_node/server/prefixes.py)."""
+    engine, tokenizer = model.engine, model.engine.tokenizer
+    if not isinstance(engine, PrefixCacheView) or tokenizer is None:
+        return  # an engine whose cache cannot be read (vLLM's): nothing is published
+    conversation = tuple((m["role"], m["content"]) for m in chat_messages(body))
+    salt = tenancy_from(headers, body.user).cache_salt
+    prefixes = await asyncio.to_thread(
+        chat_prefixes, engine, tokenizer, model.name, conversation, prompt_ids, salt, engine.kv_block_size
+    )
+    node.prefixes.record(model.name, prefixes)
 
 
 def _job(

@@ -189,8 +189,8 @@ def test_load_band_width_is_a_parameter() -> None:
     assert order(wide) == [preferred, other]
 
 
-def test_target_reason_names_region_and_load() -> None:
+def test_target_reason_names_region_load_and_cost_parts() -> None:
     decision = route(RouteRequest(LARGE, home_region="eu-west"), ANYWHERE, fleet(node("w", kv=0.123)))
 
-    assert decision.targets[0].reason == "region=eu-west;same-region;load=0.12"
+    assert decision.targets[0].reason == "region=eu-west;same-region;load=0.12;cost=0.000;cached=0;wait=0.000"
     assert decision.reason == "model=meridian-large; residency=anywhere; preferred=eu-west; 1 node"
