@@ -140,6 +140,8 @@ def running_systems(work: Path, args: argparse.Namespace) -> Iterator[list[Syste
             started.append(
                 start_meridian(work, upstream.base_url, workers=args.workers, only_phases=SCALING_PHASES)
             )
+        for server in args.servers:
+            started.append(start_meridian(work, upstream.base_url, server=server))
         if args.compare_litellm:
             started.append(start_litellm(work, upstream.base_url, args.litellm_venv))
         yield started
@@ -198,11 +200,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     conditions["versions"] = _versions(args.litellm_venv if args.compare_litellm else None)
     conditions["duration_s"] = round(time.monotonic() - started, 1)
     summaries = summarize(runs, plan)
-    added = {
-        name: added_latency(summaries, name)
-        for name in ("meridian", "meridian_base", "litellm")
-        if name in summaries
-    }
+    added = {name: added_latency(summaries, name) for name in summaries if name != "direct"}
     comparison = compare(summaries, added) if "litellm" in summaries else None
     return {
         "conditions": conditions,
@@ -243,6 +241,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--litellm-venv", type=Path, default=DEFAULT_VENV)
     parser.add_argument(
         "--compare-tree", type=Path, help="also measure Meridian from this checkout, as meridian_base"
+    )
+    parser.add_argument(
+        "--servers",
+        type=lambda value: [s for s in value.split(",") if s],
+        default=[],
+        help="also measure the gateway app under these ASGI servers (granian,hypercorn): "
+        "meridian_granian, meridian_hypercorn",
     )
     parser.add_argument("--keep-logs", type=Path, help="copy the servers' logs to this folder")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)

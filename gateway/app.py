@@ -26,6 +26,7 @@ from gateway.discovery.build import build_region_directory
 from gateway.discovery.interface import RegionDirectory
 from gateway.health import BreakerBoard, build_board, ejection
 from gateway.health.probes import NodeProber, ProbeResult
+from gateway.http import ConnectionPool
 from gateway.ledger.build import Ledger, build_ledger
 from gateway.ledger.outbox import LocalOutbox
 from gateway.metrics import GatewayMetrics
@@ -38,7 +39,6 @@ from gateway.safety.guard import SafetyGuard
 from gateway.tracing import TracedForwarder, TracedPipeline
 from gateway.upstreams.failover import Forwarder
 from gateway.upstreams.fleet import Fleet, ProviderSet
-from gateway.upstreams.http1 import ConnectionPool
 from gateway.upstreams.node import NodeUpstream
 from gateway.upstreams.providers import build_providers
 from router.types import NodeInfo, TenantPolicy

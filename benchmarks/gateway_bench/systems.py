@@ -111,16 +111,25 @@ def start_meridian(
     tree: Path | None = None,
     name: str | None = None,
     env: dict[str, str] | None = None,
+    server: str = "uvicorn",
 ) -> System:
     """Meridian from this checkout, or with `tree` from another one (named meridian_base): the
     same benchmark run then measures two versions of the code side by side, in the same
     conditions. `env` adds environment variables (e.g. OTEL_* to trace)."""
     name = name or (
-        "meridian_base" if tree is not None else "meridian" if workers == 1 else f"meridian_w{workers}"
+        "meridian_base"
+        if tree is not None
+        else f"meridian_{server}"
+        if server != "uvicorn"
+        else "meridian"
+        if workers == 1
+        else f"meridian_w{workers}"
     )
     port = free_port()
     config = write_meridian_config(work / name, upstream_url, port)
     cmd = [sys.executable, "-m", "meridian.cli", "gateway", "--config", str(config)]
+    if server != "uvicorn":  # the same app under another ASGI server (gateway_bench.other_servers)
+        cmd = [sys.executable, "-m", "gateway_bench.other_servers", server, str(config), str(port)]
     if workers > 1:
         cmd += ["--workers", str(workers)]
     if tree is None:

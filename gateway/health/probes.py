@@ -4,7 +4,7 @@ Results feed NodeInfo.healthy and NodeInfo.load in the fleet snapshot. A node th
 heard from yet counts as not ready, so a node added to the directory gets traffic only after
 its first successful probe.
 
-Probes go over their own pool of the gateway's HTTP/1.1 client (gateway/upstreams/http1.py), so
+Probes go over their own pool of the gateway's HTTP/1.1 client (gateway/http/), so
 they never queue behind traffic and get the same keep-alive rules: a probe never fails because
 the node closed an idle connection just as it was reused, whatever the node's keep-alive.
 """
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import msgspec
 
 from gateway.discovery.interface import RegionDirectory
+from gateway.http import ConnectionPool, TransportError
 from gateway.runtime.tasks import cancel_and_wait
-from gateway.upstreams.http1 import ConnectionPool, TransportError, split_url
 from protocol.load import LoadReport
 from router.types import ModelQueue, ModelVersion, NodeInfo, NodeLoad
 
@@ -61,7 +61,7 @@ class NodeProber:
         self._pool = pool
         self._interval_s = interval_s
         self._timeout_s = timeout_s
-        self._headers = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+        self._headers = dict(headers)
         self._on_result = on_result
         self._results: dict[str, ProbeResult] = {}
         self._task: asyncio.Task[None] | None = None
@@ -115,13 +115,10 @@ class NodeProber:
     async def _get(self, node: NodeInfo, path: str) -> tuple[int, bytes] | None:
         """(status, body) of GET `path` on the node; None if it could not be asked or answer."""
         try:
-            origin, host, prefix = split_url(node.url)
-        except ValueError:  # a bad URL in the directory must not end the whole round
-            return None
-        raw = f"GET {prefix}{path} HTTP/1.1\r\nhost: {host}\r\n{self._headers}\r\n".encode()
-        try:
-            response = await self._pool.request(origin, raw, timeout_s=self._timeout_s)
-        except TransportError:
+            response = await self._pool.get(
+                node.url.rstrip("/") + path, headers=self._headers, timeout_s=self._timeout_s
+            )
+        except (ValueError, TransportError):  # a bad URL in the directory must not end the round
             return None
         return response.status, response.body
 

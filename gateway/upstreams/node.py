@@ -16,8 +16,7 @@ from typing import Any
 
 import msgspec
 
-from gateway.upstreams.base import Endpoint, UpstreamError
-from gateway.upstreams.http1 import (
+from gateway.http import (
     Connection,
     ConnectionPool,
     Response,
@@ -25,6 +24,7 @@ from gateway.upstreams.http1 import (
     TransportError,
     split_url,
 )
+from gateway.upstreams.base import Endpoint, UpstreamError
 from protocol.sse import DataLines
 from protocol.timing import TIMINGS_FIELD, parse_server_timing
 

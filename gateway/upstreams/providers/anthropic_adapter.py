@@ -13,8 +13,8 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from gateway.http import Connection, ConnectionPool
 from gateway.upstreams.base import Endpoint
-from gateway.upstreams.http1 import Connection, ConnectionPool
 from gateway.upstreams.providers.anthropic_errors import anthropic_status_error
 from gateway.upstreams.providers.anthropic_stream import MessagesToChatStream
 from gateway.upstreams.providers.anthropic_translate import (

@@ -13,8 +13,8 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from gateway.http import Connection, ConnectionPool
 from gateway.upstreams.base import Endpoint
-from gateway.upstreams.http1 import Connection, ConnectionPool
 from gateway.upstreams.providers.config import ProviderEntry
 from gateway.upstreams.providers.errors import ProviderError, status_error
 from gateway.upstreams.providers.http_adapter import HTTPProviderAdapter
