@@ -36,6 +36,7 @@ def _write_config(folder: Path, port: int) -> Path:
         "policies": "policies",
         "directory": {"type": "static", "file": "regions.yaml"},
         "listen": {"host": "127.0.0.1", "port": port},
+        "admin": {"host": "127.0.0.1", "port": free_port()},  # /metrics; never a fixed port in tests
     }
     path = folder / "gateway.yaml"
     path.write_text(yaml.safe_dump(config))
