@@ -96,6 +96,7 @@ def write_meridian_config(work: Path, upstream_url: str, port: int) -> Path:
         "policies": "policies",
         "directory": {"type": "static", "file": "regions.yaml"},
         "listen": {"host": "127.0.0.1", "port": port},
+        "admin": {"host": "127.0.0.1", "port": free_port()},  # /metrics, unused here
     }
     path = folder / "gateway.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
