@@ -168,7 +168,17 @@ def main(argv: list[str] | None = None) -> int:
         systems: list[System] = []
         try:
             systems.append(start_upstream(work, chunks=args.chunks))
-            systems.append(start_meridian(work, systems[0].base_url, tree=args.tree))
+            # py-spy pauses the gateway for every sample: with the default 0.5 s probe timeout a
+            # busy machine then made the upstream look unhealthy (503s) mid-profile, and the
+            # paused streams' latencies made admission shed (429s). Both are off the request's
+            # CPU path (the prober runs on its own timer; admission's estimate is still computed).
+            extra = {
+                "timeouts": {"probe_s": 10.0},
+                "admission": {
+                    "interactive": {"target_ttft_s": 30.0, "queue_deadline_s": 10.0, "max_queue": 256}
+                },
+            }
+            systems.append(start_meridian(work, systems[0].base_url, tree=args.tree, extra_config=extra))
             warm_up(systems[1:], 500, args.deadline_s)
             for phase in loads:
                 raw = args.out.with_name(f"{args.out.stem}_{phase.name}.collapsed.txt")
