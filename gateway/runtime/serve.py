@@ -14,15 +14,13 @@ import gc
 import logging
 import socket
 from collections.abc import Coroutine, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import uvicorn
 from litestar import Litestar
 
+from gateway.app import Gateway, create_admin_app
 from http_server import server_config
-
-if TYPE_CHECKING:
-    from gateway.app import Gateway
 
 logger = logging.getLogger(__name__)
 _BACKLOG = 2048  # uvicorn's default
@@ -65,8 +63,6 @@ def uvicorn_config(app: Litestar, host: str, port: int, *, log_level: str = "war
 
 def admin_config(app: Litestar, sock: socket.socket, *, log_level: str = "warning") -> uvicorn.Config:
     """The admin listener's server config, on `sock` (bound by `bind`), for the public `app`'s gateway."""
-    from gateway.app import create_admin_app
-
     gateway: Gateway = app.state["gateway"]
     host, port = sock.getsockname()[:2]
     return server_config(
