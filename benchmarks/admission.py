@@ -59,7 +59,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -369,6 +369,7 @@ class Federation:
     node: Server
     node_url: str
     gateways: dict[str, tuple[Server, str]]  # "on" / "off" -> (process, url)
+    admin_urls: dict[str, str] = field(default_factory=dict)  # "on" / "off" -> /metrics' listener
 
     def url(self, mode: str) -> str:
         return self.gateways[mode][1]
@@ -430,7 +431,7 @@ def start_federation(work: Path, args: argparse.Namespace) -> Federation:
         }
         (work / "regions.yaml").write_text(yaml.safe_dump(regions))
         for mode in ("on", "off"):
-            port = free_port()
+            port, admin_port = free_port(), free_port()
             admission: dict[str, Any] = {"enabled": mode == "on"}
             if mode == "on":
                 admission["interactive"] = {
@@ -444,6 +445,7 @@ def start_federation(work: Path, args: argparse.Namespace) -> Federation:
                 "policies": str(work / "policies"),
                 "directory": {"type": "static", "file": str(work / "regions.yaml")},
                 "listen": {"host": "127.0.0.1", "port": port},
+                "admin": {"host": "127.0.0.1", "port": admin_port},  # /metrics
                 "timeouts": {"probe_interval_s": args.probe_interval_s, "stream_idle_s": 60.0},
                 "admission": admission,
                 "ledger": {"enabled": False},
@@ -459,6 +461,7 @@ def start_federation(work: Path, args: argparse.Namespace) -> Federation:
             )
             url = f"http://127.0.0.1:{port}"
             federation.gateways[mode] = (gateway, url)
+            federation.admin_urls[mode] = f"http://127.0.0.1:{admin_port}"
             wait_until(gateway, lambda u=url: _ok(f"{u}/ready", {}), 60)
     except BaseException:
         federation.stop()
@@ -562,7 +565,7 @@ async def measure(federation: Federation, args: argparse.Namespace) -> dict[str,
         print(f"idle burst of {args.max_num_seqs}: {idle_burst['outcomes']}", flush=True)
         # Offered load against capacity, both modes.
         runs: list[dict[str, Any]] = []
-        first_scrape = await scrape(client, federation.url("on"), "interactive")
+        first_scrape = await scrape(client, federation.admin_urls["on"], "interactive")
         for mode in ("on", "off"):  # on first: see the module docstring
             for factor in FACTORS:
                 runs.append(
@@ -570,7 +573,7 @@ async def measure(federation: Federation, args: argparse.Namespace) -> dict[str,
                 )
                 runs[-1]["factor"] = factor
                 _print_run(runs[-1])
-        last_scrape = await scrape(client, federation.url("on"), "interactive")
+        last_scrape = await scrape(client, federation.admin_urls["on"], "interactive")
         estimate_all = error_quantiles(
             bucket_delta(last_scrape["estimate_error"], first_scrape["estimate_error"])
         )
@@ -608,7 +611,8 @@ async def _run(
     url = federation.url(mode)
     # Batch is held back for batch_holdoff_s (5 s) after interactive pressure: let that pass too.
     await wait_idle(client, federation.node_url, args.probe_interval_s + (5.5 if "batch" in rates else 0.5))
-    before = {tier: await scrape(client, url, tier) for tier in rates} if mode == "on" else {}
+    admin_url = federation.admin_urls[mode]
+    before = {tier: await scrape(client, admin_url, tier) for tier in rates} if mode == "on" else {}
     node_before = await node_state(client, federation.node_url)
     node_ttft_before = await scrape_node_ttft(client, federation.node_url)
     started = time.perf_counter()
@@ -633,7 +637,7 @@ async def _run(
             **summarize(outcomes, duration_s=args.duration_s, target_s=tier_target, slo_s=slo),
         }
         if mode == "on":
-            after = await scrape(client, url, tier)
+            after = await scrape(client, admin_url, tier)
             row[tier]["estimate_error"] = error_quantiles(
                 bucket_delta(after["estimate_error"], before[tier]["estimate_error"])
             )

@@ -97,6 +97,7 @@ def write_federation(work: Path, k: int) -> tuple[Path, Path, int, int]:
         "policies": str(work / "policies"),
         "directory": {"type": "static", "file": str(work / "regions.yaml")},
         "listen": {"host": "127.0.0.1", "port": gateway_port},
+        "admin": {"host": "127.0.0.1", "port": free_port()},  # /metrics
         "auto": {
             # A short prompt starts small whatever the history; the doubter never cools down.
             "classifier": {"weights": {"escalation_rate": 0.0}},

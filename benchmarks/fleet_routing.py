@@ -58,8 +58,8 @@ from gateway_bench.report import percentile
 from gateway_bench.systems import NODE_TOKEN, REPO, python_env
 
 from gateway.health.probes import NodeProber
+from gateway.http import ConnectionPool
 from gateway.policy import hash_api_key
-from gateway.upstreams.http1 import ConnectionPool
 from protocol.prefix_cache import conversation_of
 from regional_node.checkpoints import init_checkpoint
 from router import FleetSnapshot, NodeInfo, RouteRequest, rendezvous_rank, route

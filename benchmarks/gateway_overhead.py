@@ -38,10 +38,14 @@ What it does, in order:
      --deadline-s) that reports its own CPU use; every reply is checked (200 and choices, or a
      stream ending in [DONE]). Each system's CPU time is read from /proc around every
      measurement (for "direct", the upstream, which also serves the proxies' requests).
-  6. Then the RSS phase, on the one-worker Meridian only: --rss-requests non-streamed requests
+  6. The independent overhead method (gateway_bench.sequential), as public gateway comparisons
+     measure it: --sequential-requests sequential non-streamed requests per system per round on
+     one keep-alive httpx connection, in --sequential-rounds rounds with the order rotating; the
+     median of each round's block, the median of those, minus direct's (0 skips it).
+  7. Then the RSS phase, on the one-worker Meridian only: --rss-requests non-streamed requests
      at concurrency 32 in two halves, with the gateway's VmRSS (/proc/PID/status) read before,
      between and after them (0 skips it). Growth in the second half would be a leak.
-  7. Writes benchmarks/results/gateway_overhead.json (conditions, per-system summaries, added
+  8. Writes benchmarks/results/gateway_overhead.json (conditions, per-system summaries, added
      latency, scaling, RSS, the issue's absolute goals for Meridian, and with LiteLLM the target
      ratios) and prints a table. Targets against LiteLLM: its p50 added latency (chat_c1) at least
      5x Meridian's, and Meridian's chat_c32 requests/s at least 3x LiteLLM's.
@@ -72,6 +76,7 @@ from gateway_bench.litellm_proxy import DEFAULT_VENV, litellm_version, start_lit
 from gateway_bench.processes import stop_server
 from gateway_bench.report import added_latency, compare, goals, scaling, summarize, table
 from gateway_bench.runner import Phase, measure, measure_rss, warm_up
+from gateway_bench.sequential import measure_sequential, sequential_lines
 from gateway_bench.systems import REPO, System, start_meridian, start_upstream
 
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "gateway_overhead.json"
@@ -83,6 +88,8 @@ FULL = {
     "rss_requests": 100_000,
     "rounds": 3,
     "warmup": 200,
+    "sequential_requests": 200,
+    "sequential_rounds": 5,
 }
 QUICK = {
     "requests_c1": 60,
@@ -92,6 +99,8 @@ QUICK = {
     "rss_requests": 0,
     "rounds": 1,
     "warmup": 64,
+    "sequential_requests": 50,
+    "sequential_rounds": 2,
 }
 # The phases a `--workers N` gateway is measured in: scaling is about throughput.
 SCALING_PHASES = frozenset({"chat_c32", "stream_c32"})
@@ -140,6 +149,8 @@ def running_systems(work: Path, args: argparse.Namespace) -> Iterator[list[Syste
             started.append(
                 start_meridian(work, upstream.base_url, workers=args.workers, only_phases=SCALING_PHASES)
             )
+        for server in args.servers:
+            started.append(start_meridian(work, upstream.base_url, server=server))
         if args.compare_litellm:
             started.append(start_litellm(work, upstream.base_url, args.litellm_venv))
         yield started
@@ -182,8 +193,15 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         work = Path(folder)
         with running_systems(work, args) as systems:
             print(f"systems up: {', '.join(f'{s.name} {s.base_url}' for s in systems)}", flush=True)
+            # Added latency is measured at concurrency 1: for the systems that take part in it.
+            proxies = [s.name for s in systems if not s.is_upstream and s.only_phases is None]
             warm_up(systems, args.warmup, args.deadline_s)
             runs = measure(systems, plan, rounds=args.rounds, deadline_s=args.deadline_s)
+            sequential = None
+            if args.sequential_requests > 0:
+                sequential = measure_sequential(
+                    systems, rounds=args.sequential_rounds, requests=args.sequential_requests
+                )
             rss = None
             if args.rss_requests > 0:
                 print(f"  rss: {args.rss_requests} requests through meridian ...", flush=True)
@@ -198,11 +216,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     conditions["versions"] = _versions(args.litellm_venv if args.compare_litellm else None)
     conditions["duration_s"] = round(time.monotonic() - started, 1)
     summaries = summarize(runs, plan)
-    added = {
-        name: added_latency(summaries, name)
-        for name in ("meridian", "meridian_base", "litellm")
-        if name in summaries
-    }
+    added = {name: added_latency(summaries, name) for name in proxies}
     comparison = compare(summaries, added) if "litellm" in summaries else None
     return {
         "conditions": conditions,
@@ -212,6 +226,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "rss": rss,
         "goals": goals(summaries, added, rss),
         "comparison": comparison,
+        "sequential_overhead": sequential,
     }
 
 
@@ -238,11 +253,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--workers", type=int, default=1, help="also measure `meridian gateway --workers N` (N > 1)"
     )
     parser.add_argument("--warmup", type=int, help="unrecorded requests per system before measuring")
+    parser.add_argument(
+        "--sequential-requests",
+        type=int,
+        help="the independent method: sequential requests per system per round (0 skips it; "
+        "default 200, --quick 50)",
+    )
+    parser.add_argument(
+        "--sequential-rounds", type=int, help="the independent method's rounds (default 5, --quick 2)"
+    )
     parser.add_argument("--chunks", type=int, default=16, help="content chunks per upstream stream")
     parser.add_argument("--deadline-s", type=float, default=180.0, help="time bound of one measurement")
     parser.add_argument("--litellm-venv", type=Path, default=DEFAULT_VENV)
     parser.add_argument(
         "--compare-tree", type=Path, help="also measure Meridian from this checkout, as meridian_base"
+    )
+    parser.add_argument(
+        "--servers",
+        type=lambda value: [s for s in value.split(",") if s],
+        default=[],
+        help="also measure the gateway app under these ASGI servers (granian,hypercorn): "
+        "meridian_granian, meridian_hypercorn",
     )
     parser.add_argument("--keep-logs", type=Path, help="copy the servers' logs to this folder")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -259,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(table(result["systems"], result["added_latency_ms"], result["comparison"], result))
+    if result["sequential_overhead"] is not None:
+        print("\n".join(sequential_lines(result["sequential_overhead"])))
     print(f"wrote {args.out}")
     return 0
 

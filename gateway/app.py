@@ -18,7 +18,7 @@ from litestar import Litestar
 from litestar.di import Provide
 from litestar.types import ControllerRouterHandler
 
-from gateway.api import FRONT_DOORS
+from gateway.api import FRONT_DOORS, AdminController, MetricsController
 from gateway.api.doors import any_door_errors
 from gateway.batches.batches import Batches, build_batches
 from gateway.call.pipeline import RequestPipeline
@@ -27,6 +27,7 @@ from gateway.discovery.build import build_region_directory
 from gateway.discovery.interface import RegionDirectory
 from gateway.health import BreakerBoard, build_board, ejection
 from gateway.health.probes import NodeProber, ProbeResult
+from gateway.http import ConnectionPool
 from gateway.ledger.build import Ledger, build_ledger
 from gateway.ledger.outbox import LocalOutbox
 from gateway.metrics import GatewayMetrics
@@ -39,7 +40,6 @@ from gateway.safety.guard import SafetyGuard
 from gateway.tracing import TracingObserver
 from gateway.upstreams.failover import Forwarder
 from gateway.upstreams.fleet import Fleet, ProviderSet
-from gateway.upstreams.http1 import ConnectionPool
 from gateway.upstreams.node import NodeUpstream
 from gateway.upstreams.providers import build_providers
 from router.types import NodeInfo, TenantPolicy
@@ -245,6 +245,13 @@ def build_gateway(
     )
 
 
+def _provide(value: Any) -> Provide:
+    async def dependency() -> Any:
+        return value
+
+    return Provide(dependency, use_cache=True)
+
+
 def create_app(
     config: GatewayConfig,
     *,
@@ -255,23 +262,16 @@ def create_app(
 ) -> Litestar:
     """The gateway app. `extra_policies` are in-memory tenants (e.g. `meridian up`'s demo tenant)."""
     gateway = gateway or build_gateway(config, extra_policies=extra_policies, env=env)
-
-    def provide(value: Any) -> Provide:
-        async def dependency() -> Any:
-            return value
-
-        return Provide(dependency, use_cache=True)
-
     return Litestar(
         route_handlers=list(route_handlers),
         dependencies={
-            "pipeline": provide(gateway.pipeline),
-            "fleet": provide(gateway.fleet),
-            "metrics": provide(gateway.metrics),
-            "safety": provide(gateway.safety),
-            "ledger": provide(gateway.ledger),
-            "responses": provide(gateway.responses),
-            "batches": provide(gateway.batches),
+            "pipeline": _provide(gateway.pipeline),
+            "fleet": _provide(gateway.fleet),
+            "metrics": _provide(gateway.metrics),
+            "safety": _provide(gateway.safety),
+            "ledger": _provide(gateway.ledger),
+            "responses": _provide(gateway.responses),
+            "batches": _provide(gateway.batches),
         },
         exception_handlers={Exception: any_door_errors},
         lifespan=[gateway.lifespan],
@@ -280,5 +280,23 @@ def create_app(
         # cannot see request bodies the front doors read themselves.
         openapi_config=None,
         # Logging is the process's business (the CLI configures it), not each app's.
+        logging_config=None,
+    )
+
+
+def create_admin_app(gateway: Gateway) -> Litestar:
+    """The admin listener's app (`admin:` in the config): `/metrics`, which names every tenant with
+    its tokens and cost, and `/health` and `/ready` for probes that come the same way. It shares
+    the public app's gateway and has no lifespan of its own: the public app starts and stops it."""
+    return Litestar(
+        route_handlers=[MetricsController, AdminController],
+        dependencies={
+            "metrics": _provide(gateway.metrics),
+            "fleet": _provide(gateway.fleet),
+            "safety": _provide(gateway.safety),
+        },
+        exception_handlers={Exception: any_door_errors},
+        state={"gateway": gateway},  # type: ignore[arg-type]
+        openapi_config=None,
         logging_config=None,
     )

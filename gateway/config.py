@@ -55,6 +55,15 @@ class ListenConfig(Section):
     port: int = 8080
 
 
+class AdminListenConfig(Section):
+    """The operators' listener: `GET /metrics` (Prometheus), which names every tenant with its
+    tokens and cost, so it is never served on the public `listen` port. Loopback by default; in
+    a cluster, bind it wider and let only Prometheus reach it (deploy/k8s NetworkPolicy)."""
+
+    host: str = "127.0.0.1"
+    port: int = 9464  # the port the OpenTelemetry Prometheus exporters use for metrics
+
+
 class RolloutConfig(Section):
     """`rollout: {versions: {v2: 10, v1: 90}}`: each request's sticky key draws a version by
     weight (router/rollout.py). The first version listed owns the bottom of the range, so put the
@@ -233,6 +242,7 @@ class GatewayConfig(Section):
     policies: str  # folder of tenant policy YAML files
     directory: DirectoryConfig
     listen: ListenConfig = msgspec.field(default_factory=ListenConfig)
+    admin: AdminListenConfig = msgspec.field(default_factory=AdminListenConfig)  # /metrics
     quota: QuotaConfig = msgspec.field(default_factory=QuotaConfig)  # defaults: the in-process store
     ledger: LedgerConfig = msgspec.field(default_factory=LedgerConfig)  # defaults: embedded, SQLite
     price_table_version: str = "unversioned"  # recorded with every usage event's cost

@@ -5,6 +5,8 @@ own events (opened, request begun, headers complete), which an ASGI app never se
 refused here never reaches the app. Refusals are written directly, with `connection: close`, and
 the connection is closed; in OpenAI's error format, or in the format the server was given for
 the path the request named (`error_formats`: the gateway's /v1/messages answers in Anthropic's).
+An app's answer given before the request's body arrived also says `connection: close` and ends
+the connection cleanly (`_EarlyAnswerCycle`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 
 import msgspec
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from http_server.limits import LAST_LOOK_S, ServerLimits
 from protocol.errors import APIError, RequestTimeoutError, ServiceUnavailableError, error_for_status
@@ -52,6 +54,32 @@ def refusal(error: APIError, path: bytes = b"", formats: ErrorFormats | None = N
     ]
     head += [f"{name}: {value}\r\n".encode("latin-1") for name, value in error.headers.items()]
     return b"".join([*head, b"\r\n", body])
+
+
+class _EarlyAnswerCycle(RequestResponseCycle):
+    """uvicorn's request cycle, which says `connection: close` when the app answers before the
+    request's body has arrived (401 for a missing key, 404, 405, 413, 408).
+
+    Plain uvicorn keeps such a connection, reading and dropping the rest of the body for as long
+    as the client sends it; ours half-closed it without saying so, and a kept-alive client's next
+    request on it met EOF ("Server disconnected without sending a response"). Now the client is
+    told, and the connection ends after the response (`LimitedHttpProtocol._linger`: half-closed,
+    what the client still sends is dropped, then closed — never a reset that could destroy the
+    response). Reading the rest instead would hold a connection for a body nobody wants, for as
+    long as a slow client takes to send it."""
+
+    closes_early = False
+
+    async def send(self, message: Any) -> None:
+        if message["type"] == "http.response.start" and self.more_body and not self.response_started:
+            self.closes_early = True
+            headers = [*message.get("headers", ()), (b"connection", b"close")]
+            await super().send({**message, "headers": headers})
+            # uvicorn would close the transport at the response's end, resetting a socket that
+            # may hold unread body bytes; the protocol lingers instead (on_response_complete).
+            self.keep_alive = True
+            return
+        await super().send(message)
 
 
 class _HeadersTooLarge(Exception):
@@ -112,11 +140,16 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._stop_head_timer()
         super().on_headers_complete()
+        if type(self.cycle) is RequestResponseCycle:
+            # uvicorn builds the cycle itself; its ASGI task has not run yet, so every send goes
+            # through the subclass (it adds behaviour only, no state of its own but a flag).
+            self.cycle.__class__ = _EarlyAnswerCycle
 
     def on_response_complete(self) -> None:
-        if self.cycle.more_body and not self.transport.is_closing():
-            # Answered before the request's body was read (413, 408): the rest of it would be
-            # read and dropped for as long as the client kept sending. Close instead, gently.
+        cycle = self.cycle
+        if (cycle.more_body or getattr(cycle, "closes_early", False)) and not self.transport.is_closing():
+            # Answered before the request's body was read (401, 404, 413, 408, ...): the response
+            # said `connection: close` (_EarlyAnswerCycle); close, gently.
             self._linger()
             return
         super().on_response_complete()

@@ -69,8 +69,9 @@ def _gateway_main(args: argparse.Namespace) -> int:
         return 2
     host = args.host or config.listen.host
     port = args.port if args.port is not None else config.listen.port
+    admin = (config.admin.host, args.admin_port if args.admin_port is not None else config.admin.port)
     if args.workers == 1:
-        return run_gateway(app, host, port)
+        return run_gateway(app, host, port, admin)
     del app
     if config.quota.redis_url is None:
         logger.warning(
@@ -79,7 +80,9 @@ def _gateway_main(args: argparse.Namespace) -> int:
             args.workers,
             args.workers,
         )
-    return run_workers(functools.partial(_worker_app, str(args.config)), host, port, args.workers)
+    return run_workers(
+        functools.partial(_worker_app, str(args.config)), host, port, args.workers, admin=admin
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,6 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
     gateway.add_argument("--config", required=True, help="gateway YAML config (see gateway/README.md)")
     gateway.add_argument("--host", help="listen address (default: the config's listen.host)")
     gateway.add_argument("--port", type=int, help="listen port (default: the config's listen.port)")
+    gateway.add_argument(
+        "--admin-port",
+        type=int,
+        help="the admin listener's port, serving /metrics (default: the config's admin.port)",
+    )
     gateway.add_argument(
         "--workers",
         type=int,

@@ -76,7 +76,9 @@ def start_upstream(work: Path, *, chunks: int) -> System:
     return system
 
 
-def write_meridian_config(work: Path, upstream_url: str, port: int) -> Path:
+def write_meridian_config(
+    work: Path, upstream_url: str, port: int, extra: dict[str, object] | None = None
+) -> Path:
     """gateway.yaml, regions.yaml and a policies/ folder, as an operator would write them."""
     folder = work / "meridian"
     (folder / "policies").mkdir(parents=True, exist_ok=True)
@@ -96,6 +98,8 @@ def write_meridian_config(work: Path, upstream_url: str, port: int) -> Path:
         "policies": "policies",
         "directory": {"type": "static", "file": "regions.yaml"},
         "listen": {"host": "127.0.0.1", "port": port},
+        "admin": {"host": "127.0.0.1", "port": free_port()},  # /metrics, unused here
+        **(extra or {}),
     }
     path = folder / "gateway.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -111,16 +115,26 @@ def start_meridian(
     tree: Path | None = None,
     name: str | None = None,
     env: dict[str, str] | None = None,
+    server: str = "uvicorn",
+    extra_config: dict[str, object] | None = None,
 ) -> System:
     """Meridian from this checkout, or with `tree` from another one (named meridian_base): the
     same benchmark run then measures two versions of the code side by side, in the same
     conditions. `env` adds environment variables (e.g. OTEL_* to trace)."""
     name = name or (
-        "meridian_base" if tree is not None else "meridian" if workers == 1 else f"meridian_w{workers}"
+        "meridian_base"
+        if tree is not None
+        else f"meridian_{server}"
+        if server != "uvicorn"
+        else "meridian"
+        if workers == 1
+        else f"meridian_w{workers}"
     )
     port = free_port()
-    config = write_meridian_config(work / name, upstream_url, port)
+    config = write_meridian_config(work / name, upstream_url, port, extra_config)
     cmd = [sys.executable, "-m", "meridian.cli", "gateway", "--config", str(config)]
+    if server != "uvicorn":  # the same app under another ASGI server (gateway_bench.other_servers)
+        cmd = [sys.executable, "-m", "gateway_bench.other_servers", server, str(config), str(port)]
     if workers > 1:
         cmd += ["--workers", str(workers)]
     if tree is None:

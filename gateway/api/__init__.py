@@ -1,6 +1,6 @@
 """The gateway's HTTP front doors, one controller module each, registered by gateway.app."""
 
-from gateway.api.admin_routes import AdminController
+from gateway.api.admin_routes import AdminController, MetricsController
 from gateway.api.anthropic_routes import AnthropicController
 from gateway.api.batches_routes import BatchesController, FilesController
 from gateway.api.openai_routes import OpenAIController
@@ -28,6 +28,7 @@ __all__ = [
     "AnthropicController",
     "BatchesController",
     "FilesController",
+    "MetricsController",
     "OpenAIController",
     "OpenAPIController",
     "QuotaController",

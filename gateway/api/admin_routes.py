@@ -1,4 +1,5 @@
-"""Operational endpoints: liveness with a fleet summary, and Prometheus metrics."""
+"""Operational endpoints: liveness with a fleet summary and readiness on the public listener;
+Prometheus metrics (which name tenants) on the admin listener only (gateway.app.create_admin_app)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,10 @@ class AdminController(Controller):
             why = getattr(classifier, "load_error", None) or "the safety classifier is loading"
             return Response({"ready": False, "reason": why}, status_code=503)
         return Response({"ready": True}, status_code=200)
+
+
+class MetricsController(Controller):
+    """The admin listener's routes: never registered on the public one (tenant names, tokens, cost)."""
 
     @get("/metrics")
     async def metrics(self, metrics: GatewayMetrics) -> Response[bytes]:

@@ -9,7 +9,7 @@ answers, asked for as changes since the version last applied; a node that leaves
 forgotten, one that restarts answers in full under a new epoch. `NodeLoad.cached_prefixes` is the
 mirror's table, so every replica that read the same version routes on the same table.
 
-Probes go over their own pool of the gateway's HTTP/1.1 client (gateway/upstreams/http1.py), so
+Probes go over their own pool of the gateway's HTTP/1.1 client (gateway/http/), so
 they never queue behind traffic and get the same keep-alive rules: a probe never fails because
 the node closed an idle connection just as it was reused, whatever the node's keep-alive.
 """
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import msgspec
 
 from gateway.discovery.interface import RegionDirectory
+from gateway.http import ConnectionPool, TransportError
 from gateway.runtime.tasks import cancel_and_wait
-from gateway.upstreams.http1 import ConnectionPool, TransportError, split_url
 from protocol.load import LoadReport
 from protocol.prefix_cache import PrefixMirror
 from router.types import ModelQueue, ModelVersion, NodeInfo, NodeLoad
@@ -67,7 +67,7 @@ class NodeProber:
         self._pool = pool
         self._interval_s = interval_s
         self._timeout_s = timeout_s
-        self._headers = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+        self._headers = dict(headers)
         self._on_result = on_result
         self._results: dict[str, ProbeResult] = {}
         self._mirrors: dict[str, PrefixMirror] = {}
@@ -123,13 +123,10 @@ class NodeProber:
     async def _get(self, node: NodeInfo, path: str) -> tuple[int, bytes] | None:
         """(status, body) of GET `path` on the node; None if it could not be asked or answer."""
         try:
-            origin, host, prefix = split_url(node.url)
-        except ValueError:  # a bad URL in the directory must not end the whole round
-            return None
-        raw = f"GET {prefix}{path} HTTP/1.1\r\nhost: {host}\r\n{self._headers}\r\n".encode()
-        try:
-            response = await self._pool.request(origin, raw, timeout_s=self._timeout_s)
-        except TransportError:
+            response = await self._pool.get(
+                node.url.rstrip("/") + path, headers=self._headers, timeout_s=self._timeout_s
+            )
+        except (ValueError, TransportError):  # a bad URL in the directory must not end the round
             return None
         return response.status, response.body
 

@@ -3,7 +3,8 @@
 The parent binds N listening sockets to the port with SO_REUSEPORT, one per worker, and the
 kernel spreads incoming connections over them; no process sits between a client and a worker.
 Each worker is a fresh process (spawned, not forked) that builds its own app from the config and
-serves its socket with uvicorn, so workers share nothing: each has its own node connections,
+serves its socket with uvicorn (and its own admin listener socket, /metrics, on the shared admin
+port: a scrape reads one worker's metrics), so workers share nothing: each has its own node connections,
 health view and, with the in-process quota store, its own quota counters.
 
 The parent only supervises. SIGTERM or SIGINT is passed on to every worker as SIGTERM (a second
@@ -21,35 +22,33 @@ import multiprocessing
 import os
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from types import FrameType
+from typing import Any
 
+import uvicorn
 from litestar import Litestar
 
-from gateway.runtime.serve import ServingServer, uvicorn_config
+from gateway.runtime.serve import (
+    ServingServer,
+    admin_config,
+    bind,
+    run_with_loop,
+    serve_with_admin,
+    uvicorn_config,
+)
 
 logger = logging.getLogger(__name__)
 
 AppFactory = Callable[[], Litestar]  # picklable: a module-level function (workers are spawned)
-_BACKLOG = 2048  # uvicorn's default
 _PR_SET_PDEATHSIG = 1
 
 
 def bind_reuseport(host: str, port: int) -> socket.socket:
     """A listening socket on (host, port) that other SO_REUSEPORT sockets of this user may share."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind((host, port))
-        sock.listen(_BACKLOG)
-    except OSError:
-        sock.close()
-        raise
-    return sock
+    return bind(host, port, reuse_port=True)
 
 
 def _die_with_parent() -> None:
@@ -69,14 +68,31 @@ class _WorkerServer(ServingServer):
         self.should_exit = True
 
 
-def _serve_worker(build_app: AppFactory, sock: socket.socket, supervisor: int, log_level: str) -> None:
-    """A worker's whole life: build the app, serve the inherited socket until SIGTERM."""
+class _WorkerAdminServer(_WorkerServer):
+    """The worker's admin listener: its stop comes from the public server's."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+    async def startup(self, sockets: list[Any] | None = None) -> None:
+        await uvicorn.Server.startup(self, sockets=sockets)  # no second collector tuning
+
+
+def _serve_worker(
+    build_app: AppFactory, sock: socket.socket, admin_sock: socket.socket, supervisor: int, log_level: str
+) -> None:
+    """A worker's whole life: build the app, serve the inherited sockets (public and admin) until
+    SIGTERM."""
     _die_with_parent()
     if os.getppid() != supervisor:  # it died before prctl took effect
         return
     app = build_app()
     host, port = sock.getsockname()[:2]
-    _WorkerServer(uvicorn_config(app, host, port, log_level=log_level)).run(sockets=[sock])
+    config = uvicorn_config(app, host, port, log_level=log_level)
+    server = _WorkerServer(config)
+    admin = _WorkerAdminServer(admin_config(app, admin_sock, log_level=log_level))
+    run_with_loop(config, serve_with_admin(server, admin, admin_sock, sockets=[sock]))
 
 
 class _Supervisor:
@@ -129,40 +145,53 @@ def _describe(exitcode: int | None) -> str:
     return f"code {exitcode}"
 
 
-def run_workers(build_app: AppFactory, host: str, port: int, workers: int, *, log_level: str = "info") -> int:
-    """Serve with `workers` processes until SIGTERM/SIGINT; 1 if the port cannot be bound or a
-    worker died on its own."""
+def run_workers(
+    build_app: AppFactory,
+    host: str,
+    port: int,
+    workers: int,
+    *,
+    admin: tuple[str, int],
+    log_level: str = "info",
+) -> int:
+    """Serve with `workers` processes until SIGTERM/SIGINT, each with its own admin listener
+    socket on the shared `admin` port (so a scrape reads one worker's metrics, as a public
+    request reaches one worker); 1 if a port cannot be bound or a worker died on its own."""
     assert workers >= 2, "one worker is run_gateway's job"
     sockets: list[socket.socket] = []
+    admin_sockets: list[socket.socket] = []
     try:
         for _ in range(workers):
             sockets.append(bind_reuseport(host, port))
+        for _ in range(workers):
+            admin_sockets.append(bind(*admin, reuse_port=True))
     except OSError as exc:
-        logger.error("cannot listen on %s:%d: %s", host, port, exc)
-        for sock in sockets:
+        logger.error("cannot listen on %s:%d or %s:%d (admin): %s", host, port, *admin, exc)
+        for sock in sockets + admin_sockets:
             sock.close()
         return 1
     spawn = multiprocessing.get_context("spawn")
     supervisor = _Supervisor([])
     previous = {sig: signal.signal(sig, supervisor.on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        for index, sock in enumerate(sockets):
+        for index, (sock, admin_sock) in enumerate(zip(sockets, admin_sockets, strict=True)):
             if supervisor.stopping:  # a signal came while the workers were being started
                 break
             process = spawn.Process(
                 target=_serve_worker,
-                args=(build_app, sock, os.getpid(), log_level),
+                args=(build_app, sock, admin_sock, os.getpid(), log_level),
                 name=f"gateway-worker-{index}",
             )
             process.start()
             supervisor.workers.append(process)
         # The workers hold their own copies; the parent must not keep the port open after them.
-        for sock in sockets:
+        for sock in sockets + admin_sockets:
             sock.close()
         logger.info(
-            "gateway on http://%s:%d with %d workers (pids %s)",
+            "gateway on http://%s:%d (admin listener, /metrics: http://%s:%d) with %d workers (pids %s)",
             host,
             port,
+            *admin,
             len(supervisor.workers),
             ", ".join(str(p.pid) for p in supervisor.workers),
         )

@@ -17,8 +17,7 @@ from typing import Any
 import msgspec
 from msgspec import UNSET
 
-from gateway.upstreams.base import Endpoint, UpstreamError
-from gateway.upstreams.http1 import (
+from gateway.http import (
     Connection,
     ConnectionPool,
     Response,
@@ -26,6 +25,7 @@ from gateway.upstreams.http1 import (
     TransportError,
     split_url,
 )
+from gateway.upstreams.base import Endpoint, UpstreamError
 from protocol.chunk import Chunk, Completion, chunk_decoder, completion_decoder
 from protocol.sse import DataLines
 from protocol.timing import parse_server_timing

@@ -1,5 +1,5 @@
 """`meridian up`'s flags. Environment variables give the defaults where a flag is awkward
-(`make up` passes no flags): MERIDIAN_PORT, MERIDIAN_HOME, MERIDIAN_DEMO_API_KEY,
+(`make up` passes no flags): MERIDIAN_PORT, MERIDIAN_ADMIN_PORT, MERIDIAN_HOME, MERIDIAN_DEMO_API_KEY,
 MERIDIAN_CHECKPOINTS."""
 
 from __future__ import annotations
@@ -17,6 +17,12 @@ def add_up_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="gateway port (default $MERIDIAN_PORT or 8080); nodes use free ports",
+    )
+    parser.add_argument(
+        "--admin-port",
+        type=int,
+        default=None,
+        help="the gateway's admin listener, serving /metrics on 127.0.0.1 (default $MERIDIAN_ADMIN_PORT or 9464)",
     )
     parser.add_argument(
         "--state-dir",
@@ -46,10 +52,16 @@ class UpOptions:
     ready_timeout_s: float
     demo_api_key: str | None  # None: generate one
     trained: bool = True
+    admin_port: int = 9464  # the admin listener (/metrics), always on 127.0.0.1
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> UpOptions:
         port = args.port if args.port is not None else int(os.environ.get("MERIDIAN_PORT") or 8080)
+        admin_port = (
+            args.admin_port
+            if args.admin_port is not None
+            else int(os.environ.get("MERIDIAN_ADMIN_PORT") or 9464)
+        )
         state_dir = args.state_dir or Path(os.environ.get("MERIDIAN_HOME") or ".meridian")
         return cls(
             host=args.host,
@@ -59,4 +71,5 @@ class UpOptions:
             ready_timeout_s=args.ready_timeout,
             demo_api_key=os.environ.get("MERIDIAN_DEMO_API_KEY") or None,
             trained=(args.checkpoints or os.environ.get("MERIDIAN_CHECKPOINTS") or "trained") != "random",
+            admin_port=admin_port,
         )

@@ -89,10 +89,16 @@ class FederationPlan:
     nodes: tuple[NodeSpec, ...]
     models: tuple[ModelSpec, ...] = MODELS
     trained: bool = True  # False: random checkpoints (`--checkpoints random`, tests)
+    # The gateway's admin listener (/metrics: every tenant's tokens and cost), on loopback only.
+    admin_port: int = 9464
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
 
     @property
     def regions_file(self) -> Path:
@@ -171,6 +177,7 @@ class FederationPlan:
         return {
             "home_region": self.nodes[0].region,
             "listen": {"host": self.host, "port": self.port},
+            "admin": {"host": "127.0.0.1", "port": self.admin_port},
             "policies": str(self.policies),
             "catalog": [{"name": model.name, "tier": model.tier} for model in self.models],
             "directory": {"type": "static", "file": str(self.regions_file)},
@@ -212,6 +219,7 @@ def plan_federation(
     pick_port: Callable[[], int] = free_port,
     trained: bool = True,
     cpus: frozenset[int] | None = None,
+    admin_port: int = 9464,
 ) -> FederationPlan:
     """`cpus`: the machine's cores (default: those this process may use), shared out as the
     nodes' engine cores by regional_node/cpu_share.py's split_engine_cpus."""
@@ -228,5 +236,11 @@ def plan_federation(
         for (region, jurisdiction), share in zip(REGIONS, engine_cpus, strict=True)
     )
     return FederationPlan(
-        state_dir=state_dir, host=host, port=port, policies=policies, nodes=nodes, trained=trained
+        state_dir=state_dir,
+        host=host,
+        port=port,
+        policies=policies,
+        nodes=nodes,
+        trained=trained,
+        admin_port=admin_port,
     )

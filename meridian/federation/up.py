@@ -133,7 +133,8 @@ def _banner(plan: FederationPlan, api_key: str, generated: bool) -> str:
     return f"""
 Meridian is ready.
 
-  Gateway  {plan.url}/v1   (OpenAI-compatible; metrics at {plan.url}/metrics)
+  Gateway  {plan.url}/v1   (OpenAI-compatible)
+  Metrics  {plan.admin_url}/metrics   (admin listener, loopback only: it names every tenant)
   Nodes
 {nodes}
   Models   {models}
@@ -158,12 +159,19 @@ async def run_up(options: UpOptions, *, announce: Announce = print) -> int:
             f"meridian up: {options.host}:{options.port} is already in use (set --port or MERIDIAN_PORT)"
         )
         return 1
+    if _port_in_use("127.0.0.1", options.admin_port):
+        announce(
+            f"meridian up: 127.0.0.1:{options.admin_port} (the admin listener, /metrics) is already in use "
+            "(set --admin-port or MERIDIAN_ADMIN_PORT)"
+        )
+        return 1
     plan = plan_federation(
         state_dir=options.state_dir,
         host=options.host,
         port=options.port,
         policies=options.policies,
         trained=options.trained,
+        admin_port=options.admin_port,
     )
     plan.write_files()
     api_key = options.demo_api_key or f"sk-meridian-demo-{secrets.token_urlsafe(18)}"
@@ -193,7 +201,7 @@ async def run_up(options: UpOptions, *, announce: Announce = print) -> int:
         await _until_stopped(asyncio.gather(*ready), stop)
         config = load_config(plan.config_file)
         app = create_app(config, extra_policies=[demo_tenant(api_key)], env=env)
-        server = GatewayServer(app, options.host, options.port)
+        server = GatewayServer(app, options.host, options.port)  # admin: the plan's config
         await _until_stopped(server.start(), stop)
         watchers = [asyncio.create_task(_watch(node, announce), name=f"watch-{node.name}") for node in nodes]
         announce(_banner(plan, api_key, generated=options.demo_api_key is None))

@@ -62,6 +62,7 @@ def test_main_measures_direct_and_meridian_and_writes_every_key(
     out = tmp_path / "gateway_overhead.json"
     tiny = ["--requests-c1", "5", "--requests-c32", "40", "--streams", "5", "--streams-c32", "40"]
     tiny += ["--warmup", "4", "--rounds", "1", "--rss-requests", "200", "--workers", "2"]
+    tiny += ["--sequential-requests", "5", "--sequential-rounds", "2"]
     assert gateway_overhead.main([*tiny, "--deadline-s", "60", "--out", str(out)]) == 0
 
     result = json.loads(out.read_text())
@@ -73,6 +74,7 @@ def test_main_measures_direct_and_meridian_and_writes_every_key(
         "rss",
         "goals",
         "comparison",
+        "sequential_overhead",
     }
     conditions = {
         "cpu_count",
@@ -109,5 +111,12 @@ def test_main_measures_direct_and_meridian_and_writes_every_key(
     assert set(result["goals"]) == GOALS
     assert all(goal["measured"] is not None for goal in result["goals"].values())
     assert result["comparison"] is None  # only with --compare-litellm
+    sequential = result["sequential_overhead"]  # the independent method: one-worker systems only
+    assert set(sequential["round_medians_ms"]) == {"direct", "meridian"}
+    assert all(len(medians) == 2 for medians in sequential["round_medians_ms"].values())
+    assert sequential["overhead_ms"]["meridian"] == round(
+        sequential["latency_ms"]["meridian"] - sequential["latency_ms"]["direct"], 3
+    )
     printed = capsys.readouterr().out
     assert "meridian" in printed and "scaling chat_c32" in printed and "rss meridian" in printed
+    assert "independent method" in printed

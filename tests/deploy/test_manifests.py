@@ -358,3 +358,31 @@ def test_a_canary_node_set_runs_beside_the_stable_one(tmp_path: Path) -> None:
     policy = find(objects, "NetworkPolicy", "meridian-node")["spec"]["podSelector"]["matchLabels"]
     assert policy.items() <= labels.items()
     assert find(objects, "ScaledObject", "meridian-node")["spec"]["scaleTargetRef"]["name"] == "meridian-node"
+
+
+@pytest.mark.parametrize("region", REGIONS)
+def test_gateway_metrics_are_scraped_on_the_admin_port_that_only_prometheus_reaches(
+    rendered: dict[str, list[dict[str, Any]]], region: str
+) -> None:
+    """Issue 32: /metrics names every tenant, so it is served on the admin listener, not the
+    public port. The config's `admin:` port is the container's `admin` port, the Service exposes
+    it by that name, the ServiceMonitor scrapes it, and only Prometheus may connect to it."""
+    objects = rendered[region]
+    gateway = config_from_dict(
+        yaml.safe_load(configmap_file(objects, "meridian-gateway-config", "gateway.yaml")),
+        source="gateway.yaml",
+    )
+    pod = find(objects, "Deployment", "meridian-gateway")["spec"]["template"]["spec"]
+    (container,) = (c for c in pod["containers"] if c["name"] == "gateway")
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert ports["admin"] == gateway.admin.port and ports["http"] == gateway.listen.port
+    assert gateway.admin.port != gateway.listen.port and gateway.admin.host == "0.0.0.0"
+    service_ports = {port["name"] for port in find(objects, "Service", "meridian-gateway")["spec"]["ports"]}
+    assert service_ports == {"http", "admin"}
+    (endpoint,) = find(objects, "ServiceMonitor", "meridian-gateway")["spec"]["endpoints"]
+    assert (endpoint["port"], endpoint["path"]) == ("admin", "/metrics")
+    rules = find(objects, "NetworkPolicy", "meridian-gateway")["spec"]["ingress"]
+    admitted = {port["port"]: rule.get("from") for rule in rules for port in rule["ports"]}
+    assert admitted["http"] is None  # clients, from anywhere
+    (peer,) = admitted["admin"]
+    assert peer["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "prometheus"

@@ -22,7 +22,7 @@ import yaml
 
 from gateway.app import Gateway, build_gateway, create_app
 from gateway.config import config_from_dict, load_config
-from gateway.runtime.serve import uvicorn_config
+from gateway.runtime.serve import admin_config, bind, run_with_loop, serve_with_admin, uvicorn_config
 from router.types import Residency, TenantLimits, TenantPolicy
 from tests.support.processes import REPO_ROOT, free_port, python_command, stop_process, wait_http_ok
 
@@ -191,6 +191,7 @@ def gateway_config(regions_file: Path, **overrides: Any) -> dict[str, Any]:
 class RunningGateway:
     url: str
     gateway: Gateway
+    admin_url: str  # the admin listener: /metrics
 
     def metric(self, name: str, **labels: str) -> float:
         value = self.gateway.metrics.registry.get_sample_value(name, labels)
@@ -219,8 +220,16 @@ def run_gateway(
     )
     app = create_app(parsed, gateway=gateway)
     port = free_port()
-    server = uvicorn.Server(uvicorn_config(app, "127.0.0.1", port))
-    thread = threading.Thread(target=server.run, name="test-gateway", daemon=True)
+    config = uvicorn_config(app, "127.0.0.1", port)
+    server = uvicorn.Server(config)
+    admin_sock = bind("127.0.0.1", 0)  # the admin listener (/metrics), on a free port
+    admin = uvicorn.Server(admin_config(app, admin_sock))
+    thread = threading.Thread(
+        target=run_with_loop,
+        args=(config, serve_with_admin(server, admin, admin_sock)),
+        name="test-gateway",
+        daemon=True,
+    )
     thread.start()
     deadline = time.monotonic() + 30
     while not server.started:
@@ -228,10 +237,15 @@ def run_gateway(
         assert time.monotonic() < deadline, "the gateway did not start"
         time.sleep(0.02)
     try:
-        yield RunningGateway(url=f"http://127.0.0.1:{port}", gateway=gateway)
+        yield RunningGateway(
+            url=f"http://127.0.0.1:{port}",
+            gateway=gateway,
+            admin_url=f"http://127.0.0.1:{admin_sock.getsockname()[1]}",
+        )
     finally:
         server.should_exit = True
         thread.join(timeout=15)
+        admin_sock.close()
 
 
 @contextmanager

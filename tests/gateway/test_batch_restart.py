@@ -45,6 +45,7 @@ def write_config(folder: Path, node: NodeProcess, port: int) -> Path:
         "policies": "policies",
         "directory": {"type": "static", "file": "regions.yaml"},
         "listen": {"host": "127.0.0.1", "port": port},
+        "admin": {"host": "127.0.0.1", "port": free_port()},  # /metrics; never a fixed port in tests
         "ledger": {"store": {"path": "ledger.sqlite"}},
         # Short leases: the restarted gateway takes the dead one's lines back within seconds.
         "batches": {

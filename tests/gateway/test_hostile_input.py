@@ -431,3 +431,41 @@ def test_nothing_is_left_held_after_the_fuzzing(gw: RunningGateway, node: NodePr
             break
         time.sleep(0.1)
     assert idle, load
+
+
+AUTH_LINE = b"authorization: Bearer " + GLOBAL_KEY.encode() + b"\r\n"
+EARLY_ANSWERS = [
+    ("gateway", "/v1/chat/completions", b"", 401),  # no key
+    ("gateway", "/v1/messages", b"x-api-key: wrong\r\n", 401),
+    ("gateway", "/v1/no-such-door", AUTH_LINE, 404),
+    ("gateway", "/health", AUTH_LINE, 405),
+    ("node", "/v1/no-such-door", b"", 404),
+]
+
+
+@pytest.mark.parametrize(("server", "path", "headers", "status"), EARLY_ANSWERS)
+def test_an_answer_before_the_body_closes_the_kept_alive_connection_cleanly(
+    gw: RunningGateway, node: NodeProcess, server: str, path: str, headers: bytes, status: int
+) -> None:
+    """Issue 32: answered before its body was read, a kept-alive connection must not drop the
+    client's next request silently. The answer says `connection: close` (a pooled client opens a
+    new connection), and the connection then ends with EOF, never a reset."""
+    port = port_of(gw.url if server == "gateway" else node.url)
+    body = json.dumps(valid("/v1/chat/completions")).encode()
+    head = b"POST %s HTTP/1.1\r\nhost: t\r\n%scontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(head % (path.encode(), headers, len(body)))
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            assert chunk, data
+            data += chunk
+        head_lines = data.partition(b"\r\n\r\n")[0].lower().split(b"\r\n")
+        assert head_lines[0].startswith(b"http/1.1 %d" % status), head_lines
+        assert b"connection: close" in head_lines, head_lines
+        time.sleep(0.3)  # the outside tester's client: headers, a pause, the body, the next request
+        sock.sendall(body + b"GET /health HTTP/1.1\r\nhost: t\r\n\r\n")
+        rest = b""
+        while chunk := sock.recv(65536):  # a reset raises here: the test fails
+            rest += chunk
+    assert b"HTTP/1.1" not in rest  # only the first answer's body: the next request was never taken

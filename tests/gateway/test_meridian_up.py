@@ -32,7 +32,7 @@ def _pids_in_group(pgid: int) -> list[int]:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_meridian_up_serves_the_sdk_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
-    port = free_port()
+    port, admin_port = free_port(), free_port()
     env = {**os.environ, "MERIDIAN_DEMO_API_KEY": DEMO_KEY, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     log_path = tmp_path / "up.log"
     with open(log_path, "wb") as log:
@@ -43,6 +43,8 @@ def test_meridian_up_serves_the_sdk_and_stops_cleanly_on_ctrl_c(tmp_path: Path) 
                 "up",
                 "--port",
                 str(port),
+                "--admin-port",
+                str(admin_port),
                 "--state-dir",
                 str(tmp_path / "state"),
                 "--checkpoints",
@@ -63,6 +65,9 @@ def test_meridian_up_serves_the_sdk_and_stops_cleanly_on_ctrl_c(tmp_path: Path) 
             time.sleep(0.1)
         banner = log_path.read_text()
         assert DEMO_KEY in banner and f"http://127.0.0.1:{port}/v1/chat/completions" in banner
+        # /metrics names tenants: printed on, and served from, the admin listener only.
+        assert f"http://127.0.0.1:{admin_port}/metrics" in banner
+        assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).status_code == 404
 
         client = openai.OpenAI(
             base_url=f"http://127.0.0.1:{port}/v1", api_key=DEMO_KEY, max_retries=0, timeout=60
@@ -102,6 +107,8 @@ def test_meridian_up_serves_the_sdk_and_stops_cleanly_on_ctrl_c(tmp_path: Path) 
             2,
         )
         assert (tmp_path / "state" / "ledger.sqlite").exists()
+        metrics = httpx.get(f"http://127.0.0.1:{admin_port}/metrics", timeout=10).text
+        assert "meridian_gateway_requests_total{" in metrics
         # The example EU tenant from policies/ is loaded too, and stays in the EU.
         eu = openai.OpenAI(
             base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-meridian-eu-example", max_retries=0

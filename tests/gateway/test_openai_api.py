@@ -14,6 +14,7 @@ from tests.gateway.conftest import (
     EU_KEY,
     GLOBAL_KEY,
     SMALL_KEY,
+    TEST_TENANTS,
     NodeProcess,
     RunningGateway,
     gateway_over,
@@ -230,7 +231,7 @@ def test_metrics_count_requests_tokens_and_attempts(gw: RunningGateway) -> None:
     sdk(gw).chat.completions.create(
         model="meridian-small", messages=[{"role": "user", "content": "m"}], max_tokens=3
     )
-    text = httpx.get(gw.url + "/metrics").text
+    text = httpx.get(gw.admin_url + "/metrics").text
     for name in (
         "meridian_gateway_requests_total",
         "meridian_gateway_request_duration_seconds_bucket",
@@ -243,3 +244,18 @@ def test_metrics_count_requests_tokens_and_attempts(gw: RunningGateway) -> None:
     assert gw.metric("meridian_gateway_tokens_total", tenant="t-global", kind="completion") >= 3
     health = httpx.get(gw.url + "/health").json()
     assert health["status"] == "ok" and health["healthy_nodes"] == 2
+
+
+def test_tenant_data_stays_off_the_public_listener(gw: RunningGateway) -> None:
+    """Issue 32: /metrics names every tenant with its tokens and cost, so it is served on the
+    admin listener only; the public listener answers it 404, and its /health names no tenant."""
+    sdk(gw).chat.completions.create(
+        model="meridian-small", messages=[{"role": "user", "content": "m"}], max_tokens=3
+    )
+    assert 'tenant="t-global"' in httpx.get(gw.admin_url + "/metrics").text
+    public = httpx.get(gw.url + "/metrics")
+    assert public.status_code == 404 and "t-global" not in public.text
+    for path in ("/health", "/ready"):
+        answer = httpx.get(gw.url + path)
+        assert answer.status_code == 200
+        assert not any(tenant.tenant_id in answer.text for tenant in TEST_TENANTS), answer.text

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from gateway.health.probes import NodeProber
-from gateway.upstreams.http1 import ConnectionPool
+from gateway.http import ConnectionPool
 from router.types import NodeInfo
 
 

@@ -25,7 +25,7 @@ KEY = "sk-workers-test"
 START_TIMEOUT_S = 90.0
 
 
-def _write_config(folder: Path, port: int) -> Path:
+def _write_config(folder: Path, port: int, admin_port: int) -> Path:
     (folder / "policies").mkdir()
     tenants = {"tenants": [{"id": "workers", "api_keys": [hash_api_key(KEY)], "models": "*"}]}
     (folder / "policies" / "workers.yaml").write_text(yaml.safe_dump(tenants))
@@ -36,6 +36,7 @@ def _write_config(folder: Path, port: int) -> Path:
         "policies": "policies",
         "directory": {"type": "static", "file": "regions.yaml"},
         "listen": {"host": "127.0.0.1", "port": port},
+        "admin": {"host": "127.0.0.1", "port": admin_port},  # /metrics; never a fixed port in tests
     }
     path = folder / "gateway.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -43,9 +44,10 @@ def _write_config(folder: Path, port: int) -> Path:
 
 
 class Gateway:
-    def __init__(self, process: subprocess.Popen[bytes], url: str, log_path: Path) -> None:
+    def __init__(self, process: subprocess.Popen[bytes], url: str, admin_url: str, log_path: Path) -> None:
         self.process = process
         self.url = url
+        self.admin_url = admin_url
         self.log_path = log_path
 
     def log(self) -> str:
@@ -65,8 +67,8 @@ class Gateway:
 
 @pytest.fixture
 def gateway(tmp_path: Path) -> Iterator[Gateway]:
-    port = free_port()
-    config = _write_config(tmp_path, port)
+    port, admin_port = free_port(), free_port()
+    config = _write_config(tmp_path, port, admin_port)
     log_path = tmp_path / "gateway.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "MERIDIAN_NODE_TOKEN": "t"}
     with open(log_path, "wb") as log:
@@ -78,7 +80,7 @@ def gateway(tmp_path: Path) -> Iterator[Gateway]:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    running = Gateway(process, f"http://127.0.0.1:{port}", log_path)
+    running = Gateway(process, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin_port}", log_path)
     try:
         try:
             wait_http_ok(running.url + "/health", START_TIMEOUT_S, process=process)
@@ -114,6 +116,11 @@ def test_two_workers_answer_on_one_port_and_sigterm_stops_them_all(gateway: Gate
             models = client.get(gateway.url + "/v1/models", headers={"authorization": f"Bearer {KEY}"})
         assert models.status_code == 200 and [m["id"] for m in models.json()["data"]] == ["meridian-small"]
     assert "each worker keeps its own counters" in gateway.log(), "no warning about per-worker quotas"
+    # Every worker serves /metrics on the shared admin port, none on the public one.
+    for _ in range(4):
+        with httpx.Client() as client:
+            assert "meridian_gateway_requests_total" in client.get(gateway.admin_url + "/metrics").text
+            assert client.get(gateway.url + "/metrics").status_code == 404
 
     gateway.process.send_signal(signal.SIGTERM)
     assert _wait_exit(gateway.process) == 0
@@ -121,8 +128,9 @@ def test_two_workers_answer_on_one_port_and_sigterm_stops_them_all(gateway: Gate
     while not all(_gone(pid) for pid in pids):
         assert time.monotonic() < deadline, "a worker outlived its supervisor"
         time.sleep(0.05)
-    with pytest.raises(httpx.ConnectError):
-        httpx.get(gateway.url + "/health", timeout=2)
+    for url in (gateway.url + "/health", gateway.admin_url + "/metrics"):
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(url, timeout=2)
 
 
 @pytest.mark.timeout(180)
@@ -138,14 +146,17 @@ def test_a_worker_that_dies_is_reported_and_stops_the_gateway(gateway: Gateway) 
         time.sleep(0.05)
 
 
-def test_a_port_in_use_stops_start_up_with_exit_1(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("taken_port", "workers"), [("public", "2"), ("admin", "2"), ("admin", "1")])
+def test_a_port_in_use_stops_start_up_with_exit_1(tmp_path: Path, taken_port: str, workers: str) -> None:
     with socket.socket() as taken:  # an ordinary listener, without SO_REUSEPORT
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        config = _write_config(tmp_path, port)
+        other = free_port()
+        public, admin = (port, other) if taken_port == "public" else (other, port)
+        config = _write_config(tmp_path, public, admin)
         result = subprocess.run(
-            python_command("-m", "meridian.cli", "gateway", "--config", str(config), "--workers", "2"),
+            python_command("-m", "meridian.cli", "gateway", "--config", str(config), "--workers", workers),
             env={**os.environ, "MERIDIAN_NODE_TOKEN": "t"},
             cwd=REPO_ROOT,
             capture_output=True,
@@ -153,4 +164,6 @@ def test_a_port_in_use_stops_start_up_with_exit_1(tmp_path: Path) -> None:
             timeout=60,
         )
     assert result.returncode == 1
-    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr or (
+        taken_port == "admin" and f"127.0.0.1:{port} (admin)" in result.stderr
+    ), result.stderr[-2000:]

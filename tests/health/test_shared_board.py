@@ -250,7 +250,7 @@ def test_two_gateways_share_a_provider_opening_through_redis_url(
         wait_for(
             lambda: (
                 f'meridian_breaker_state{{target="{provider_id}"}} 2.0'
-                in httpx.get(f"{second.url}/metrics").text
+                in httpx.get(f"{second.admin_url}/metrics").text
             ),
             "the second gateway never saw the opening",
         )

@@ -54,6 +54,10 @@ class EchoApp:
         if scope["type"] != "http":
             return
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        if scope["path"] == "/early":  # answers before reading the body, as a 401 for a bad key does
+            await send({"type": "http.response.start", "status": 401, "headers": [(b"content-length", b"2")]})
+            await send({"type": "http.response.body", "body": b"no"})
+            return
         try:
             body = await read_body(receive, headers, LIMITS)
             status, content = 200, {"size": len(body)}
@@ -298,3 +302,41 @@ def test_a_client_leaving_mid_body_is_a_disconnect_not_an_error(served) -> None:
     while app.disconnects == before and time.monotonic() < deadline:
         time.sleep(0.02)
     assert app.disconnects == before + 1
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_an_answer_before_the_body_says_connection_close_and_closes_cleanly(served, framing: str) -> None:
+    """Issue 32: a kept-alive connection answered before its body (401, 404, 405) must not drop the
+    client's next request silently. The answer says `connection: close`; the body still sent
+    after it is dropped, and the connection then ends with EOF (never a reset, which could
+    destroy the answer)."""
+    port, _ = served
+    if framing == "chunked":
+        head, body = (
+            b"POST /early HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n",
+            b"5\r\nhello\r\n0\r\n\r\n",
+        )
+    else:
+        head, body = b"POST /early HTTP/1.1\r\nhost: t\r\ncontent-length: 5\r\n\r\n", b"hello"
+    with connect(port) as sock:
+        sock.sendall(head)
+        status, headers, answer, _ = read_response(sock, closes=False)
+        assert (status, answer) == (401, b"no")
+        assert headers.get("connection") == "close"
+        time.sleep(0.3)  # the issue's client: headers, a pause, the body, then the next request
+        sock.sendall(body + b"GET /x HTTP/1.1\r\nhost: t\r\n\r\n")
+        sock.settimeout(4)
+        assert sock.recv(65536) == b""  # EOF: no reset, no answer to a request it was told not to send
+
+
+def test_an_answer_after_the_whole_body_keeps_the_connection(served) -> None:
+    """The early answer's close is only for a body not yet received: one that had arrived whole
+    (the app just did not read it) leaves the connection kept alive."""
+    port, _ = served
+    with connect(port) as sock:
+        sock.sendall(b"POST /early HTTP/1.1\r\nhost: t\r\ncontent-length: 0\r\n\r\n")
+        status, headers, _, _ = read_response(sock, closes=False)
+        assert status == 401 and "connection" not in headers
+        sock.sendall(post_head(5) + b"hello")
+        status, _, body, _ = read_response(sock, closes=False)
+    assert status == 200 and json.loads(body) == {"size": 5}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 
 from gateway.health.probes import NodeProber
-from gateway.upstreams.http1 import ConnectionPool
+from gateway.http import ConnectionPool
 from protocol.prefix_cache import prefix_names
 from router import FleetSnapshot, NodeInfo, RouteRequest, route
 from tests.node.conftest import CHAT_MODEL, SMALL_POOL_BLOCKS, SMALL_POOL_MODEL, Node

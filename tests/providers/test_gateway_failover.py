@@ -95,7 +95,7 @@ def test_open_breaker_skips_the_provider_without_calling_it(
     assert response.status_code == 200
     assert response.headers["x-meridian-route"].startswith("provider=b-anthropic")
     assert len(fake_openai.requests) == calls
-    metrics = httpx.get(f"{two_providers.url}/metrics", timeout=10).text
+    metrics = httpx.get(f"{two_providers.admin_url}/metrics", timeout=10).text
     assert 'meridian_breaker_state{target="a-openai"} 2.0' in metrics
     assert 'meridian_breaker_state{target="b-anthropic"} 0.0' in metrics
     assert (

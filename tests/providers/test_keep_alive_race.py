@@ -104,5 +104,5 @@ def test_a_raced_provider_request_is_served_and_not_counted_as_a_provider_failur
         attempts = "meridian_gateway_upstream_attempts_total"
         assert gateway.metric(attempts, target="openai-us", region="us-east", outcome="ok") == 3
         assert gateway.metric(attempts, target="openai-us", region="us-east", outcome="retryable") == 0
-        metrics = httpx.get(f"{gateway.url}/metrics", timeout=10).text
+        metrics = httpx.get(f"{gateway.admin_url}/metrics", timeout=10).text
         assert "meridian_provider_errors_total{" not in metrics

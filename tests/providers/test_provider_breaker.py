@@ -17,12 +17,12 @@ from gateway.config import RetryConfig
 from gateway.errors import to_api_error
 from gateway.health import BreakerBoard, BreakerMetrics, BreakerState, ejection
 from gateway.health.probes import NodeProber
+from gateway.http import ConnectionPool
 from gateway.metrics import GatewayMetrics
 from gateway.upstreams.base import Upstream, UpstreamError
 from gateway.upstreams.errors import UpstreamRejected, UpstreamsExhausted
 from gateway.upstreams.failover import Forwarder, next_chunk
 from gateway.upstreams.fleet import Fleet
-from gateway.upstreams.http1 import ConnectionPool
 from gateway.upstreams.providers import build_providers
 from protocol import APIError, RateLimitError, ServiceUnavailableError
 from protocol.chunk import to_builtins

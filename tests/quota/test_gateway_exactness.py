@@ -81,7 +81,19 @@ async def test_four_gateways_enforce_one_tenants_limits_exactly(redis_server: st
     ports = [free_port() for _ in range(GATEWAYS)]
     gateways = [f"http://127.0.0.1:{p}" for p in ports]
     commands = [[sys.executable, "-m", "tests.quota.stub_node", str(node_port), "0.15"]] + [
-        [sys.executable, "-m", "meridian.cli", "gateway", "--config", str(config), "--port", str(p)]
+        # The admin listener (/metrics) on a free port too: never a fixed port in tests.
+        [
+            sys.executable,
+            "-m",
+            "meridian.cli",
+            "gateway",
+            "--config",
+            str(config),
+            "--port",
+            str(p),
+            "--admin-port",
+            str(free_port()),
+        ]
         for p in ports
     ]
     with started(commands, [f"{node_url}/ready"] + [f"{g}/health" for g in gateways], tmp_path):

@@ -103,9 +103,9 @@ async def test_admissions_are_counted_by_the_store_that_made_them_local_when_red
     async with gateway({"requests_per_minute": 10}, quota=quota) as client:
         response = await client.post("/v1/chat/completions", json=CHAT, headers=AUTH)
         assert response.headers["x-meridian-quota"] == "local"  # admitted, then no node served it
-        metrics = (await client.get("/metrics")).text
+        metrics = client.app.state["gateway"].metrics.render().decode()  # the admin listener's /metrics
     assert 'meridian_gateway_quota_admissions_total{store="local",tenant="alpha"} 1.0' in metrics
     async with gateway({"requests_per_minute": 10}) as client:  # the in-process store
         await client.post("/v1/chat/completions", json=CHAT, headers=AUTH)
-        metrics = (await client.get("/metrics")).text
+        metrics = client.app.state["gateway"].metrics.render().decode()  # the admin listener's /metrics
     assert 'meridian_gateway_quota_admissions_total{store="memory",tenant="alpha"} 1.0' in metrics

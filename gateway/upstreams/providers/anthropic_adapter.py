@@ -13,11 +13,11 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from gateway.http import Connection, ConnectionPool
 from gateway.translate.anthropic_to_openai import messages_to_chat_response
 from gateway.translate.errors import TranslationError
 from gateway.translate.openai_to_anthropic import chat_to_messages
 from gateway.upstreams.base import Endpoint
-from gateway.upstreams.http1 import Connection, ConnectionPool
 from gateway.upstreams.providers.anthropic_errors import anthropic_status_error
 from gateway.upstreams.providers.anthropic_stream import MessagesToChatStream
 from gateway.upstreams.providers.config import ProviderEntry

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gateway.upstreams.http1 import Connection, ConnectionPool
+from gateway.http import Connection, ConnectionPool
 from gateway.upstreams.providers.config import ProviderEntry
 from gateway.upstreams.providers.errors import ProviderError, unsupported
 from gateway.upstreams.providers.transport import Post, build_pool, open_response, read_json

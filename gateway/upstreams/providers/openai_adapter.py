@@ -15,8 +15,8 @@ from typing import Any
 
 from msgspec import UNSET
 
+from gateway.http import Connection, ConnectionPool
 from gateway.upstreams.base import Endpoint
-from gateway.upstreams.http1 import Connection, ConnectionPool
 from gateway.upstreams.providers.config import ProviderEntry
 from gateway.upstreams.providers.errors import ProviderError, status_error
 from gateway.upstreams.providers.http_adapter import HTTPProviderAdapter

@@ -1,6 +1,6 @@
 """HTTP plumbing both adapters share: one connection pool per provider and the three timeouts.
 
-Providers go over the same HTTP/1.1 client as nodes (gateway/upstreams/http1.py), so they get the
+Providers go over the same HTTP/1.1 client as nodes (gateway/http/), so they get the
 same keep-alive rules: an idle connection is let go safely before the provider's own idle timeout
 (its `Keep-Alive: timeout=N` when it sends one), and a request that meets a connection the
 provider closed as idle just as it was reused is sent again on a new one, unseen by failover and
@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from gateway.upstreams.http1 import (
+from gateway.http import (
     ConnectError,
     Connection,
     ConnectionPool,

@@ -13,7 +13,7 @@ import uvloop
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.upstreams.http1 import (
+from gateway.http import (
     ConnectError,
     ConnectionPool,
     Origin,

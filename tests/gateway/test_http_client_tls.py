@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import uvloop
 
-from gateway.upstreams.http1 import ConnectError, ConnectionPool, Origin, default_ssl_context
+from gateway.http import ConnectError, ConnectionPool, Origin, default_ssl_context
 
 JSON_OK = b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 12\r\n\r\n{"ok": true}'
 REQUEST = b"POST /x HTTP/1.1\r\nhost: localhost\r\ncontent-length: 2\r\n\r\n{}"
