@@ -70,6 +70,10 @@ class SSEDecoder:
         return event
 
 
+class LineTooLong(ValueError):
+    """An event line past the reader's bound."""
+
+
 class DataLines:
     """The `data:` payloads of a body whose every event is a single `data:` line, as bytes.
 
@@ -79,12 +83,17 @@ class DataLines:
     fields, comments and blank separators are dropped.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_line_bytes: int = 16 * 1024 * 1024) -> None:
         self._pending = b""  # a line cut between two body pieces
+        # An upstream that never ends its line would otherwise grow the reader without bound.
+        self._max_line_bytes = max_line_bytes
 
     def feed(self, data: bytes) -> list[bytes]:
+        """Raises LineTooLong when one line outgrows the bound."""
         lines = (self._pending + data if self._pending else data).split(b"\n")
         self._pending = lines.pop()
+        if len(self._pending) > self._max_line_bytes:
+            raise LineTooLong(f"an event line is longer than {self._max_line_bytes} bytes")
         return [line[5:].strip() for line in lines if line.startswith(b"data:")]
 
     def end(self) -> list[bytes]:

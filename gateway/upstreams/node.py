@@ -27,7 +27,7 @@ from gateway.http import (
 )
 from gateway.upstreams.base import Endpoint, UpstreamError
 from protocol.chunk import Chunk, Completion, chunk_decoder, completion_decoder
-from protocol.sse import DataLines
+from protocol.sse import DataLines, LineTooLong
 from protocol.timing import parse_server_timing
 
 _PATHS: dict[str, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
@@ -98,7 +98,11 @@ async def _sse_chunks(
             if done:
                 return  # the answer was complete; only the connection's tidy end was lost
             raise transport_error(exc, target) from None
-        for payload in lines.feed(data) if data is not None else lines.end():
+        try:
+            payloads = lines.feed(data) if data is not None else lines.end()
+        except LineTooLong as exc:
+            raise UpstreamError(f"{target} sent a malformed stream: {exc}", status_code=502) from None
+        for payload in payloads:
             if done:
                 continue  # anything after [DONE]
             if payload == b"[DONE]":
