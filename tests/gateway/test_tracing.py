@@ -256,6 +256,18 @@ def test_a_tenant_whose_policy_allows_it_gets_prompt_and_completion_in_its_trace
     ]
 
 
+def test_traced_content_has_secrets_and_personal_data_redacted(
+    gw: RunningGateway, fleet: list[NodeProcess], receiver: OTLPReceiver
+) -> None:
+    """trace_content records the client's text as the safety docs promise: through redact_secrets."""
+    key, mail = "sk-proj-" + "Abcdefghijklmnopqrstuvwx123", "jane.doe@example.com"
+    response = post(gw, body(f"My key is {key}, write to {mail}"), key=CONTENT_KEY)
+    root = gateway_root(receiver, response.headers["x-request-id"])
+    recorded = root.attributes["gen_ai.input.messages"]
+    assert key not in recorded and mail not in recorded
+    assert "[REDACTED:openai_key]" in recorded and "[REDACTED:email]" in recorded
+
+
 def test_a_refused_call_is_traced_with_its_failed_authentication_and_a_models_list_is_not(
     gw: RunningGateway, fleet: list[NodeProcess], receiver: OTLPReceiver
 ) -> None:
