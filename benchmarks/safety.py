@@ -40,6 +40,7 @@ from gateway.safety.config import SafetyConfig
 from gateway.safety.guard import SafetyGuard
 from gateway.safety.policy import BlocklistRule, SafetyPolicy
 from gateway.safety.rules import BY_NAME, BlocklistEntry, compile_words, scan
+from protocol.chunk import Chunk, chunk_from
 
 PROSE = (
     "The quarterly report covers revenue, churn and the roadmap for the next two releases. "
@@ -120,15 +121,15 @@ async def bench_stream(rounds: int) -> dict[str, Any]:
     pieces = [PROSE[i : i + 4] for i in range(0, len(PROSE), 4)]
     pieces = (pieces * (400 // len(pieces) + 1))[:400]
 
-    def chunks_for() -> list[dict[str, Any]]:
+    def chunks_for() -> list[Chunk]:
         made = [
             {"id": "c", "choices": [{"index": 0, "delta": {"content": p}, "finish_reason": None}]}
             for p in pieces
         ]
         made[-1]["choices"][0]["finish_reason"] = "stop"
-        return made
+        return [chunk_from(chunk) for chunk in made]  # the typed chunks the pipeline relays
 
-    async def source(chunks: list[dict[str, Any]]) -> Any:
+    async def source(chunks: list[Chunk]) -> Any:
         for chunk in chunks:
             yield chunk
 
