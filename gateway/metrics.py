@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from gateway.observe import QuietCall
 from router.types import NodeLoad
 
 # The traffic tiers whose queue age is always set (0 when none waits), so alerts find a series.
@@ -261,37 +261,15 @@ class GatewayMetrics:
         return _CallMetrics(self)
 
 
-class _CallMetrics:
+class _CallMetrics(QuietCall):
     """One call's metrics: requests, latency, the gateway's overhead, time to first chunk and
     tokens, counted when the call is over. Stages are not metered (their spans time them)."""
-
-    wants_text = False
 
     def __init__(self, metrics: GatewayMetrics) -> None:
         self._metrics = metrics
 
-    def note(self, **attributes: Any) -> None:
-        return None
-
-    @contextmanager
-    def stage(self, name: str, **attributes: Any) -> Iterator[_CallMetrics]:
-        yield self
-
-    @contextmanager
-    def attempt(self, target: Any, headers: dict[str, str]) -> Iterator[_CallMetrics]:
-        yield self
-
-    def authenticated(self, tenant: Any, started_ns: int, ended_ns: int, error: BaseException | None) -> None:
-        return None
-
-    def planned(self, operation: str, request: Any, prompt: Any, degraded: bool) -> None:
-        return None
-
     def first_chunk(self, model: str, seconds: float) -> None:
         self._metrics.labelled(self._metrics.ttft, model).observe(seconds)
-
-    def answered_text(self, text: str) -> None:
-        return None
 
     def ended(self, ended: Any) -> None:
         metrics = self._metrics

@@ -80,8 +80,9 @@ class Observer(Protocol):
     def start(self, headers: Mapping[str, str], request_id: str) -> CallObserver: ...
 
 
-class _Quiet:
-    """A stage that observes nothing."""
+class QuietCall:
+    """A call (and stage) that observes nothing: the base of observers that watch only a few
+    of the call's facts (metrics)."""
 
     wants_text = False
 
@@ -89,11 +90,11 @@ class _Quiet:
         return None
 
     @contextmanager
-    def stage(self, name: str, **attributes: Any) -> Iterator[_Quiet]:
+    def stage(self, name: str, **attributes: Any) -> Iterator[QuietCall]:
         yield self
 
     @contextmanager
-    def attempt(self, target: Target, headers: dict[str, str]) -> Iterator[_Quiet]:
+    def attempt(self, target: Target, headers: dict[str, str]) -> Iterator[QuietCall]:
         yield self
 
     def authenticated(self, tenant: Any, started_ns: int, ended_ns: int, error: BaseException | None) -> None:
@@ -112,7 +113,7 @@ class _Quiet:
         return None
 
 
-QUIET = _Quiet()
+QUIET = QuietCall()
 
 
 class NoObserver:

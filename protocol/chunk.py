@@ -210,33 +210,28 @@ class ErrorBody(_Wire):
     param: str | None = None
 
 
-class Chunk(_Wire):
-    """One streamed chunk (`chat.completion.chunk` or a streamed `text_completion`)."""
-
-    id: str = ""
-    object: str = "chat.completion.chunk"
-    created: int = 0
-    model: str = ""
-    system_fingerprint: str | UnsetType | None = UNSET
-    choices: list[Choice] = msgspec.field(default_factory=list)
-    usage: Usage | UnsetType | None = UNSET
-    # The upstream's latency breakdown (protocol/timing.py); the relay takes it out.
-    timings: dict[str, float] | UnsetType | None = msgspec.field(default=UNSET, name=TIMINGS_FIELD)
-    # An upstream's in-band error event (`{"error": {...}}`): the upstream parser raises on it.
-    error: ErrorBody | UnsetType = UNSET
-
-
-class Completion(_Wire):
-    """A whole answer (`chat.completion` or `text_completion`)."""
-
+class _Answer(_Wire):
     id: str = ""
     object: str = "chat.completion"
     created: int = 0
     model: str = ""
-    system_fingerprint: str | UnsetType | None = UNSET
+    system_fingerprint: str | None | UnsetType = UNSET
     choices: list[Choice] = msgspec.field(default_factory=list)
-    usage: Usage | UnsetType | None = UNSET
-    timings: dict[str, float] | UnsetType | None = msgspec.field(default=UNSET, name=TIMINGS_FIELD)
+    usage: Usage | None | UnsetType = UNSET
+    # The upstream's latency breakdown (protocol/timing.py); the request path takes it out.
+    timings: dict[str, float] | None | UnsetType = msgspec.field(default=UNSET, name=TIMINGS_FIELD)
+
+
+class Chunk(_Answer):
+    """One streamed chunk (`chat.completion.chunk` or a streamed `text_completion`)."""
+
+    object: str = "chat.completion.chunk"
+    # An upstream's in-band error event (`{"error": {...}}`): the upstream parser raises on it.
+    error: ErrorBody | UnsetType = UNSET
+
+
+class Completion(_Answer):
+    """A whole answer (`chat.completion` or `text_completion`)."""
 
 
 class StreamFailed(msgspec.Struct, frozen=True, kw_only=True):
