@@ -215,11 +215,11 @@ class _Answer(_Wire):
     object: str = "chat.completion"
     created: int = 0
     model: str = ""
-    system_fingerprint: str | None | UnsetType = UNSET
+    system_fingerprint: str | UnsetType | None = UNSET
     choices: list[Choice] = msgspec.field(default_factory=list)
-    usage: Usage | None | UnsetType = UNSET
+    usage: Usage | UnsetType | None = UNSET
     # The upstream's latency breakdown (protocol/timing.py); the request path takes it out.
-    timings: dict[str, float] | None | UnsetType = msgspec.field(default=UNSET, name=TIMINGS_FIELD)
+    timings: dict[str, float] | UnsetType | None = msgspec.field(default=UNSET, name=TIMINGS_FIELD)
 
 
 class Chunk(_Answer):

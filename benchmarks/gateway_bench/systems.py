@@ -77,7 +77,12 @@ def start_upstream(work: Path, *, chunks: int) -> System:
 
 
 def write_meridian_config(
-    work: Path, upstream_url: str, port: int, extra: dict[str, object] | None = None
+    work: Path,
+    upstream_url: str,
+    port: int,
+    extra: dict[str, object] | None = None,
+    *,
+    admin: bool = True,
 ) -> Path:
     """gateway.yaml, regions.yaml and a policies/ folder, as an operator would write them."""
     folder = work / "meridian"
@@ -98,7 +103,7 @@ def write_meridian_config(
         "policies": "policies",
         "directory": {"type": "static", "file": "regions.yaml"},
         "listen": {"host": "127.0.0.1", "port": port},
-        "admin": {"host": "127.0.0.1", "port": free_port()},  # /metrics, unused here
+        **({"admin": {"host": "127.0.0.1", "port": free_port()}} if admin else {}),  # /metrics, unused here
         **(extra or {}),
     }
     path = folder / "gateway.yaml"
@@ -131,7 +136,9 @@ def start_meridian(
         else f"meridian_w{workers}"
     )
     port = free_port()
-    config = write_meridian_config(work / name, upstream_url, port, extra_config)
+    # A --compare-tree from before the admin listener (issue 31) would refuse the `admin:` key.
+    admin = tree is None or "AdminListenConfig" in (tree / "gateway" / "config.py").read_text()
+    config = write_meridian_config(work / name, upstream_url, port, extra_config, admin=admin)
     cmd = [sys.executable, "-m", "meridian.cli", "gateway", "--config", str(config)]
     if server != "uvicorn":  # the same app under another ASGI server (gateway_bench.other_servers)
         cmd = [sys.executable, "-m", "gateway_bench.other_servers", server, str(config), str(port)]
