@@ -5,7 +5,7 @@ Decode-only steps replay a CUDA graph when `capture_decode_graphs` has run (cuda
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -15,6 +15,7 @@ from regional_node.engine.models.llama import LlamaModel
 from regional_node.engine.sampler import sample
 from regional_node.engine.sampling_params import SamplingParams
 from regional_node.engine.scheduler import ScheduledChunk
+from regional_node.engine.speculative.verify import TokenWithLogprob, VerifyRun, verify
 
 # What the runner needs to sample for a chunk that completes its sequence's known tokens.
 SamplingRequest = tuple[SamplingParams, torch.Generator | None]
@@ -49,8 +50,10 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(
         self, chunks: list[ScheduledChunk], sampling: list[SamplingRequest | None]
-    ) -> list[tuple[int, float | None] | None]:
-        """Computes every chunk; returns (token, logprob) for chunks with a SamplingRequest, else None."""
+    ) -> list[list[TokenWithLogprob] | None]:
+        """Computes every chunk; for chunks with a SamplingRequest returns the new tokens with their
+        logprobs (one, or for a speculating chunk its accepted proposals and the target's token
+        after them), else None."""
         step = flatten_step(chunks, sampling, self.block_size)
         logits = None
         if self.decode_graphs is not None and not step.layout.prefills:
@@ -67,12 +70,20 @@ class ModelRunner:
                 self.backend.prepare(step.layout, self.block_size, device),
                 torch.tensor(step.logits_rows, dtype=torch.long, device=device),
             )
-        results: list[tuple[int, float | None] | None] = [None] * len(chunks)
+        results: list[list[TokenWithLogprob] | None] = [None] * len(chunks)
         if step.sampled:
             requests = [sampling[i] for i in step.sampled]
-            tokens, logprobs = sample(logits, [r[0] for r in requests if r], [r[1] for r in requests if r])
+            rows = logits[: len(step.sampled)] if step.verified else logits
+            tokens, logprobs = sample(rows, [r[0] for r in requests if r], [r[1] for r in requests if r])
             for i, token, logprob in zip(step.sampled, tokens, logprobs, strict=True):
-                results[i] = (token, logprob)
+                results[i] = [(token, logprob)]
+        if step.verified:
+            runs = []
+            for i, first_row in step.verified:
+                params, generator = sampling[i]  # type: ignore[misc]
+                runs.append(VerifyRun(first_row, chunks[i].draft_token_ids, params, generator))
+            for (i, _), emitted in zip(step.verified, verify(logits, runs), strict=True):
+                results[i] = emitted
         return results
 
 
@@ -85,7 +96,10 @@ class FlatStep:
     positions: list[int]
     layout: StepLayout
     logits_rows: list[int]  # rows of the step's tokens whose logits are sampled ...
-    sampled: list[int]  # ... for these chunks (indices into the step's chunks), in the same order
+    sampled: list[int]  # ... for these chunks (indices into the step's chunks), in the same order;
+    # then speculating chunks' rows: (chunk index, its first row among the logits) for each, the
+    # chunk's len(draft_token_ids) + 1 logits rows in a row from there.
+    verified: list[tuple[int, int]] = field(default_factory=list)
 
 
 def flatten_step(chunks: list[ScheduledChunk], sampling: list[SamplingRequest | None], bs: int) -> FlatStep:
@@ -105,17 +119,31 @@ def flatten_step(chunks: list[ScheduledChunk], sampling: list[SamplingRequest | 
         slots.append(seq.block_table[pos // bs] * bs + pos % bs)
         layout.decode_block_tables.append(seq.block_table)
         layout.decode_context_lens.append(pos + 1)
+    verify_rows: list[int] = []
     for i in prefills:
         chunk = chunks[i]
         seq, start, n = chunk.seq, chunk.start, chunk.num_tokens
         table = seq.block_table
+        # A speculating decode is laid out as a chunk of its last token plus the proposals: each
+        # attends to the cached context and the proposals before it, exactly as a prefill chunk.
         layout.prefills.append(PrefillSpan(len(input_ids), n, start + n, table))
-        input_ids.extend(seq.token_ids[start : start + n])
+        first = len(input_ids)
+        input_ids.extend(seq.token_ids[start : start + n - len(chunk.draft_token_ids)])
+        input_ids.extend(chunk.draft_token_ids)
         span = range(start, start + n)
         positions.extend(span)
         slots.extend([table[p // bs] * bs + p % bs for p in span])
-        if sampling[i] is not None:
+        if sampling[i] is None:
+            continue
+        if chunk.draft_token_ids:
+            step.verified.append((i, len(verify_rows)))
+            verify_rows.extend(range(first, first + n))
+        else:
             step.logits_rows.append(len(input_ids) - 1)
             step.sampled.append(i)
+    # Verification rows come after the sampled ones, so sample() sees exactly its rows first.
+    for j, (i, offset) in enumerate(step.verified):
+        step.verified[j] = (i, len(step.logits_rows) + offset)
+    step.logits_rows.extend(verify_rows)
     layout.num_tokens = len(input_ids)
     return step
