@@ -97,53 +97,62 @@ class FlatStep:
     layout: StepLayout
     logits_rows: list[int]  # rows of the step's tokens whose logits are sampled ...
     sampled: list[int]  # ... for these chunks (indices into the step's chunks), in the same order;
-    # then speculating chunks' rows: (chunk index, its first row among the logits) for each, the
-    # chunk's len(draft_token_ids) + 1 logits rows in a row from there.
+    # then speculating chunks' rows: (chunk index, its first row among the selected logits) for
+    # each, the chunk's len(draft_token_ids) + 1 rows in position order from there.
     verified: list[tuple[int, int]] = field(default_factory=list)
 
 
 def flatten_step(chunks: list[ScheduledChunk], sampling: list[SamplingRequest | None], bs: int) -> FlatStep:
-    decodes = sorted((i for i, c in enumerate(chunks) if c.num_tokens == 1), key=lambda i: -chunks[i].start)
-    prefills = [i for i, c in enumerate(chunks) if c.num_tokens > 1]
+    """A speculating decode (its last token plus k proposals) is laid out as k + 1 decode rows of
+    one sequence with context lengths start+1 .. start+k+1: every backend writes the step's K/V
+    before attending, so row j sees exactly the context and the proposals before it, as a causal
+    chunk would, and the rows join the batched decode path (and its CUDA graphs)."""
+    # (chunk index, offset in the chunk), longest context first.
+    decodes = sorted(
+        (
+            (i, j)
+            for i, c in enumerate(chunks)
+            if c.num_tokens == 1 or c.draft_token_ids
+            for j in range(c.num_tokens)
+        ),
+        key=lambda e: -(chunks[e[0]].start + e[1]),
+    )
+    prefills = [i for i, c in enumerate(chunks) if c.num_tokens > 1 and not c.draft_token_ids]
     step = FlatStep([], [], StepLayout(num_tokens=0, slot_mapping=[]), [], [])
     input_ids, positions, layout = step.input_ids, step.positions, step.layout
     slots = layout.slot_mapping
-    for i in decodes:
-        seq = chunks[i].seq
-        pos = chunks[i].start
+    verify_rows: dict[int, list[int]] = {}
+    for i, j in decodes:
+        chunk = chunks[i]
+        seq = chunk.seq
+        pos = chunk.start + j
         if sampling[i] is not None:
-            step.logits_rows.append(len(input_ids))
-            step.sampled.append(i)
-        input_ids.append(seq.token_ids[pos])
+            if chunk.draft_token_ids:
+                verify_rows.setdefault(i, [0] * chunk.num_tokens)[j] = len(input_ids)
+            else:
+                step.logits_rows.append(len(input_ids))
+                step.sampled.append(i)
+        input_ids.append(seq.token_ids[pos] if j == 0 else chunk.draft_token_ids[j - 1])
         positions.append(pos)
         slots.append(seq.block_table[pos // bs] * bs + pos % bs)
         layout.decode_block_tables.append(seq.block_table)
         layout.decode_context_lens.append(pos + 1)
-    verify_rows: list[int] = []
     for i in prefills:
         chunk = chunks[i]
         seq, start, n = chunk.seq, chunk.start, chunk.num_tokens
         table = seq.block_table
-        # A speculating decode is laid out as a chunk of its last token plus the proposals: each
-        # attends to the cached context and the proposals before it, exactly as a prefill chunk.
         layout.prefills.append(PrefillSpan(len(input_ids), n, start + n, table))
-        first = len(input_ids)
-        input_ids.extend(seq.token_ids[start : start + n - len(chunk.draft_token_ids)])
-        input_ids.extend(chunk.draft_token_ids)
+        input_ids.extend(seq.token_ids[start : start + n])
         span = range(start, start + n)
         positions.extend(span)
         slots.extend([table[p // bs] * bs + p % bs for p in span])
-        if sampling[i] is None:
-            continue
-        if chunk.draft_token_ids:
-            step.verified.append((i, len(verify_rows)))
-            verify_rows.extend(range(first, first + n))
-        else:
+        if sampling[i] is not None:
             step.logits_rows.append(len(input_ids) - 1)
             step.sampled.append(i)
-    # Verification rows come after the sampled ones, so sample() sees exactly its rows first.
-    for j, (i, offset) in enumerate(step.verified):
-        step.verified[j] = (i, len(step.logits_rows) + offset)
-    step.logits_rows.extend(verify_rows)
+    # Verification rows come after the sampled ones (so sample() sees exactly its rows first), each
+    # chunk's rows in position order.
+    for i, rows in verify_rows.items():
+        step.verified.append((i, len(step.logits_rows)))
+        step.logits_rows.extend(rows)
     layout.num_tokens = len(input_ids)
     return step
