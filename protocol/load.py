@@ -49,6 +49,9 @@ class ModelLoad(msgspec.Struct, kw_only=True):
     # estimate: a free slot, then its prefill steps at the fitted step cost), and the largest.
     first_token_s_by_tier: dict[str, float] = msgspec.field(default_factory=dict)
     queue_wait_s: float = 0.0
+    # Speculative decoding (issue 33): accepted / proposed tokens since start; None when the
+    # model does not speculate.
+    spec_decode_acceptance_rate: float | None = None
 
 
 class LoadReport(msgspec.Struct, kw_only=True):

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
-from regional_node.engine import LLMEngine, SamplingParams
+from regional_node.engine import EngineConfigError, LLMEngine, SamplingParams
 from regional_node.engine.block_hash import extend_block_hashes
 from tests.engine.checkpoints import hf_greedy, random_prompts, write_checkpoint
 
@@ -231,3 +231,62 @@ def test_any_batch_pool_and_aborts_give_the_same_tokens_and_leak_no_block(
         if i not in abort_at:
             assert got == want.output_token_ids
     assert_idle(engine)
+
+
+def test_ngram_proposes_what_followed_the_longest_recent_match() -> None:
+    from regional_node.engine.speculative.ngram import propose_ngram
+
+    tokens = [1, 2, 3, 9, 9, 5, 2, 3, 7, 8, 6, 1, 2, 3]
+    # "1 2 3" (n=3) occurred at the start, followed by 9 9 5; the longer match wins over "2 3" -> 7 8.
+    assert propose_ngram(tokens, k=3, min_n=2, max_n=3) == [9, 9, 5]
+    assert propose_ngram(tokens, k=3, min_n=2, max_n=2) == [7, 8, 6]
+    assert propose_ngram([4, 5, 6], k=3, min_n=1, max_n=3) == []
+    # In a cycle, the most recent occurrence with k tokens after it.
+    assert propose_ngram([1, 2] * 5, k=4, min_n=2, max_n=2) == [1, 2, 1, 2]
+
+
+def test_bad_speculative_options_are_refused_at_load(local_dir: Path) -> None:
+    for bad, words in (
+        ({"method": "draft"}, "not implemented"),
+        ({"prompt_lookup_min": 5, "prompt_lookup_max": 2}, "prompt_lookup_min"),
+        ({"num_speculative_tokens": 0}, "num_speculative_tokens"),
+        ({"lookahead": 3}, "unknown speculative option"),
+    ):
+        with pytest.raises(EngineConfigError, match=words):
+            LLMEngine.from_pretrained(local_dir, speculative=bad)
+
+
+def test_a_request_can_opt_out(cyclic_dir: Path) -> None:
+    prompt, expected = _cycle(cyclic_dir)
+    engine = LLMEngine.from_pretrained(cyclic_dir, speculative=SPEC)
+    out = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True, speculative=False)
+    assert engine.generate([prompt], out)[0].output_token_ids == expected[:20]
+    assert engine.stats()["spec_decode_num_drafts"] == 0
+    engine.generate([prompt], SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True))
+    assert engine.stats()["spec_decode_num_drafts"] > 0
+
+
+def test_no_speculation_in_a_step_with_more_decodes_than_max_batch_size(cyclic_dir: Path) -> None:
+    prompt, expected = _cycle(cyclic_dir)
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    engine = LLMEngine.from_pretrained(cyclic_dir, speculative={**SPEC, "max_batch_size": 2})
+    results = engine.generate([prompt] * 3, params)
+    assert all(r.output_token_ids == expected[:20] for r in results)
+    assert engine.stats()["spec_decode_num_drafts"] == 0
+    engine.generate([prompt] * 2, params)
+    assert engine.stats()["spec_decode_num_drafts"] > 0
+
+
+def test_a_sequence_whose_proposals_keep_failing_stops_proposing(llama_dir: Path) -> None:
+    """The plain random model: prompt lookup (n=1) finds matches everywhere and nearly all are
+    rejected. With the back-off the sequence soon stops proposing; without it, it never does."""
+    prompt = random_prompts([60], seed=9)[0]
+    params = SamplingParams(max_tokens=120, temperature=0.0, ignore_eos=True)
+    counts = {}
+    for rate in (0.0, 0.5):
+        spec = {**SPEC, "prompt_lookup_min": 1, "min_acceptance_rate": rate}
+        engine = LLMEngine.from_pretrained(llama_dir, speculative=spec)
+        engine.generate([prompt], params)
+        counts[rate] = engine.stats()["spec_decode_num_drafts"]
+        assert engine.stats()["spec_decode_acceptance_rate"] < 0.5
+    assert counts[0.0] > 20 and counts[0.5] < counts[0.0] / 2, counts
