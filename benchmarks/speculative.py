@@ -138,28 +138,29 @@ def main() -> None:
     engines = {
         "off": LLMEngine.from_pretrained(path),
         "ngram": LLMEngine.from_pretrained(path, speculative={"method": "ngram"}),
+        # The per-step back-off's evidence: the same proposer with no batch-size limit.
+        "ngram_no_step_backoff": LLMEngine.from_pretrained(
+            path, speculative={"method": "ngram", "max_batch_size": 1024}
+        ),
     }
     for engine in engines.values():  # untimed warm-up
         run_batch(engine, workload("input-grounded", 2, 8, 0))
     rows = []
     for kind in ("input-grounded", "open-ended"):
         for batch in BATCH_SIZES:
-            per_round: dict[str, list[dict[str, Any]]] = {"off": [], "ngram": []}
+            names = ["off", "ngram"] + (["ngram_no_step_backoff"] if batch > 1 else [])
+            per_round: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
             for r in range(args.rounds):
-                order = ("off", "ngram") if r % 2 == 0 else ("ngram", "off")
-                for name in order:
+                for name in names if r % 2 == 0 else names[::-1]:
                     per_round[name].append(
                         run_batch(engines[name], workload(kind, batch, args.max_tokens, r))
                     )
-            speedups = [
-                n["decode_tok_s"] / o["decode_tok_s"]
-                for o, n in zip(per_round["off"], per_round["ngram"], strict=True)
-            ]
             row = {
                 "workload": kind,
                 "batch": batch,
-                "speedup_decode_tok_s": statistics.median(speedups),
-                "speedups_per_round": speedups,
+                "speedup_decode_tok_s": median_ratio(per_round, "ngram"),
+                "speedups_per_round": ratios(per_round, "ngram"),
+                "speedup_without_step_backoff": median_ratio(per_round, "ngram_no_step_backoff"),
                 "goal": GOALS.get((kind, batch)),
                 **{
                     f"{name}_{key}": statistics.median(run[key] for run in runs)
@@ -196,12 +197,26 @@ def main() -> None:
     plot(rows, args.out.with_suffix(".png"))
 
 
+def ratios(per_round: dict[str, list[dict[str, Any]]], name: str) -> list[float]:
+    """decode tok/s of `name` over off's, round by round (each round saw the same load)."""
+    return [
+        n["decode_tok_s"] / o["decode_tok_s"]
+        for o, n in zip(per_round["off"], per_round.get(name, []), strict=False)
+    ]
+
+
+def median_ratio(per_round: dict[str, list[dict[str, Any]]], name: str) -> float | None:
+    values = ratios(per_round, name)
+    return statistics.median(values) if values else None
+
+
 def print_table(rows: list[dict[str, Any]]) -> None:
     head = (
         "workload",
         "batch",
         "speed-up",
         "goal",
+        "without step back-off",
         "off tok/s",
         "ngram tok/s",
         "accept",
@@ -220,6 +235,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
                     str(r["batch"]),
                     f"{r['speedup_decode_tok_s']:.2f}x",
                     goal,
+                    f"{r['speedup_without_step_backoff']:.2f}x" if r["speedup_without_step_backoff"] else "",
                     f"{r['off_decode_tok_s']:.1f}",
                     f"{r['ngram_decode_tok_s']:.1f}",
                     f"{r['ngram_acceptance_rate']:.2f}",
