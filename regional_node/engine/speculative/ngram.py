@@ -2,13 +2,12 @@
 
 If the last n tokens (n from prompt_lookup_max down to prompt_lookup_min, longest first) occurred
 earlier in the prompt or output, the tokens that followed that occurrence are proposed. Costs no
-model: one vectorized comparison per n over the sequence's tokens.
+model. It runs for every decoding sequence in every step, so it is written for the usual case,
+few earlier occurrences of the last token: those are found by `list.index` (a C loop; a numpy
+copy of the sequence alone cost more than a whole lookup), and only they are extended backwards.
 """
 
 from __future__ import annotations
-
-import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 
 def propose_ngram(token_ids: list[int], *, k: int, min_n: int, max_n: int) -> list[int]:
@@ -16,18 +15,29 @@ def propose_ngram(token_ids: list[int], *, k: int, min_n: int, max_n: int) -> li
     length = len(token_ids)
     if k < 1 or length <= min_n:
         return []
-    tokens = np.asarray(token_ids, dtype=np.int64)
-    for n in range(min(max_n, length - 1), min_n - 1, -1):
-        pattern = tokens[length - n :]
-        # Windows starting at 0 .. length-1-n: each has at least one token after it, and the
-        # suffix itself (starting at length-n) is excluded.
-        windows = sliding_window_view(tokens[: length - 1], n)
-        hits = np.flatnonzero((windows == pattern).all(axis=1))
-        if hits.size == 0:
+    last = token_ids[-1]
+    longest = min(max_n, length - 1)
+    best_n = 0
+    # For the longest match: the most recent occurrence with k tokens after it (recent text
+    # predicts best; in a repeating cycle the very last occurrence leaves fewer than k), else the
+    # earliest (the longest continuation).
+    recent_full = earliest = -1
+    j = -1
+    while True:
+        try:
+            j = token_ids.index(last, j + 1, length - 1)
+        except ValueError:
+            break
+        n = 1
+        while n < longest and n <= j and token_ids[j - n] == token_ids[length - 1 - n]:
+            n += 1
+        if n < min_n or n < best_n:
             continue
-        # The most recent occurrence that still has k tokens after it (recent text predicts best;
-        # in a repeating cycle the very last occurrence would leave fewer than k), else the earliest.
-        full = hits[hits + n + k <= length]
-        start = int(full[-1] if full.size else hits[0]) + n
-        return token_ids[start : start + k]
-    return []
+        if n > best_n:
+            best_n, recent_full, earliest = n, -1, j
+        if j + 1 + k <= length:
+            recent_full = j
+    if best_n == 0:
+        return []
+    start = (recent_full if recent_full >= 0 else earliest) + 1
+    return token_ids[start : start + k]
