@@ -150,6 +150,8 @@ def main() -> None:
         for batch in BATCH_SIZES:
             names = ["off", "ngram"] + (["ngram_no_step_backoff"] if batch > 1 else [])
             per_round: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+            for name in names:  # untimed: first-use allocations for this workload's shapes
+                run_batch(engines[name], workload(kind, batch, args.max_tokens, args.rounds))
             for r in range(args.rounds):
                 for name in names if r % 2 == 0 else names[::-1]:
                     per_round[name].append(
