@@ -175,7 +175,7 @@ class LLMEngine:
         if self.speculation is not None:
             allowed = {rid for rid, state in self._requests.items() if state.params.speculative}
             proposals = self.speculation.propose(self.scheduler.running, allowed)
-        out = self.scheduler.schedule(proposals)
+        out = self.scheduler.schedule(proposals) if proposals else self.scheduler.schedule()
         if not out.chunks:
             deltas, self._pending = self._pending, []
             return deltas
