@@ -223,7 +223,7 @@ def test_any_batch_pool_and_aborts_give_the_same_tokens_and_leak_no_block(
         _check_cache_holds_only_verified_tokens(engine)
         step += 1
     expected = reference.generate(
-        prompts, [SamplingParams(max_tokens=n, temperature=0.0) for n in max_tokens]
+        prompts, [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in max_tokens]
     )
     for i, want in enumerate(expected):
         got = tokens[str(i)]
