@@ -7,7 +7,7 @@ Two back-off rules (README, "Speculative decoding", has the measurements behind 
   fewer than `min_acceptance_rate` of them were accepted, it stops proposing for a cool-down that
   doubles each time it backs off again (32, 64, ... 1024 generated tokens), then tries again.
   Measured on open-ended text (benchmarks/speculative.py): judging after 12 tokens with a first
-  cool-down of 16 left batch-1 decode at 0.92-0.96x of speculation off; two failed
+  cool-down of 16 left batch-1 decode at 0.92-0.96x of speculation off (partly load noise); two failed
   verifications of 4 tokens are evidence enough.
 """
 
