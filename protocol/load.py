@@ -59,6 +59,9 @@ class ModelLoad(msgspec.Struct, kw_only=True):
     probe: str = "none"
     probe_failures: int = 0
     probe_last_success: float | None = None
+    # Speculative decoding (issue 33): accepted / proposed tokens since start; None when the
+    # model does not speculate.
+    spec_decode_acceptance_rate: float | None = None
 
 
 class LoadReport(msgspec.Struct, kw_only=True):

@@ -140,6 +140,17 @@ class BlockManager:
         """Make seq's block table cover `num_tokens` tokens."""
         seq.block_table.extend(self.allocate(self.blocks_needed(seq, num_tokens)))
 
+    def shrink(self, seq: Sequence, num_tokens: int) -> None:
+        """Free the blocks past the first `num_tokens` tokens' (rejected speculative positions only:
+        never registered in the prefix cache, since they lie past every computed token)."""
+        keep = self.blocks_for(num_tokens)
+        if keep < len(seq.block_table):
+            assert keep >= seq.num_cached_blocks
+            tail = seq.block_table[keep:]
+            assert all(self.block_hashes[b] is None for b in tail)
+            del seq.block_table[keep:]
+            self.free(tail)
+
     def release(self, seq: Sequence) -> None:
         self.free(seq.block_table)
         seq.block_table = []
@@ -150,7 +161,10 @@ class BlockManager:
         """Register seq's blocks that became full and computed this step."""
         if not self.enable_prefix_caching:
             return
-        full = seq.num_computed_tokens // self.block_size
+        # Bounded by the known tokens: a verification's accepted proposals count as computed
+        # before they are appended (the next step_done registers their block). So a block is
+        # only ever hashed from tokens that are the sequence's own, never from unverified ones.
+        full = min(seq.num_computed_tokens, seq.num_tokens) // self.block_size
         if full <= seq.num_cached_blocks:
             return
         hashes = extend_block_hashes(seq, self.block_size)

@@ -138,6 +138,65 @@ def _ids(value: Any) -> tuple[int, ...]:
     return (int(value),)
 
 
+SPECULATIVE_METHODS = ("ngram",)
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding (`speculative:` under a model's engine options; see speculative/).
+
+    `ngram` proposes the continuation of the longest n-gram (prompt_lookup_min..max tokens) that
+    ends the sequence and occurred earlier in its prompt or output. The back-off rules (measured
+    on CPU, see regional_node/engine/README.md, "Speculative decoding"): no speculation in a step
+    with more than `max_batch_size` decoding sequences (decode stops being memory-bound, and a
+    verify pass costs more than the tokens it saves), and a sequence whose recent drafts were
+    accepted less than `min_acceptance_rate` of the time stops proposing for a while.
+    """
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 4
+    # The draft checkpoint (method "draft"): not implemented yet, refused at load.
+    draft_model: str | None = None
+    max_batch_size: int = 8
+    min_acceptance_rate: float = 0.25
+
+    def __post_init__(self) -> None:
+        if self.method not in SPECULATIVE_METHODS:
+            hint = " (the draft-model proposer is not implemented yet)" if self.method == "draft" else ""
+            raise EngineConfigError(
+                f"speculative.method must be one of {', '.join(SPECULATIVE_METHODS)}, got {self.method!r}{hint}"
+            )
+        for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "max_batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise EngineConfigError(f"speculative.{name} must be an integer >= 1, got {value!r}")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise EngineConfigError(
+                f"speculative.prompt_lookup_min ({self.prompt_lookup_min}) must be <= "
+                f"prompt_lookup_max ({self.prompt_lookup_max})"
+            )
+        rate = self.min_acceptance_rate
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0.0 <= rate <= 1.0:
+            raise EngineConfigError(f"speculative.min_acceptance_rate must be in [0, 1], got {rate!r}")
+
+    @classmethod
+    def from_value(cls, value: Any) -> SpeculativeConfig | None:
+        """None, a SpeculativeConfig, or its fields as a mapping (the YAML form)."""
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value
+        if not isinstance(value, dict):
+            raise EngineConfigError(f"speculative must be a mapping of options, got {value!r}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise EngineConfigError(
+                f"unknown speculative option(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            )
+        return cls(**value)
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Engine options; `LLMEngine.from_pretrained(path, **options)` takes any of these by name.
@@ -167,8 +226,12 @@ class EngineConfig:
     # VTC fairness weights (Sheng et al. 2024): a served output token costs more than a prompt token.
     fairness_prompt_weight: float = 1.0
     fairness_output_weight: float = 2.0
+    # Speculative decoding; None (the default) turns it off. A mapping is validated into a
+    # SpeculativeConfig.
+    speculative: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "speculative", SpeculativeConfig.from_value(self.speculative))
         positive = ("block_size", "max_num_seqs", "max_num_batched_tokens")
         for name in positive:
             value = getattr(self, name)

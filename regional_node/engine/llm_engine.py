@@ -18,11 +18,12 @@ from regional_node.engine.errors import EngineError, InvalidRequestError, StepFa
 from regional_node.engine.fairness import VirtualTokenCounter
 from regional_node.engine.loading import load_checkpoint
 from regional_node.engine.model_runner import ModelRunner, SamplingRequest
-from regional_node.engine.output_processor import RequestState, append_token
+from regional_node.engine.output_processor import RequestState, append_tokens
 from regional_node.engine.outputs import RequestDelta, RequestOutput
 from regional_node.engine.request_intake import RequestIntake
 from regional_node.engine.sampling_params import SamplingParams
 from regional_node.engine.scheduler import ScheduledChunk, Scheduler
+from regional_node.engine.speculative.policy import SpeculationPolicy
 from regional_node.engine.tokenizer import Tokenizer
 
 
@@ -66,6 +67,8 @@ class LLMEngine:
             eos_token_ids=eos_token_ids,
             device=runner.device,
         )
+        spec = engine_config.speculative
+        self.speculation = SpeculationPolicy(spec) if spec is not None else None
         self._requests: dict[str, RequestState] = {}
         # Abort notices, and requests their continuation tokens already ended: handed out by the
         # next step().
@@ -148,11 +151,17 @@ class LLMEngine:
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request and free its blocks now; the next step() reports it with finish_reason "abort"."""
-        state = self._requests.pop(request_id, None)
+        state = self._requests.get(request_id)
         if state is None:
             return
-        self.scheduler.finish(state.seq)
+        self._finish(state)
         self._pending.append(state.delta([], "", [], "abort"))
+
+    def _finish(self, state: RequestState) -> None:
+        self.scheduler.finish(state.seq)
+        del self._requests[state.seq.request_id]
+        if self.speculation is not None:
+            self.speculation.forget(state.seq.request_id)
 
     def abort_all(self) -> list[str]:
         """Abort every request without abort notices (the caller reports them); returns their ids."""
@@ -169,7 +178,11 @@ class LLMEngine:
     # -- one iteration --------------------------------------------------------------------------
     def step(self) -> list[RequestDelta]:
         started = time.monotonic()
-        out = self.scheduler.schedule()
+        proposals = None
+        if self.speculation is not None:
+            allowed = {rid for rid, state in self._requests.items() if state.params.speculative}
+            proposals = self.speculation.propose(self.scheduler.running, allowed)
+        out = self.scheduler.schedule(proposals) if proposals else self.scheduler.schedule()
         if not out.chunks:
             deltas, self._pending = self._pending, []
             return deltas
@@ -184,22 +197,23 @@ class LLMEngine:
         except Exception as exc:
             failed = [chunk.seq.request_id for chunk in out.chunks]
             for request_id in failed:
-                state = self._requests.pop(request_id)
-                self.scheduler.finish(state.seq)
+                self._finish(self._requests[request_id])
             raise StepFailedError(f"model step failed: {exc!r}", failed) from exc
-        self.scheduler.step_done(out)
+        num_accepted = [len(r) - 1 if r is not None else 0 for r in results]
+        self.scheduler.step_done(out, num_accepted)
         ended = time.monotonic()
         deltas: list[RequestDelta] = []
         finished = 0
-        for chunk, result in zip(out.chunks, results, strict=True):
+        for chunk, result, accepted in zip(out.chunks, results, num_accepted, strict=True):
             if result is None:
                 continue
+            if chunk.draft_token_ids and self.speculation is not None:
+                self.speculation.record(chunk.seq, len(chunk.draft_token_ids), accepted)
             state = self._requests[chunk.seq.request_id]
-            delta = append_token(state, *result)
-            self.generation_tokens_total += 1
+            delta = append_tokens(state, result)
+            self.generation_tokens_total += len(delta.new_token_ids)
             if delta.finished:
-                self.scheduler.finish(state.seq)
-                del self._requests[chunk.seq.request_id]
+                self._finish(state)
                 finished += 1
             deltas.append(delta)
         self.drain.record(started, ended, out.num_batched_tokens, finished)
@@ -296,6 +310,21 @@ class LLMEngine:
             "prefix_cache_hit_rate": hit / query if query else 0.0,
             "prompt_tokens_total": self.prompt_tokens_total,
             "generation_tokens_total": self.generation_tokens_total,
+            **self._speculation_stats(),
+        }
+
+    def _speculation_stats(self) -> dict[str, Any]:
+        if self.speculation is None:
+            return {}
+        spec = self.speculation.stats
+        return {
+            # vLLM's counters (vllm:spec_decode_*), so dashboards carry over.
+            "spec_decode_num_drafts": spec.num_drafts,
+            "spec_decode_num_draft_tokens": spec.num_draft_tokens,
+            "spec_decode_num_accepted_tokens": spec.num_accepted_tokens,
+            "spec_decode_num_accepted_tokens_per_pos": list(spec.num_accepted_tokens_per_pos),
+            "spec_decode_acceptance_rate": spec.acceptance_rate,
+            "spec_decode_mean_acceptance_length": spec.mean_acceptance_length,
         }
 
     def _oldest_waiting_by_tier(self) -> dict[str, float]:

@@ -5,7 +5,7 @@ Decode-only steps replay a CUDA graph when `capture_decode_graphs` has run (cuda
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -15,6 +15,7 @@ from regional_node.engine.models.llama import LlamaModel
 from regional_node.engine.sampler import sample
 from regional_node.engine.sampling_params import SamplingParams
 from regional_node.engine.scheduler import ScheduledChunk
+from regional_node.engine.speculative.verify import TokenWithLogprob, VerifyRun, verify
 
 # What the runner needs to sample for a chunk that completes its sequence's known tokens.
 SamplingRequest = tuple[SamplingParams, torch.Generator | None]
@@ -49,8 +50,10 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(
         self, chunks: list[ScheduledChunk], sampling: list[SamplingRequest | None]
-    ) -> list[tuple[int, float | None] | None]:
-        """Computes every chunk; returns (token, logprob) for chunks with a SamplingRequest, else None."""
+    ) -> list[list[TokenWithLogprob] | None]:
+        """Computes every chunk; for chunks with a SamplingRequest returns the new tokens with their
+        logprobs (one, or for a speculating chunk its accepted proposals and the target's token
+        after them), else None."""
         step = flatten_step(chunks, sampling, self.block_size)
         logits = None
         if self.decode_graphs is not None and not step.layout.prefills:
@@ -67,12 +70,20 @@ class ModelRunner:
                 self.backend.prepare(step.layout, self.block_size, device),
                 torch.tensor(step.logits_rows, dtype=torch.long, device=device),
             )
-        results: list[tuple[int, float | None] | None] = [None] * len(chunks)
+        results: list[list[TokenWithLogprob] | None] = [None] * len(chunks)
         if step.sampled:
             requests = [sampling[i] for i in step.sampled]
-            tokens, logprobs = sample(logits, [r[0] for r in requests if r], [r[1] for r in requests if r])
+            rows = logits[: len(step.sampled)] if step.verified else logits
+            tokens, logprobs = sample(rows, [r[0] for r in requests if r], [r[1] for r in requests if r])
             for i, token, logprob in zip(step.sampled, tokens, logprobs, strict=True):
-                results[i] = (token, logprob)
+                results[i] = [(token, logprob)]
+        if step.verified:
+            runs = []
+            for i, first_row in step.verified:
+                params, generator = sampling[i]  # type: ignore[misc]
+                runs.append(VerifyRun(first_row, chunks[i].draft_token_ids, params, generator))
+            for (i, _), emitted in zip(step.verified, verify(logits, runs), strict=True):
+                results[i] = emitted
         return results
 
 
@@ -85,22 +96,43 @@ class FlatStep:
     positions: list[int]
     layout: StepLayout
     logits_rows: list[int]  # rows of the step's tokens whose logits are sampled ...
-    sampled: list[int]  # ... for these chunks (indices into the step's chunks), in the same order
+    sampled: list[int]  # ... for these chunks (indices into the step's chunks), in the same order;
+    # then speculating chunks' rows: (chunk index, its first row among the selected logits) for
+    # each, the chunk's len(draft_token_ids) + 1 rows in position order from there.
+    verified: list[tuple[int, int]] = field(default_factory=list)
 
 
 def flatten_step(chunks: list[ScheduledChunk], sampling: list[SamplingRequest | None], bs: int) -> FlatStep:
-    decodes = sorted((i for i, c in enumerate(chunks) if c.num_tokens == 1), key=lambda i: -chunks[i].start)
-    prefills = [i for i, c in enumerate(chunks) if c.num_tokens > 1]
+    """A speculating decode (its last token plus k proposals) is laid out as k + 1 decode rows of
+    one sequence with context lengths start+1 .. start+k+1: every backend writes the step's K/V
+    before attending, so row j sees exactly the context and the proposals before it, as a causal
+    chunk would, and the rows join the batched decode path (and its CUDA graphs)."""
+    # (chunk index, offset in the chunk), longest context first.
+    decodes = sorted(
+        (
+            (i, j)
+            for i, c in enumerate(chunks)
+            if c.num_tokens == 1 or c.draft_token_ids
+            for j in range(c.num_tokens)
+        ),
+        key=lambda e: -(chunks[e[0]].start + e[1]),
+    )
+    prefills = [i for i, c in enumerate(chunks) if c.num_tokens > 1 and not c.draft_token_ids]
     step = FlatStep([], [], StepLayout(num_tokens=0, slot_mapping=[]), [], [])
     input_ids, positions, layout = step.input_ids, step.positions, step.layout
     slots = layout.slot_mapping
-    for i in decodes:
-        seq = chunks[i].seq
-        pos = chunks[i].start
+    verify_rows: dict[int, list[int]] = {}
+    for i, j in decodes:
+        chunk = chunks[i]
+        seq = chunk.seq
+        pos = chunk.start + j
         if sampling[i] is not None:
-            step.logits_rows.append(len(input_ids))
-            step.sampled.append(i)
-        input_ids.append(seq.token_ids[pos])
+            if chunk.draft_token_ids:
+                verify_rows.setdefault(i, [0] * chunk.num_tokens)[j] = len(input_ids)
+            else:
+                step.logits_rows.append(len(input_ids))
+                step.sampled.append(i)
+        input_ids.append(seq.token_ids[pos] if j == 0 else chunk.draft_token_ids[j - 1])
         positions.append(pos)
         slots.append(seq.block_table[pos // bs] * bs + pos % bs)
         layout.decode_block_tables.append(seq.block_table)
@@ -117,5 +149,10 @@ def flatten_step(chunks: list[ScheduledChunk], sampling: list[SamplingRequest | 
         if sampling[i] is not None:
             step.logits_rows.append(len(input_ids) - 1)
             step.sampled.append(i)
+    # Verification rows come after the sampled ones (so sample() sees exactly its rows first), each
+    # chunk's rows in position order.
+    for i, rows in verify_rows.items():
+        step.verified.append((i, len(step.logits_rows)))
+        step.logits_rows.extend(rows)
     layout.num_tokens = len(input_ids)
     return step

@@ -65,6 +65,24 @@ def append_token(state: RequestState, token: int, logprob: float | None) -> Requ
     return delta
 
 
+def append_tokens(state: RequestState, tokens: list[tuple[int, float | None]]) -> RequestDelta:
+    """Several tokens from one step (a verification's accepted run), one by one through
+    `append_token`, merged into one delta; tokens after one that ends the request are dropped, so a
+    stop token, stop string or max_tokens inside the run ends it exactly where decoding one token
+    at a time would have."""
+    delta = append_token(state, *tokens[0])
+    for token, logprob in tokens[1:]:
+        if delta.finished:
+            break
+        more = append_token(state, token, logprob)
+        delta.new_token_ids += more.new_token_ids
+        delta.new_text += more.new_text
+        delta.new_logprobs += more.new_logprobs
+        delta.finished, delta.finish_reason = more.finished, more.finish_reason
+        delta.num_output_tokens = more.num_output_tokens
+    return delta
+
+
 def replay_tokens(state: RequestState, token_ids: list[int]) -> FinishReason | None:
     """Take a continuation's tokens (generated earlier, their chunks already with the client)
     through the same per-token text logic as `append_token`, dropping the text the client has.

@@ -31,12 +31,8 @@ def sample(
         return tokens.tolist(), (best - torch.logsumexp(logits, dim=-1)).tolist()
 
     device = logits.device
-    temperatures = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], device=device)
-    logits = logits / temperatures[:, None]
-    if any(p.top_k > 0 or p.top_p < 1.0 for p in params if not p.greedy):
-        logits = _apply_top_k_top_p(logits, params)
-    logprobs = torch.log_softmax(logits, dim=-1)
-    greedy_tokens = argmax_rows(logits)
+    logprobs = processed_logprobs(logits, params)
+    greedy_tokens = argmax_rows(logits)  # greedy rows are neither scaled nor cut
 
     sampled_rows = [i for i, p in enumerate(params) if not p.greedy]
     uniforms = torch.stack(
@@ -50,6 +46,25 @@ def sample(
     tokens[sampled_rows] = sampled
     chosen = logprobs.gather(1, tokens[:, None]).squeeze(1)
     return tokens.tolist(), chosen.tolist()
+
+
+def processed_logprobs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Per row, the log-probabilities of the distribution that row samples from: after its
+    temperature, top-k and top-p (greedy rows: the raw logits' log-softmax). logits are float32."""
+    device = logits.device
+    temperatures = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], device=device)
+    logits = logits / temperatures[:, None]
+    if any(p.top_k > 0 or p.top_p < 1.0 for p in params if not p.greedy):
+        logits = _apply_top_k_top_p(logits, params)
+    return torch.log_softmax(logits, dim=-1)
+
+
+def inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> int:
+    """The token one uniform draw picks from unnormalised probabilities (a 1-D row)."""
+    cdf = probs.cumsum(dim=-1)
+    # right=True: the first token whose cumulative mass exceeds u, so zero-probability tokens are skipped.
+    token = torch.searchsorted(cdf, (uniform * cdf[-1]).reshape(1), right=True)
+    return int(token.clamp_(max=probs.shape[-1] - 1))
 
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:

@@ -26,6 +26,10 @@ class SamplingParams:
     # Report each sampled token's log-probability (RequestDelta.new_logprobs). Off, a greedy step
     # skips the log-softmax over the vocabulary, and the deltas carry no logprobs.
     logprobs: bool = True
+    # Whether this request may be decoded speculatively when its engine is configured for it (the
+    # per-request opt-out). The tokens are the same either way (greedy) or distributed the same
+    # (sampling); a caller may still opt out, e.g. for a seed-reproducible sample stream.
+    speculative: bool = True
 
     @property
     def greedy(self) -> bool:
@@ -55,6 +59,10 @@ class SamplingParams:
         ):
             raise InvalidRequestError(
                 f"seed must be an integer in [{_SEED_MIN}, {_SEED_MAX}], got {self.seed!r}", "seed"
+            )
+        if not isinstance(self.speculative, bool):
+            raise InvalidRequestError(
+                f"speculative must be true or false, got {self.speculative!r}", "speculative"
             )
         if not isinstance(self.logprobs, bool):
             raise InvalidRequestError(f"logprobs must be true or false, got {self.logprobs!r}", "logprobs")

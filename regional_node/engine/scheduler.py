@@ -16,6 +16,8 @@ A request that could not fit even alone in the pool is refused when added, so no
 from __future__ import annotations
 
 import bisect
+from collections.abc import Mapping
+from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass, field
 
 from regional_node.engine.block_manager import BlockManager
@@ -26,16 +28,18 @@ from regional_node.engine.sequence import Sequence, SequenceStatus
 
 @dataclass
 class ScheduledChunk:
-    """seq computes tokens [start, start + num_tokens) this step."""
+    """seq computes tokens [start, start + num_tokens) this step. A speculating decode's last
+    `len(draft_token_ids)` of them are proposed tokens, not yet in seq.token_ids, to be verified."""
 
     seq: Sequence
     start: int
     num_tokens: int
+    draft_token_ids: list[int] = field(default_factory=list)
 
     @property
     def completes(self) -> bool:
         """True when the chunk reaches the last known token, so the step samples a new one."""
-        return self.start + self.num_tokens == self.seq.num_tokens
+        return self.start + self.num_tokens - len(self.draft_token_ids) == self.seq.num_tokens
 
 
 @dataclass
@@ -102,7 +106,10 @@ class Scheduler:
         return bool(self.running) or len(self.waiting) > 0
 
     # -- one step ---------------------------------------------------------------------------------
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, proposals: Mapping[Sequence, list[int]] | None = None) -> SchedulerOutput:
+        """`proposals`: speculative tokens to verify after a running sequence's decode token. They
+        are opportunistic: trimmed to the budget and the free blocks left once every decode has its
+        token, and never the cause of a preemption."""
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         running = self.running
@@ -125,6 +132,8 @@ class Scheduler:
             self._take(out, seq, 1)
             budget -= 1
             i += 1
+        if proposals:
+            budget = self._add_drafts(out, proposals, budget)
         for seq in running:
             if budget == 0:
                 break
@@ -137,6 +146,25 @@ class Scheduler:
         if not out.preempted:
             self._admit(out, budget)
         return out
+
+    def _add_drafts(self, out: SchedulerOutput, proposals: Mapping[Sequence, list[int]], budget: int) -> int:
+        for chunk in out.chunks:
+            drafts = proposals.get(chunk.seq)
+            if not drafts or chunk.seq.status is not SequenceStatus.RUNNING:
+                continue
+            seq = chunk.seq
+            k = min(len(drafts), budget)
+            # KV is written for the decode token and the k proposals: num_tokens + k positions.
+            while k and self.blocks.blocks_needed(seq, seq.num_tokens + k) > self.blocks.num_free_blocks:
+                k -= 1
+            if k == 0:
+                continue
+            self.blocks.grow(seq, seq.num_tokens + k)
+            chunk.draft_token_ids = list(drafts[:k])
+            chunk.num_tokens += k
+            out.num_batched_tokens += k
+            budget -= k
+        return budget
 
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
         bs = self.blocks.block_size
@@ -168,8 +196,10 @@ class Scheduler:
         start = seq.num_computed_tokens
         out.chunks.append(ScheduledChunk(seq, start, n))
         out.num_batched_tokens += n
+        self._charge(seq, start, start + n)
+
+    def _charge(self, seq: Sequence, start: int, end: int) -> None:
         # Fairness charges each token position once: recomputation after preemption is free.
-        end = start + n
         first_new = max(start, seq.num_charged_tokens)
         if end > first_new:
             prompt = max(0, min(end, seq.num_prompt_tokens) - first_new)
@@ -182,9 +212,24 @@ class Scheduler:
         self.stats.num_preemptions += 1
         self.waiting.push(seq, front=True)
 
-    def step_done(self, out: SchedulerOutput) -> None:
-        """Record the KV the model just wrote and publish newly full blocks to the prefix cache."""
-        for chunk in out.chunks:
+    def step_done(self, out: SchedulerOutput, num_accepted: SequenceOf[int] | None = None) -> None:
+        """Record the KV the model just wrote and publish newly full blocks to the prefix cache.
+
+        `num_accepted[i]`: how many of chunk i's proposed tokens were accepted (needed when any
+        chunk speculated). Rejected proposals' KV is rolled back: those positions no longer count
+        as computed (the next step overwrites them), and blocks that held only rejected positions
+        go back to the pool. Accepted ones are charged to the tenant as output tokens.
+        """
+        for i, chunk in enumerate(out.chunks):
             seq = chunk.seq
-            seq.num_computed_tokens = chunk.start + chunk.num_tokens
+            end = chunk.start + chunk.num_tokens
+            if chunk.draft_token_ids:
+                assert num_accepted is not None
+                accepted = num_accepted[i]
+                assert 0 <= accepted <= len(chunk.draft_token_ids)
+                end -= len(chunk.draft_token_ids) - accepted
+                # The next step writes KV up to the token this verification emits: end + 1 tokens.
+                self.blocks.shrink(seq, end + 1)
+                self._charge(seq, chunk.start + 1, end)
+            seq.num_computed_tokens = end
             self.blocks.cache_computed(seq)

@@ -47,6 +47,20 @@ class ConfigError(Exception):
     """The configuration is invalid; the message names the file (or flag) and the field."""
 
 
+class SpeculativeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Speculative decoding for one model (regional_node/engine/README.md, "Speculative decoding");
+    with `engine: vllm` the same keys become vLLM's `speculative_config`."""
+
+    method: Literal["ngram"] = "ngram"
+    num_speculative_tokens: PositiveInt = 4
+    prompt_lookup_min: PositiveInt = 2
+    prompt_lookup_max: PositiveInt = 4
+    # Our engine's back-off (vLLM has its own rules): no speculation in a step with more decoding
+    # sequences than this, and a sequence whose acceptance stays below the rate pauses.
+    max_batch_size: PositiveInt = 8
+    min_acceptance_rate: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.25
+
+
 class EngineSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Keyword arguments for `LLMEngine.from_pretrained` (or, with `engine: vllm`, vLLM's engine
     arguments: see regional_node/vllm_engine); the defaults suit CPU test checkpoints."""
@@ -63,10 +77,14 @@ class EngineSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Any further `LLMEngine.from_pretrained` option (max_model_len, kv_cache_memory_fraction,
     # attention_backend, ...), passed through as is; the engine validates them when it loads.
     options: dict[str, Any] = msgspec.field(default_factory=dict)
+    # None: no speculative decoding.
+    speculative: SpeculativeSettings | None = None
 
     def engine_kwargs(self) -> dict[str, Any]:
         kwargs = msgspec.structs.asdict(self)
         options = kwargs.pop("options")
+        if self.speculative is not None:
+            kwargs["speculative"] = msgspec.structs.asdict(self.speculative)
         return {**options, **{key: value for key, value in kwargs.items() if value is not None}}
 
 

@@ -111,6 +111,7 @@ def _model_load(
         max_num_batched_tokens=_int(stats, "max_num_batched_tokens"),
         step_cost=stats.get("step_cost") or StepCost(),
         finish_rate=float(stats.get("finish_rate", 0.0) or 0.0),
+        spec_decode_acceptance_rate=stats.get("spec_decode_acceptance_rate"),
         first_token_s_by_tier={
             str(tier): float(wait) for tier, wait in (stats.get("first_token_s_by_tier") or {}).items()
         },

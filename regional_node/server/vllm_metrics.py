@@ -60,6 +60,12 @@ _COUNTERS = (
     ("vllm:generation_tokens", "generation_tokens_total", "Number of generation tokens processed."),
 )
 
+_SPEC_DECODE_COUNTERS = (
+    ("vllm:spec_decode_num_drafts", "spec_decode_num_drafts", "Number of spec decoding drafts."),
+    ("vllm:spec_decode_num_draft_tokens", "spec_decode_num_draft_tokens", "Number of draft tokens."),
+    ("vllm:spec_decode_num_accepted_tokens", "spec_decode_num_accepted_tokens", "Number of accepted tokens."),
+)
+
 
 class VllmStatsCollector(Collector):
     """Engine state under vLLM's names: gauges, counters and the cache-config info gauge."""
@@ -84,7 +90,28 @@ class VllmStatsCollector(Collector):
             for model, stats in per_model.items():
                 counter.add_metric([model, ENGINE], float(stats.get(key, 0) or 0))
             yield counter
+        yield from self._spec_decode(per_model)
         yield from self._cache_config_info()
+
+    def _spec_decode(self, per_model: Mapping[str, Mapping[str, Any]]) -> Iterable[Metric]:
+        """vLLM's speculative-decoding counters, for the models that speculate."""
+        speculating = {m: s for m, s in per_model.items() if "spec_decode_num_drafts" in s}
+        if not speculating:
+            return
+        for name, key, help_text in _SPEC_DECODE_COUNTERS:
+            counter = CounterMetricFamily(name, help_text, labels=LABELS)
+            for model, stats in speculating.items():
+                counter.add_metric([model, ENGINE], float(stats[key]))
+            yield counter
+        per_pos = CounterMetricFamily(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted tokens per draft position.",
+            labels=[*LABELS, "position"],
+        )
+        for model, stats in speculating.items():
+            for pos, count in enumerate(stats["spec_decode_num_accepted_tokens_per_pos"]):
+                per_pos.add_metric([model, ENGINE, str(pos)], float(count))
+        yield per_pos
 
     def _cache_config_info(self) -> Iterable[Metric]:
         # An info metric as vLLM writes it: a gauge fixed at 1 whose labels are the config.

@@ -77,6 +77,15 @@ def engine_args(path: str, settings: EngineSettings) -> dict[str, Any]:
         "logprobs_mode": "processed_logprobs",
         "disable_log_stats": False,  # the stats feed /load and /metrics
     }
+    if settings.speculative is not None:
+        # vLLM's own speculative decoding, same method and sizes (its back-off rules are its own).
+        spec = settings.speculative
+        args["speculative_config"] = {
+            "method": spec.method,
+            "num_speculative_tokens": spec.num_speculative_tokens,
+            "prompt_lookup_min": spec.prompt_lookup_min,
+            "prompt_lookup_max": spec.prompt_lookup_max,
+        }
     if settings.block_size is not None:
         args["block_size"] = settings.block_size
     if settings.num_kv_blocks is not None:

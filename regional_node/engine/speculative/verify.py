@@ -1,0 +1,95 @@
+"""Verification: which proposed tokens the target model accepts, from one forward pass.
+
+A speculating sequence runs its last token plus k proposed tokens d_1..d_k through the target
+model; logits row i (0 <= i <= k) is the target's prediction for the token after position i, so
+row i judges d_{i+1} and row k yields a bonus token when every proposal is accepted. The run ends
+at the first rejection with the target's own token there, so each verification yields 1..k+1
+tokens.
+
+- Greedy: accept d_i while it is the target's argmax; the token at the first mismatch is the
+  argmax. The tokens are exactly greedy decoding's.
+- Sampling: standard speculative rejection sampling (Leviathan et al. 2023; Chen et al. 2023). An
+  n-gram proposal is a point mass q = 1 at d_i, so d_i is accepted with probability p(d_i) (one
+  uniform draw from the request's generator) and, on rejection, the token is drawn from p with d_i
+  removed, renormalised: max(0, p - q) normalised. Each emitted token is then distributed exactly
+  as the target's p (temperature, top-k and top-p applied), whatever was proposed.
+- Logprobs are always the target's: log p of each emitted token, as the sampler reports them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from regional_node.engine.sampler import argmax_rows, inverse_cdf, processed_logprobs
+from regional_node.engine.sampling_params import SamplingParams
+
+TokenWithLogprob = tuple[int, float | None]
+
+
+@dataclass
+class VerifyRun:
+    """One speculating sequence: its logits are rows [first_row, first_row + len(draft) + 1)."""
+
+    first_row: int
+    draft_token_ids: list[int]
+    params: SamplingParams
+    generator: torch.Generator | None
+
+
+def verify(logits: torch.Tensor, runs: list[VerifyRun]) -> list[list[TokenWithLogprob]]:
+    """The tokens each run emits (accepted proposals, then the target's token), with logprobs
+    (None when the request did not ask for them)."""
+    logits = logits.float()
+    targets = argmax_rows(logits).tolist()
+    row_params = [run.params for run in runs for _ in range(len(run.draft_token_ids) + 1)]
+    rows = [run.first_row + i for run in runs for i in range(len(run.draft_token_ids) + 1)]
+    logprobs = None
+    if any(not r.params.greedy or r.params.logprobs for r in runs):
+        table = processed_logprobs(logits[rows], row_params)
+        logprobs = torch.empty((logits.shape[0], logits.shape[1]), device=logits.device)
+        logprobs[rows] = table
+    out = []
+    for run in runs:
+        if run.params.greedy:
+            tokens = _verify_greedy(targets, run)
+        else:
+            assert logprobs is not None and run.generator is not None
+            tokens = _verify_sampled(logprobs, run)
+        wants = run.params.logprobs and logprobs is not None
+        out.append(
+            [
+                (token, float(logprobs[run.first_row + i, token]) if wants else None)  # type: ignore[index]
+                for i, token in enumerate(tokens)
+            ]
+        )
+    return out
+
+
+def _verify_greedy(targets: list[int], run: VerifyRun) -> list[int]:
+    tokens = []
+    for i, proposed in enumerate(run.draft_token_ids):
+        target = targets[run.first_row + i]
+        tokens.append(target)
+        if target != proposed:
+            return tokens
+    tokens.append(targets[run.first_row + len(run.draft_token_ids)])
+    return tokens
+
+
+def _verify_sampled(logprobs: torch.Tensor, run: VerifyRun) -> list[int]:
+    device = logprobs.device
+    tokens = []
+    for i, proposed in enumerate(run.draft_token_ids):
+        probs = logprobs[run.first_row + i].exp()
+        if torch.rand((), generator=run.generator, device=device) < probs[proposed]:
+            tokens.append(proposed)
+            continue
+        residual = probs.clone()
+        residual[proposed] = 0.0
+        tokens.append(inverse_cdf(residual, torch.rand((), generator=run.generator, device=device)))
+        return tokens
+    bonus = logprobs[run.first_row + len(run.draft_token_ids)].exp()
+    tokens.append(inverse_cdf(bonus, torch.rand((), generator=run.generator, device=device)))
+    return tokens

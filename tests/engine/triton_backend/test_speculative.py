@@ -1,0 +1,36 @@
+"""Speculative decoding on the triton backend (kernels in Triton's interpreter): a speculating
+sequence's k + 1 decode rows give transformers' greedy tokens, eagerly and through the padded
+CUDA-graph buffers (run eagerly here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from regional_node.engine import LLMEngine, SamplingParams
+from tests.engine.checkpoints import hf_greedy, random_prompts, write_checkpoint
+from tests.engine.test_speculative import SPEC, _damp_attention
+from tests.engine.triton_backend.conftest import needs_triton
+
+pytestmark = needs_triton
+
+GREEDY = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def local_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _damp_attention(write_checkpoint(tmp_path_factory.mktemp("local"), arch="llama"), 0.02)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("graph_buffers", [False, True])
+def test_speculating_on_triton_gives_transformers_tokens(local_dir: Path, graph_buffers: bool) -> None:
+    engine = LLMEngine.from_pretrained(local_dir, attention_backend="triton", block_size=8, speculative=SPEC)
+    if graph_buffers:
+        engine.runner.use_decode_graphs(max_num_seqs=16, max_blocks_per_seq=64, capture=False)
+    prompts = random_prompts([5, 20, 40, 3, 9, 12, 33])
+    for prompt, result in zip(prompts, engine.generate(prompts, GREEDY), strict=True):
+        assert result.output_token_ids == hf_greedy(local_dir, prompt, GREEDY.max_tokens)
+    assert engine.stats()["spec_decode_num_accepted_tokens"] > 0
+    assert engine.stats()["kv_blocks_used"] == 0
