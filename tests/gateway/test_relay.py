@@ -188,6 +188,28 @@ async def test_a_continuation_carries_every_token_sent_and_the_next_node_emits_t
     assert ctx.stream_error is None
 
 
+async def test_a_node_stream_that_ends_without_its_finish_is_continued_not_passed_off_as_done() -> None:
+    # The node's stream just ends ([DONE] or EOF, no error) before any finish_reason: a break.
+    first = opened(NODE_A, [chunk([], "", id="c1"), chunk([1], "a"), chunk([2], "b")])
+    second = opened(NODE_B, [chunk([], "", id="c2"), chunk([3], "c"), chunk([], "", "stop")])
+    out, failover, ctx = await stream([first, second], return_token_ids=True)
+    assert failover.broken == ["a:broken"]
+    [asked] = failover.asked
+    assert asked["body"]["continuation_token_ids"] == [1, 2]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in out if c.get("choices"))
+    assert text == "abc"
+    assert [c["choices"][0]["finish_reason"] for c in out if c.get("choices")][-1] == "stop"
+    assert ctx.stream_error is None
+
+
+async def test_a_stream_without_its_finish_that_cannot_be_continued_ends_with_an_error() -> None:
+    first = opened(NODE_A, [chunk([], ""), chunk([1], "a")])
+    out, _, ctx = await stream([first, NoRouteError("m", "no other healthy node serving 'm'")])
+    assert "without a finish_reason" in out[-1]["error"]["message"]
+    assert not [c for c in out if c.get("choices") and c["choices"][0].get("finish_reason")]
+    assert ctx.stream_error is not None
+
+
 async def test_token_ids_are_stripped_unless_asked_for() -> None:
     first = opened(NODE_A, [chunk([], ""), chunk([1], "a"), chunk([], "", "stop"), usage(5, 1)])
     out, _, _ = await stream([first])
