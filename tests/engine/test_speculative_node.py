@@ -3,6 +3,7 @@ our engine and to vLLM, vLLM's spec_decode counters on /metrics and the acceptan
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -94,5 +95,6 @@ def test_metrics_and_load_report_the_acceptance(tmp_path: Path, llama_dir: Path)
     )
 
     config = load_config(_write(tmp_path, YAML)).models[0]
-    assert _model_load(config, stats, 512).spec_decode_acceptance_rate == stats["spec_decode_acceptance_rate"]
-    assert _model_load(config, plain.stats(), 512).spec_decode_acceptance_rate is None
+    loaded = _model_load(config, stats, 512, None, time.monotonic())
+    assert loaded.spec_decode_acceptance_rate == stats["spec_decode_acceptance_rate"]
+    assert _model_load(config, plain.stats(), 512, None, time.monotonic()).spec_decode_acceptance_rate is None

@@ -53,6 +53,8 @@ class Gateway:
             str(config),
             "--port",
             str(self.port),
+            "--admin-port",  # several gateways on one host: each its own admin listener
+            str(free_port()),
         ]
         self._env = env
         self.process: subprocess.Popen[bytes] | None = None

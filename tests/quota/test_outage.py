@@ -22,8 +22,9 @@ from tests.quota.conftest import make_policy
 from tests.support.redis_server import RedisServer
 
 TIMEOUT_MS = 100
-# Generous for a loaded 2-core CI box; the point is "about the timeout", not "seconds".
-MARGIN_S = 0.25
+# Generous for a loaded 2-core CI box (20 admissions at once on a busy loop took 0.54 s in one
+# fresh-clone run): the point is "bounded by the timeout", not held for Redis's whole hang.
+MARGIN_S = 1.0
 
 
 @pytest.fixture
