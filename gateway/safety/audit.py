@@ -165,10 +165,11 @@ def read_audit(
     request_id: str | None = None,
     action: str | None = None,
 ) -> Iterator[dict[str, Any]]:
-    """The records in an audit file that match every given filter, oldest first."""
+    """The records in an audit file that match every given filter, oldest first. A last line the
+    writer has not finished yet (no newline) is not a record yet, and is left out."""
     with open(path, encoding="utf-8") as source:
         for line in source:
-            if not line.strip():
+            if not line.strip() or not line.endswith("\n"):
                 continue
             record = json.loads(line)
             if tenant is not None and record.get("tenant") != tenant:

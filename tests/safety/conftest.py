@@ -40,7 +40,10 @@ def audit_lines(
     while True:
         records = []
         if path.exists():
-            records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+            text = path.read_text(encoding="utf-8")
+            # The writer may be mid-line: only whole (newline-ended) lines are records yet.
+            whole = text[: text.rfind("\n") + 1]
+            records = [json.loads(line) for line in whole.splitlines() if line]
         mine = [r for r in records if r["request_id"] == request_id]
         if len(mine) >= at_least or time.monotonic() > deadline:
             return mine
