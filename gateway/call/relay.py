@@ -140,7 +140,7 @@ class StreamRelay:
             if choice.finish_reason:
                 self._finished.add(choice.index)
                 self.finish_reason = choice.finish_reason
-            role_only = role_only and not ids and not choice.channels() and choice.finish_reason is None
+            role_only = role_only and not ids and not text and choice.finish_reason is None
         usage = usage_of(chunk.usage)
         if usage is not None:
             self.usage = self._client_usage(usage)

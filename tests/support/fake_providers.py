@@ -92,14 +92,8 @@ class FakeProvider:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        raw = b""
-        while True:
-            message = await receive()
-            raw += message.get("body", b"")
-            if not message.get("more_body"):
-                break
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
-        body = json.loads(raw or b"{}")
+        body = await read_json_body(receive)
         self.requests.append(Recorded(scope["path"], headers, body))
         fault = self._next_fault()
         if fault.first_byte_delay_s:
@@ -277,6 +271,16 @@ class FakeProvider:
             },
         )
         yield event("message_stop", {"type": "message_stop"})
+
+
+async def read_json_body(receive: Any) -> Any:
+    """The request's whole body, as JSON ({} when empty)."""
+    raw = b""
+    while True:
+        message = await receive()
+        raw += message.get("body", b"")
+        if not message.get("more_body"):
+            return json.loads(raw or b"{}")
 
 
 async def _send_json(send: Any, status: int, payload: Any, extra: dict[str, str]) -> None:

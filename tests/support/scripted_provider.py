@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.support.fake_providers import FakeProvider, Fault, StreamCut, _send_json, _send_stream
+from tests.support.fake_providers import FakeProvider, Fault, _send_json, _send_stream, read_json_body
 
 OPENAI_ENDINGS = ("finish", "done_without_finish", "cut", "error_event", "eof")
 ANTHROPIC_ENDINGS = (
@@ -57,13 +57,7 @@ class ScriptedProvider(FakeProvider):
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        raw = b""
-        while True:
-            message = await receive()
-            raw += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        body = json.loads(raw or b"{}")
+        body = await read_json_body(receive)
         script = self.script
         completions = scope["path"].endswith("/completions") and "chat" not in scope["path"]
         if not body.get("stream"):
@@ -79,10 +73,7 @@ class ScriptedProvider(FakeProvider):
             else _openai_frames(script, body, completions)
         )
         cut = Fault(cut_after=len(frames)) if script.ending == "cut" else Fault()
-        try:
-            await _send_stream(send, iter(frames), cut)
-        except StreamCut:
-            raise
+        await _send_stream(send, iter(frames), cut)
 
 
 def _logprob_entries(tokens: list[str], alternatives: tuple[str, ...]) -> list[dict[str, Any]]:
