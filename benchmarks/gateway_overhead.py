@@ -47,8 +47,11 @@ What it does, in order:
      between and after them (0 skips it). Growth in the second half would be a leak.
   8. Writes benchmarks/results/gateway_overhead.json (conditions, per-system summaries, added
      latency, scaling, RSS, the issue's absolute goals for Meridian, and with LiteLLM the target
-     ratios) and prints a table. Targets against LiteLLM: its p50 added latency (chat_c1) at least
-     5x Meridian's, and Meridian's chat_c32 requests/s at least 3x LiteLLM's.
+     ratios) and prints a table. Targets against LiteLLM (issue 31): its p50 added latency
+     (chat_c1) at least 30x Meridian's, its CPU per chat_c32 request at least 40x Meridian's,
+     and Meridian's chat_c32 requests/s at least 40x LiteLLM's. With --floor, the same ratios
+     for the server and framework alone (gateway_bench.floor): the most any gateway on this stack
+     could reach.
 
 The client, the systems and the upstream share this machine's cores (and on the team machine,
 other engineers' work), so absolute numbers are noisy; the JSON records CPU count and load average
@@ -77,7 +80,7 @@ from gateway_bench.processes import stop_server
 from gateway_bench.report import added_latency, compare, goals, scaling, summarize, table
 from gateway_bench.runner import Phase, measure, measure_rss, warm_up
 from gateway_bench.sequential import measure_sequential, sequential_lines
-from gateway_bench.systems import REPO, System, start_meridian, start_upstream
+from gateway_bench.systems import REPO, System, start_floor, start_meridian, start_upstream
 
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "gateway_overhead.json"
 FULL = {
@@ -151,6 +154,8 @@ def running_systems(work: Path, args: argparse.Namespace) -> Iterator[list[Syste
             )
         for server in args.servers:
             started.append(start_meridian(work, upstream.base_url, server=server))
+        if args.floor:
+            started += [start_floor(work, upstream.base_url, kind) for kind in ("litestar", "asgi")]
         if args.compare_litellm:
             started.append(start_litellm(work, upstream.base_url, args.litellm_venv))
         yield started
@@ -274,6 +279,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=[],
         help="also measure the gateway app under these ASGI servers (granian,hypercorn): "
         "meridian_granian, meridian_hypercorn",
+    )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also measure the server and framework alone around one upstream exchange "
+        "(floor_litestar, floor_asgi): the least any gateway on this stack costs",
     )
     parser.add_argument("--keep-logs", type=Path, help="copy the servers' logs to this folder")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)

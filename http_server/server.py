@@ -21,6 +21,7 @@ import msgspec
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
+from http_server.cork import CorkedTransport
 from http_server.limits import LAST_LOOK_S, ServerLimits
 from protocol.errors import APIError, RequestTimeoutError, ServiceUnavailableError, error_for_status
 
@@ -101,7 +102,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._refused = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        # One write per loop turn, not per ASGI message (http_server/cork.py).
+        super().connection_made(CorkedTransport(transport, self.loop))  # type: ignore[arg-type]
         if len(self.connections) > self.limits.max_connections:
             self._refuse(
                 ServiceUnavailableError(

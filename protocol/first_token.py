@@ -55,20 +55,30 @@ class EngineQueue:
     finish_rate: float = 0.0  # requests finished per second while busy; 0: not measured
 
 
-def first_token_s(queue: EngineQueue, prompt_tokens: int, *, unknown_s: float) -> float:
+def first_token_s(
+    queue: EngineQueue,
+    prompt_tokens: int,
+    *,
+    unknown_s: float,
+    more_requests: int = 0,
+    more_tokens: int = 0,
+) -> float:
     """Estimated seconds from now to the first token of a new request of `prompt_tokens` tokens
     (module docstring). `unknown_s` stands for a wait nothing measured can bound (no slot free and
     no finish rate yet): 0 to treat it as no wait (admit, let the engine's own bounds judge), a
-    large number to treat it as long."""
+    large number to treat it as long. `more_requests` and `more_tokens`: waiting work the queue
+    does not count yet (the gateway's requests sent since the node's report), as if added to
+    `waiting_requests` and `waiting_tokens`."""
+    waiting = queue.waiting_requests + more_requests
     slot_s = 0.0
     if queue.max_num_seqs is not None:
-        short = queue.running + queue.waiting_requests + 1 - queue.max_num_seqs
+        short = queue.running + waiting + 1 - queue.max_num_seqs
         if short > 0:
             slot_s = short / queue.finish_rate if queue.finish_rate > 0 else unknown_s
     cost = queue.step_cost
     if not cost.measured:
         return slot_s
-    prefill = max(queue.waiting_tokens, 0) + max(prompt_tokens, 1)
+    prefill = max(queue.waiting_tokens + more_tokens, 0) + max(prompt_tokens, 1)
     running = max(queue.running, 0)
     # An unknown step size: one step takes every prompt beside the running sequences' decodes.
     budget = queue.max_num_batched_tokens if queue.max_num_batched_tokens > 0 else prefill + running
@@ -77,6 +87,6 @@ def first_token_s(queue: EngineQueue, prompt_tokens: int, *, unknown_s: float) -
     # The step in progress (a busy engine is mid-step when the request arrives; its prompt tokens,
     # if any, are still counted as waiting), then the steps that prefill the prompts ahead and
     # this one, each with the running sequences' decode tokens.
-    busy = queue.running > 0 or queue.waiting_requests > 0
+    busy = queue.running > 0 or waiting > 0
     in_progress = cost.step_s(decode) if busy else 0.0
     return slot_s + in_progress + steps * cost.step_s(decode) + cost.per_token_s * prefill

@@ -26,12 +26,11 @@ at a node the request could not go to).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from protocol.first_token import EngineQueue, StepCost, first_token_s
+from protocol.first_token import EngineQueue, first_token_s
 from router.candidates import screen_nodes
 from router.types import FleetSnapshot, ModelQueue, Residency, TrafficTier
 
@@ -64,30 +63,23 @@ class _Node:
     reported_s: float
     bounded: bool  # the tier's queue is at its bound
 
-    def estimate(self, prompt_tokens: int) -> float:
+    def estimate(self, prompt_tokens: int, more_requests: int = 0, more_tokens: int = 0) -> float:
+        """`more_requests` of `more_tokens` in all: pending requests placed on this node."""
         if self.bounded:
             return math.inf
         if self.queue is None:
+            # Pending requests on a node with no report add no wait that anything measured:
+            # without a step cost, only a slot limit could (and none is known).
             return self.reported_s
-        if not self.queue.step_cost.measured:
-            return self.reported_s + first_token_s(self.queue, prompt_tokens, unknown_s=0.0)
-        return first_token_s(self.queue, prompt_tokens, unknown_s=0.0)
+        wait_s = first_token_s(
+            self.queue, prompt_tokens, unknown_s=0.0, more_requests=more_requests, more_tokens=more_tokens
+        )
+        return wait_s if self.queue.step_cost.measured else self.reported_s + wait_s
 
     @property
     def idle(self) -> bool:
         q = self.queue
         return q is None or (q.running == 0 and q.waiting_requests == 0 and q.waiting_tokens == 0)
-
-    def plus(self, request: PendingRequest) -> _Node:
-        q = self.queue or EngineQueue(
-            0, 0, 0, max_num_seqs=None, max_num_batched_tokens=0, step_cost=StepCost()
-        )
-        return dataclasses.replace(
-            self,
-            queue=dataclasses.replace(
-                q, waiting_requests=q.waiting_requests + 1, waiting_tokens=q.waiting_tokens + request.tokens
-            ),
-        )
 
 
 def _ahead(queue: ModelQueue | None, tier: TrafficTier) -> _Node:
@@ -117,13 +109,21 @@ def _ahead(queue: ModelQueue | None, tier: TrafficTier) -> _Node:
 def node_first_token_s(queue: ModelQueue | None, tier: TrafficTier, prompt_tokens: int) -> float:
     """One node's estimate for a new request of `prompt_tokens` from its report alone (routing
     ranks nodes by it, router/cost.py); math.inf when the tier's queue is at its bound."""
+    return _derived(queue, tier).estimate(prompt_tokens)
+
+
+_UNREPORTED = _Node(None, 0.0, bounded=False)
+
+
+def _derived(queue: ModelQueue | None, tier: TrafficTier) -> _Node:
+    """`_ahead`, kept on the report: admission and routing ask it of every node for every
+    request, and it depends on the report alone."""
     if queue is None:
-        return _ahead(None, tier).estimate(prompt_tokens)
-    # Routing asks this of every node for every request; the queue ahead is the report's alone.
+        return _UNREPORTED
     ahead = queue.derived.get(tier)
     if ahead is None:
         ahead = queue.derived[tier] = _ahead(queue, tier)
-    return ahead.estimate(prompt_tokens)
+    return ahead
 
 
 def pool_wait(
@@ -141,8 +141,11 @@ def pool_wait(
     nodes = screen_nodes(fleet.nodes, model=model, residency=residency, exclude=frozenset()).admitted
     if not nodes:
         return None
-    ahead = [_ahead(n.load.models.get(model) if n.load is not None else None, tier) for n in nodes]
+    ahead = [_derived(n.load.models.get(model) if n.load is not None else None, tier) for n in nodes]
     asked = [n.load.asked_at if n.load is not None else -math.inf for n in nodes]
+    # The pending requests placed on each node so far: how many, and their prompt tokens.
+    placed = [0] * len(nodes)
+    placed_tokens = [0] * len(nodes)
     # Interactive requests wait behind pending interactive requests only; batch behind all.
     relevant = sorted(
         (p for p in pending if tier == "batch" or p.tier == "interactive"), key=lambda p: p.admitted_at
@@ -151,7 +154,14 @@ def pool_wait(
         unreported = [i for i, at in enumerate(asked) if request.admitted_at >= at]
         if not unreported:
             continue  # every node was asked after it was admitted: it is in their reports
-        best = min(unreported, key=lambda i: ahead[i].estimate(request.tokens))
-        ahead[best] = ahead[best].plus(request)
-    wait_s, best = min((node.estimate(prompt_tokens), i) for i, node in enumerate(ahead))
-    return PoolWait(wait_s=wait_s, nodes=len(nodes), idle=ahead[best].idle)
+        best = (
+            unreported[0]
+            if len(unreported) == 1
+            else min(unreported, key=lambda i: ahead[i].estimate(request.tokens, placed[i], placed_tokens[i]))
+        )
+        placed[best] += 1
+        placed_tokens[best] += request.tokens
+    wait_s, best = min(
+        (node.estimate(prompt_tokens, placed[i], placed_tokens[i]), i) for i, node in enumerate(ahead)
+    )
+    return PoolWait(wait_s=wait_s, nodes=len(nodes), idle=ahead[best].idle and placed[best] == 0)

@@ -5,6 +5,8 @@
              node, the upstream; one tenant with no limits; in-process quota (no Redis)
   meridian_wN  the same with `--workers N` (N processes on one port), measured in the
              concurrency-32 phases only, to show how throughput scales with workers
+  floor_*    --floor: the server and framework alone around one upstream exchange
+             (gateway_bench.floor): what any gateway on this stack costs at least
   litellm    see gateway_bench.litellm_proxy
 
 A `System` is what the load generator needs (URL, key, model) plus the processes whose CPU is
@@ -73,6 +75,16 @@ def start_upstream(work: Path, *, chunks: int) -> System:
     server = start_server("upstream", cmd, log_dir=work, env=python_env(), cwd=REPO)
     system = System("direct", f"http://127.0.0.1:{port}", None, servers=[server], is_upstream=True)
     wait_until(server, lambda: chat_answers(system), timeout_s=30)
+    return system
+
+
+def start_floor(work: Path, upstream_url: str, kind: str) -> System:
+    """gateway_bench.floor: the server, the framework and one upstream exchange, nothing else."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "gateway_bench.floor", kind, "--port", str(port), "--upstream", upstream_url]
+    server = start_server(f"floor_{kind}", cmd, log_dir=work, env=python_env(), cwd=REPO)
+    system = System(f"floor_{kind}", f"http://127.0.0.1:{port}", None, servers=[server])
+    wait_until(server, lambda: chat_answers(system), timeout_s=60)
     return system
 
 

@@ -36,19 +36,31 @@ class EstimateFeedback:
         self._window_s = window_s
         self._quantile = quantile
         self._errors: dict[tuple[str, str], deque[tuple[float, float]]] = {}
+        # Each admission asks for the correction (twice); it changes only when an error is
+        # observed or the oldest one leaves the window: (correction, until when it holds).
+        self._cached: dict[tuple[str, str], tuple[float, float]] = {}
 
     def correction_s(self, model: str, tier: str, now: float) -> float:
         """Seconds to add to the pool's raw estimates now (0 without enough recent errors)."""
+        key = (model, tier)
+        cached = self._cached.get(key)
+        if cached is not None and now < cached[1]:
+            return cached[0]
         errors = self._recent(model, tier, now)
         if len(errors) < MIN_ERRORS:
-            return 0.0
-        ordered = sorted(errors)
-        return ordered[min(len(ordered) - 1, math.ceil(self._quantile * len(ordered)) - 1)]
+            correction = 0.0
+        else:
+            ordered = sorted(errors)
+            correction = ordered[min(len(ordered) - 1, math.ceil(self._quantile * len(ordered)) - 1)]
+        kept = self._errors.get(key)
+        self._cached[key] = (correction, kept[0][0] + self._window_s if kept else math.inf)
+        return correction
 
     def observe(self, model: str, tier: str, error_s: float, now: float) -> None:
         """One first token came `error_s` after (negative: before) its raw estimate."""
         if math.isfinite(error_s):
             self._errors.setdefault((model, tier), deque(maxlen=MAX_ERRORS)).append((now, error_s))
+            self._cached.pop((model, tier), None)
 
     def _recent(self, model: str, tier: str, now: float) -> list[float]:
         errors = self._errors.get((model, tier))

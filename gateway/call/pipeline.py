@@ -239,7 +239,10 @@ class RequestPipeline:
     # -- stages ---------------------------------------------------------------------------------
 
     def start_call(self, headers: Mapping[str, str]) -> CallContext:
-        request_id = f"req_{os.urandom(16).hex()}"  # uuid4's randomness, without the UUID object
+        # Time-ordered (ms since the epoch, then 80 random bits, like UUIDv7): the ledger's primary
+        # key index then grows at its end; random ids put each insert on a random page, which cost
+        # more as the table grew (20 to 35 µs per event over 100k rows, against 12 flat).
+        request_id = f"req_{time.time_ns() // 1_000_000:012x}{os.urandom(10).hex()}"
         return CallContext(
             request_id=request_id,
             client_region=headers.get("x-meridian-client-region") or None,

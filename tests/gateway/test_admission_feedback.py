@@ -51,3 +51,31 @@ def test_the_correction_is_one_of_the_recent_errors_or_none(observations: list[t
         correction = feedback.correction_s("m", "interactive", now)
         recent = [e for at, e in seen[-64:] if at >= now - 30.0]
         assert correction == 0.0 if len(recent) < MIN_ERRORS else correction in recent
+
+
+def _reference(seen: list[tuple[float, float]], now: float) -> float:
+    recent = sorted(e for at, e in seen[-64:] if at >= now - 30.0)
+    return 0.0 if len(recent) < MIN_ERRORS else recent[min(len(recent) - 1, math.ceil(0.9 * len(recent)) - 1)]
+
+
+@given(
+    st.lists(
+        st.tuples(st.booleans(), st.floats(-5, 5), st.sampled_from([0.0, 0.5, 3.0, 29.9, 30.0, 31.0])),
+        max_size=120,
+    )
+)
+def test_the_remembered_correction_is_always_the_one_computed_afresh(
+    steps: list[tuple[bool, float, float]],
+) -> None:
+    """Admission asks for the correction on every request, so it is remembered between errors;
+    asked at any time (between errors, as old ones leave the window), it is what a fresh
+    computation over the recent errors gives."""
+    feedback = EstimateFeedback(window_s=30.0, quantile=0.9)
+    now = 0.0
+    seen: list[tuple[float, float]] = []
+    for observe, error, gap in steps:
+        now += gap
+        if observe:
+            feedback.observe("m", "interactive", error, now)
+            seen.append((now, error))
+        assert feedback.correction_s("m", "interactive", now) == _reference(seen, now)
