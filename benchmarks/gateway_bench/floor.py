@@ -23,7 +23,7 @@ from typing import Any
 from litestar import Litestar, Request, post
 from litestar.response import Response, Stream
 
-from gateway.http import ConnectionPool, Connection, split_url
+from gateway.http import Connection, ConnectionPool, split_url
 from http_server.limits import ServerLimits
 from http_server.server import server_config
 
