@@ -77,7 +77,7 @@ from typing import Any
 
 from gateway_bench.litellm_proxy import DEFAULT_VENV, litellm_version, start_litellm
 from gateway_bench.processes import stop_server
-from gateway_bench.report import added_latency, compare, goals, scaling, summarize, table
+from gateway_bench.report import added_latency, compare, goals, per_chunk, scaling, summarize, table
 from gateway_bench.runner import Phase, measure, measure_rss, warm_up
 from gateway_bench.sequential import measure_sequential, sequential_lines
 from gateway_bench.systems import REPO, System, start_floor, start_meridian, start_upstream
@@ -105,6 +105,8 @@ QUICK = {
     "sequential_requests": 50,
     "sequential_rounds": 2,
 }
+# How many times longer the long streams are (stream_c32_long).
+LONG_STREAM = 4
 # The phases a `--workers N` gateway is measured in: scaling is about throughput.
 SCALING_PHASES = frozenset({"chat_c32", "stream_c32"})
 
@@ -113,8 +115,28 @@ def phases(args: argparse.Namespace) -> list[Phase]:
     return [
         Phase("chat_c1", stream=False, concurrency=1, requests=args.requests_c1, warmup=10),
         Phase("chat_c32", stream=False, concurrency=32, requests=args.requests_c32, warmup=64),
-        Phase("stream_c1", stream=True, concurrency=1, requests=args.streams, warmup=10),
-        Phase("stream_c32", stream=True, concurrency=32, requests=args.streams_c32, warmup=32),
+        Phase(
+            "stream_c1", stream=True, concurrency=1, requests=args.streams, warmup=10, max_tokens=args.chunks
+        ),
+        Phase(
+            "stream_c32",
+            stream=True,
+            concurrency=32,
+            requests=args.streams_c32,
+            warmup=32,
+            max_tokens=args.chunks,
+        ),
+        # The same streams, LONG_STREAM times as long: the CPU a relayed chunk costs is the
+        # difference per stream over the extra chunks (report.per_chunk), whatever a stream's
+        # own opening and settling cost.
+        Phase(
+            "stream_c32_long",
+            stream=True,
+            concurrency=32,
+            requests=max(args.streams_c32 // LONG_STREAM, 32),
+            warmup=32,
+            max_tokens=LONG_STREAM * args.chunks,
+        ),
     ]
 
 
@@ -223,13 +245,15 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     summaries = summarize(runs, plan)
     added = {name: added_latency(summaries, name) for name in proxies}
     comparison = compare(summaries, added) if "litellm" in summaries else None
+    chunk_cpu = per_chunk(summaries, (LONG_STREAM - 1) * args.chunks)
     return {
         "conditions": conditions,
         "systems": summaries,
         "added_latency_ms": added,
         "scaling": scaling(summaries, args.workers) if args.workers > 1 else None,
         "rss": rss,
-        "goals": goals(summaries, added, rss),
+        "cpu_ms_per_relayed_chunk": chunk_cpu,
+        "goals": goals(summaries, added, rss, chunk_cpu),
         "comparison": comparison,
         "sequential_overhead": sequential,
     }

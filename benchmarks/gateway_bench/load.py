@@ -53,6 +53,7 @@ class LoadSpec(msgspec.Struct, kw_only=True, frozen=True):
     concurrency: int
     requests: int
     warmup: int
+    max_tokens: int = 16  # the fixed upstream streams this many content chunks
     request_timeout_s: float = 30.0
     deadline_s: float = 300.0
 
@@ -72,7 +73,7 @@ class LoadResult(msgspec.Struct, kw_only=True):
 def request_bytes(spec: LoadSpec) -> tuple[str, int, bytes]:
     url = urlsplit(spec.base_url)
     host, port = url.hostname or "127.0.0.1", url.port or 80
-    body: dict[str, object] = {"model": spec.model, "messages": PROMPT, "max_tokens": 16}
+    body: dict[str, object] = {"model": spec.model, "messages": PROMPT, "max_tokens": spec.max_tokens}
     if spec.stream:
         body["stream"] = True
     headers = {"content-type": "application/json", "accept": "application/json"}

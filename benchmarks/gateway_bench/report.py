@@ -117,14 +117,31 @@ GOALS: dict[str, tuple[str, float]] = {
     "chat_c32_requests_per_s": (">=", 1200.0),
     "stream_c32_streams_per_s": (">=", 500.0),
     "chat_c32_cpu_ms_per_request": ("<=", 0.8),
+    # Issue 31: the relay's CPU per stream chunk (an H100 node streams over 10k tokens/s).
+    "cpu_ms_per_relayed_chunk": ("<=", 0.01),
     "rss_mb_after_all_requests": ("<=", 100.0),
     # "No growth": within what allocator arenas and GC timing move between two reads.
     "rss_growth_mb_second_half": ("<=", 2.0),
 }
 
 
+def per_chunk(systems: dict[str, dict[str, Any]], extra_chunks: int) -> dict[str, float | None]:
+    """Each system's CPU per relayed stream chunk: its CPU per long stream (stream_c32_long) minus
+    per ordinary one (stream_c32), over the chunks the long one has more. A stream's opening and
+    settling cost the same in both, so they drop out."""
+    out: dict[str, float | None] = {}
+    for name, phases in systems.items():
+        long = phases.get("stream_c32_long", {}).get("proxy_cpu_ms_per_request")
+        short = phases.get("stream_c32", {}).get("proxy_cpu_ms_per_request")
+        out[name] = None if long is None or short is None else round((long - short) / extra_chunks, 5)
+    return out
+
+
 def goals(
-    systems: dict[str, dict[str, Any]], added: dict[str, dict[str, float | None]], rss: dict[str, Any] | None
+    systems: dict[str, dict[str, Any]],
+    added: dict[str, dict[str, float | None]],
+    rss: dict[str, Any] | None,
+    chunk_cpu: dict[str, float | None] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Each goal with the measured value and whether it is met (None: not measured this run)."""
     meridian = systems["meridian"]
@@ -133,6 +150,7 @@ def goals(
         "chat_c32_requests_per_s": meridian["chat_c32"]["requests_per_s"],
         "stream_c32_streams_per_s": meridian.get("stream_c32", {}).get("requests_per_s"),
         "chat_c32_cpu_ms_per_request": meridian["chat_c32"]["proxy_cpu_ms_per_request"],
+        "cpu_ms_per_relayed_chunk": (chunk_cpu or {}).get("meridian"),
         "rss_mb_after_all_requests": rss["rss_mb_after_second_half"] if rss else None,
         "rss_growth_mb_second_half": rss["rss_growth_mb_second_half"] if rss else None,
     }
@@ -278,6 +296,9 @@ def table(
             f"{2 * rss['requests_per_half']} "
             f"({rss['errors']} errors{', TRUNCATED' if rss['truncated'] else ''})"
         )
+    if extra.get("cpu_ms_per_relayed_chunk"):
+        shown = ", ".join(f"{k} {_cell(v, 4)}" for k, v in extra["cpu_ms_per_relayed_chunk"].items())
+        lines.append(f"cpu ms per relayed chunk (long streams minus short, per extra chunk): {shown}")
     for name, goal in (extra.get("goals") or {}).items():
         verdict = {True: "met", False: "MISSED", None: "not measured"}[goal["met"]]
         lines.append(f"goal {name}: {_cell(goal['measured'])} (want {goal['target']}) {verdict}")

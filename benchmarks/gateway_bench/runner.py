@@ -30,6 +30,7 @@ class Phase:
     concurrency: int
     requests: int  # per system, over all rounds
     warmup: int  # per measurement, on its fresh connections; not recorded
+    max_tokens: int = 16  # streamed: the fixed upstream's content chunks per stream
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ def spec_for(system: System, phase: Phase, requests: int, deadline_s: float) -> 
         concurrency=phase.concurrency,
         requests=requests,
         warmup=phase.warmup,
+        max_tokens=phase.max_tokens,
         deadline_s=deadline_s,
     )
 

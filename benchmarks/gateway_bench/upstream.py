@@ -6,7 +6,8 @@ A raw ASGI app under uvicorn (uvloop + httptools), so that the upstream's own co
 Python allows and whatever a proxy adds stands out. Every answer is canned and pre-encoded:
 
   POST /v1/chat/completions   a chat.completion (16 words, usage), or with `stream: true` an SSE
-                              stream of a role chunk, `--chunks` content chunks, a finish chunk, a
+                              stream of a role chunk, `max_tokens` content chunks (without
+                              it, `--chunks`), a finish chunk, a
                               usage chunk when `stream_options.include_usage`, then [DONE]; no delay
   GET  /ready, /health        200 {"status": "ok"}
   GET  /load                  a node /load report with an idle node (what Meridian's prober reads)
@@ -52,6 +53,7 @@ class _ChatRequest(msgspec.Struct):
     stream: bool = False
     stream_options: _StreamOptions | None = None
     return_token_ids: bool = False
+    max_tokens: int | None = None  # a stream's content chunks, when given (else --chunks)
 
 
 _decode_request = msgspec.json.Decoder(_ChatRequest).decode
@@ -151,7 +153,7 @@ class FixedUpstream:
             ),
         }
         self._completions: dict[tuple[str, bool], bytes] = {}
-        self._streams: dict[tuple[str, bool, bool], list[bytes]] = {}
+        self._streams: dict[tuple[str, bool, bool, int], list[bytes]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -184,11 +186,12 @@ class FixedUpstream:
             await _respond(send, 200, body)
             return
         include_usage = request.stream_options is not None and request.stream_options.include_usage
-        skey = (request.model, request.return_token_ids, include_usage)
+        chunks = min(request.max_tokens, 4096) if request.max_tokens else self._chunks
+        skey = (request.model, request.return_token_ids, include_usage, chunks)
         frames = self._streams.get(skey)
         if frames is None:
             frames = self._streams[skey] = stream_frames(
-                request.model, self._chunks, token_ids=request.return_token_ids, include_usage=include_usage
+                request.model, chunks, token_ids=request.return_token_ids, include_usage=include_usage
             )
         await send({"type": "http.response.start", "status": 200, "headers": _SSE})
         for frame in frames:

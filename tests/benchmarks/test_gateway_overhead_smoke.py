@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-PHASES = {"chat_c1", "chat_c32", "stream_c1", "stream_c32"}
+PHASES = {"chat_c1", "chat_c32", "stream_c1", "stream_c32", "stream_c32_long"}
 PHASE_KEYS = {
     "requests",
     "errors",
@@ -49,6 +49,7 @@ GOALS = {
     "chat_c32_requests_per_s",
     "stream_c32_streams_per_s",
     "chat_c32_cpu_ms_per_request",
+    "cpu_ms_per_relayed_chunk",
     "rss_mb_after_all_requests",
     "rss_growth_mb_second_half",
 }
@@ -72,6 +73,7 @@ def test_main_measures_direct_and_meridian_and_writes_every_key(
         "added_latency_ms",
         "scaling",
         "rss",
+        "cpu_ms_per_relayed_chunk",
         "goals",
         "comparison",
         "sequential_overhead",
@@ -109,6 +111,10 @@ def test_main_measures_direct_and_meridian_and_writes_every_key(
         rss["rss_mb_after_second_half"] - rss["rss_mb_after_first_half"], 1
     )
     assert set(result["goals"]) == GOALS
+    # Long streams minus short ones, per extra chunk: a number for every system measured in both.
+    assert set(result["cpu_ms_per_relayed_chunk"]) == {"direct", "meridian", "meridian_w2"}
+    assert result["cpu_ms_per_relayed_chunk"]["meridian"] is not None
+    assert result["systems"]["meridian"]["stream_c32_long"]["requests"] == 32
     assert all(goal["measured"] is not None for goal in result["goals"].values())
     assert result["comparison"] is None  # only with --compare-litellm
     sequential = result["sequential_overhead"]  # the independent method: one-worker systems only
