@@ -5,11 +5,13 @@ vllm:spec_decode_* counters.
 
 One node process with two models on one checkpoint whose attention is switched off, so greedy text
 falls into cycles that prompt lookup predicts (long accepted runs): `spec` speculates, `plain`
-does not. Requests run one at a time, so the counters' moves are each request's own.
+does not; a real gateway in front of it shows that a client's opt-out reaches the node. Requests
+run one at a time, so the counters' moves are each request's own.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,14 +19,17 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from safetensors.torch import load_file, save_file
 
+from gateway.upstreams.providers.openai_adapter import provider_body
+from tests.gateway.conftest import GLOBAL_KEY, NODE_TOKEN, RunningGateway, gateway_config, run_gateway
 from tests.support.checkpoints import make_checkpoint
 from tests.support.otlp import OTLPReceiver, ReceivedSpan, otlp_receiver, tracing_env
 from tests.support.processes import free_port, python_command, start_process
 
-TOKEN = "spec-node-token"
+TOKEN = NODE_TOKEN  # the gateway's token for its nodes
 SPEC, PLAIN = "spec", "plain"
 COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 DESC = re.compile(r'decode;dur=[0-9.]+;desc="steps=(\d+) drafts=(\d+) draft_tokens=(\d+) accepted=(\d+)"')
@@ -83,7 +88,17 @@ models:
         yield url
 
 
-def post(node: str, endpoint: str, model: str = SPEC, **fields: Any) -> httpx.Response:
+@pytest.fixture(scope="module")
+def gateway(node: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
+    regions = tmp_path_factory.mktemp("gateway") / "regions.yaml"
+    entry = {"node_id": "spec-node", "url": node, "region": "eu-west", "jurisdiction": "eu"}
+    regions.write_text(yaml.safe_dump({"nodes": [{**entry, "models": [SPEC, PLAIN]}]}), encoding="utf-8")
+    catalog = [{"name": SPEC, "tier": "small"}, {"name": PLAIN, "tier": "large"}]
+    with run_gateway(gateway_config(regions, catalog=catalog)) as running:
+        yield running
+
+
+def post(node: str, endpoint: str, model: str = SPEC, *, token: str = TOKEN, **fields: Any) -> httpx.Response:
     body: dict[str, Any] = {"model": model, "max_tokens": 80, "temperature": 0, "ignore_eos": True}
     body["return_token_ids"] = True
     if endpoint == "chat":
@@ -94,7 +109,7 @@ def post(node: str, endpoint: str, model: str = SPEC, **fields: Any) -> httpx.Re
     return httpx.post(
         node + path,
         json={**body, **fields},
-        headers={"authorization": f"Bearer {TOKEN}"},
+        headers={"authorization": f"Bearer {token}"},
         timeout=60.0,
     )
 
@@ -216,3 +231,44 @@ def test_the_trace_decode_span_carries_the_requests_speculation(node: str, recei
     assert token_ids(plain) == token_ids(post(node, "chat"))
     plain_span = _decode_span(receiver, plain.json()["id"])
     assert not any(key.startswith("meridian.spec.") for key in plain_span.attributes)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_opt_out_sent_to_the_gateway_reaches_the_node(
+    node: str, gateway: RunningGateway, stream: bool
+) -> None:
+    def through_gateway(**fields: Any) -> list[int]:
+        response = post(gateway.url, "chat", token=GLOBAL_KEY, stream=stream, **fields)
+        assert response.status_code == 200, response.text
+        if not stream:
+            return token_ids(response)
+        chunks = [line.removeprefix("data: ") for line in response.text.splitlines()]
+        events = [json.loads(c) for c in chunks if c.startswith("{")]
+        return [t for e in events for choice in e["choices"] for t in choice.get("token_ids") or []]
+
+    before = spec_counters(node)
+    opted_out = through_gateway(speculative=False)
+    after_out = spec_counters(node)
+    assert moved(before, after_out) == dict.fromkeys(COUNTERS, 0)
+    assert through_gateway() == opted_out == token_ids(post(node, "chat"))
+    assert moved(after_out, spec_counters(node))["num_accepted_tokens"] > 0
+
+
+def test_the_gateway_refuses_a_speculative_field_that_is_not_a_boolean(
+    node: str, gateway: RunningGateway
+) -> None:
+    before = spec_counters(node)
+    response = post(gateway.url, "completions", token=GLOBAL_KEY, speculative="off")
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "speculative"
+    assert moved(before, spec_counters(node)) == dict.fromkeys(COUNTERS, 0)
+
+
+def test_an_openai_provider_never_sees_the_field() -> None:
+    """OpenAI refuses unknown arguments: the gateway's OpenAI adapter drops Meridian's."""
+    body = {"model": SPEC, "messages": [], "speculative": False, "top_k": 3}
+    assert provider_body(body, provider_model="gpt-x", stream=False) == {
+        "model": "gpt-x",
+        "messages": [],
+        "stream": False,
+    }
