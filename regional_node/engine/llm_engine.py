@@ -212,7 +212,7 @@ class LLMEngine:
             state = self._requests[chunk.seq.request_id]
             delta = append_tokens(state, result)
             if chunk.draft_token_ids:
-                delta.num_draft_tokens, delta.num_accepted_tokens = len(chunk.draft_token_ids), accepted
+                delta.drafts = [(len(chunk.draft_token_ids), accepted)]
             self.generation_tokens_total += len(delta.new_token_ids)
             if delta.finished:
                 self._finish(state)

@@ -41,8 +41,8 @@ class GenerationRequest:
     prompt_param: str
     continuation_ids: list[int] | None = None
     trace: RequestSpan | None = None  # the request's span, when tracing is on
-    # The engine reports this request's speculative steps (our engine, with `speculative:` set;
-    # vLLM has only engine-wide totals), so Server-Timing and the trace say how they went.
+    # The model speculates (`speculative:` set), so Server-Timing and the trace say how this
+    # request's speculative steps went (the engine reports them in RequestDelta.drafts).
     reports_speculation: bool = False
 
 
@@ -74,14 +74,13 @@ class SpecTally:
     def add(self, delta: RequestDelta, *, decoding: bool) -> None:
         if decoding and delta.new_token_ids:
             self.steps += 1
-        if not delta.num_draft_tokens:
-            return
-        self.drafts += 1
-        self.draft_tokens += delta.num_draft_tokens
-        self.accepted_tokens += delta.num_accepted_tokens
         counts = self.accepted_counts
-        counts.extend([0] * (delta.num_accepted_tokens + 1 - len(counts)))
-        counts[delta.num_accepted_tokens] += 1
+        for proposed, accepted in delta.drafts:
+            self.drafts += 1
+            self.draft_tokens += proposed
+            self.accepted_tokens += accepted
+            counts.extend([0] * (accepted + 1 - len(counts)))
+            counts[accepted] += 1
 
     def describe(self) -> str:
         """The decode part's Server-Timing description (no commas or quotes: header syntax)."""

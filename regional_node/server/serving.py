@@ -141,7 +141,7 @@ def _job(
         prompt_param=prompt_param,
         continuation_ids=continuation or None,
         trace=trace,
-        reports_speculation=node.config.engine == "meridian" and model.config.engine.speculative is not None,
+        reports_speculation=model.config.engine.speculative is not None,
     )
 
 
