@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -97,24 +98,25 @@ def spec_counters(node: Node) -> dict[str, float]:
     }
 
 
+def complete(node: Node, **fields: Any) -> httpx.Response:
+    body = {
+        "model": MODEL,
+        "prompt": PROMPT,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+    }
+    with node.http() as http:
+        return http.post("/v1/completions", json={**body, **fields}, timeout=120.0)
+
+
 def test_vllm_speculates_with_the_nodes_config_and_keeps_greedy_tokens(
     spec_node: Node, cyclic32: Path
 ) -> None:
     before = spec_counters(spec_node)
     assert before == {"num_drafts": 0.0, "num_draft_tokens": 0.0, "num_accepted_tokens": 0.0}
-    with spec_node.http() as http:
-        response = http.post(
-            "/v1/completions",
-            json={
-                "model": MODEL,
-                "prompt": PROMPT,
-                "max_tokens": MAX_TOKENS,
-                "temperature": 0,
-                "ignore_eos": True,
-                "return_token_ids": True,
-            },
-            timeout=120.0,
-        )
+    response = complete(spec_node)
     assert response.status_code == 200, response.text
     ids = response.json()["choices"][0]["token_ids"]
     # The request's own verify steps, as vLLM reported them, in Server-Timing's decode part.
@@ -134,3 +136,13 @@ def test_vllm_speculates_with_the_nodes_config_and_keeps_greedy_tokens(
     model = httpx.get(spec_node.url + "/load", headers=spec_node.headers).json()["per_model"][MODEL]
     rate = after["num_accepted_tokens"] / after["num_draft_tokens"]
     assert model["spec_decode_acceptance_rate"] == pytest.approx(rate)
+
+
+def test_an_opt_out_is_served_with_the_same_tokens(spec_node: Node) -> None:
+    """vLLM has no per-request switch: the request is served as any other (README, "engine: vllm"),
+    with the same greedy tokens, and a non-boolean is refused as on our engine."""
+    default, opted_out = complete(spec_node), complete(spec_node, speculative=False)
+    assert opted_out.status_code == 200, opted_out.text
+    assert opted_out.json()["choices"][0]["token_ids"] == default.json()["choices"][0]["token_ids"]
+    refused = complete(spec_node, speculative="no")
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "speculative"
