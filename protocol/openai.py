@@ -72,6 +72,10 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     # comes with the next chunk) and ends at once if they already end the request. They count as
     # prompt tokens in usage; max_tokens counts only new tokens (0 asks only how they end).
     continuation_token_ids: list[int] | None = None
+    # false: never decode this request speculatively, whatever the serving node's policy (e.g. to
+    # keep a seeded sample stream reproducible against a node without speculation). The tokens do
+    # not depend on it (greedy: the same; sampled: the same distribution); only how they are made.
+    speculative: bool = True
 
     def stop_list(self) -> list[str]:
         if self.stop is None:

@@ -194,6 +194,10 @@ _EXTENSIONS = {
     ),
     "add_generation_prompt": "Meridian extension (as vLLM): end the chat template with an assistant turn.",
     "continue_final_message": "Meridian extension (as vLLM): continue the last message, not a new one.",
+    "speculative": (
+        "Meridian extension: false never decodes this request speculatively (default true: as the "
+        "serving node's policy decides). The tokens do not depend on it."
+    ),
     "token_ids": "Meridian extension: the generated token ids, when the request set return_token_ids.",
 }
 _RESPONSE_HEADERS = {

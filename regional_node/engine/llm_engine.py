@@ -211,6 +211,8 @@ class LLMEngine:
                 self.speculation.record(chunk.seq, len(chunk.draft_token_ids), accepted)
             state = self._requests[chunk.seq.request_id]
             delta = append_tokens(state, result)
+            if chunk.draft_token_ids:
+                delta.drafts = [(len(chunk.draft_token_ids), accepted)]
             self.generation_tokens_total += len(delta.new_token_ids)
             if delta.finished:
                 self._finish(state)

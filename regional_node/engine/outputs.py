@@ -25,6 +25,10 @@ class RequestDelta:
     # and first scheduled → first token (the prefill, chunks and preemptions included).
     queue_time_s: float | None = None
     prefill_time_s: float | None = None
+    # The speculative verifications whose tokens this delta carries, as (tokens proposed, tokens
+    # accepted); empty when none. The node reports them per request (Server-Timing, its trace); the
+    # engine's totals are in stats().
+    drafts: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass

@@ -41,6 +41,9 @@ class GenerationRequest:
     prompt_param: str
     continuation_ids: list[int] | None = None
     trace: RequestSpan | None = None  # the request's span, when tracing is on
+    # The model speculates (`speculative:` set), so Server-Timing and the trace say how this
+    # request's speculative steps went (the engine reports them in RequestDelta.drafts).
+    reports_speculation: bool = False
 
 
 @dataclass
@@ -54,6 +57,37 @@ class Result:
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
+
+
+@dataclass
+class SpecTally:
+    """One request's speculative decoding, summed from its deltas: decode steps (after the first
+    token's), the steps that verified proposals (drafts), the tokens proposed and accepted, and how
+    many drafts accepted 0, 1, 2, ... tokens (`accepted_counts[i]`)."""
+
+    steps: int = 0
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_counts: list[int] = field(default_factory=list)
+
+    def add(self, delta: RequestDelta, *, decoding: bool) -> None:
+        if decoding and delta.new_token_ids:
+            self.steps += 1
+        counts = self.accepted_counts
+        for proposed, accepted in delta.drafts:
+            self.drafts += 1
+            self.draft_tokens += proposed
+            self.accepted_tokens += accepted
+            counts.extend([0] * (accepted + 1 - len(counts)))
+            counts[accepted] += 1
+
+    def describe(self) -> str:
+        """The decode part's Server-Timing description (no commas or quotes: header syntax)."""
+        return (
+            f"steps={self.steps} drafts={self.drafts} draft_tokens={self.draft_tokens} "
+            f"accepted={self.accepted_tokens}"
+        )
 
 
 @dataclass
@@ -116,6 +150,7 @@ class Generation:
         self._pending: RequestDelta | None = None
         self._last: RequestDelta | None = None
         self._closed = False
+        self.speculation = SpecTally() if request.reports_speculation else None
 
     @property
     def finished(self) -> bool:
@@ -131,6 +166,16 @@ class Generation:
         return Timing(
             queue=timings.queue_wait, prefill=timings.prefill, decode=timings.decode, total=timings.e2e
         )
+
+    def server_timing(self) -> str:
+        """The `Server-Timing` header value: the breakdown so far, its decode part described with
+        the request's speculative steps where the engine reports them
+        (`decode;dur=41.20;desc="steps=9 drafts=7 draft_tokens=28 accepted=22"`)."""
+        header = self.timing().server_timing()
+        if self.speculation is None:
+            return header
+        desc = f';desc="{self.speculation.describe()}"'
+        return ", ".join(part + desc if part.startswith("decode;") else part for part in header.split(", "))
 
     async def _first(self) -> None:
         try:
@@ -156,6 +201,8 @@ class Generation:
 
     def _record(self, delta: RequestDelta) -> None:
         self._last = delta
+        if self.speculation is not None:
+            self.speculation.add(delta, decoding=self._clock.first_token is not None)
         self._clock.split(delta)
         self._clock.tick(len(delta.new_token_ids))
 
@@ -187,7 +234,7 @@ class Generation:
             )
             self._metrics.observe_timings(name, timings)
         if request.trace is not None:
-            request.trace.finish(timings, last, outcome)
+            request.trace.finish(timings, last, outcome, self.speculation)
 
 
 async def start_generation(request: GenerationRequest, metrics: NodeMetrics) -> Generation:

@@ -88,4 +88,5 @@ def sampling_params(
         ignore_eos=request.ignore_eos,
         # Chat's `logprobs` is a flag; completions' a count (0: the sampled token's only) or None.
         logprobs=request.logprobs is not None and request.logprobs is not False,
+        speculative=request.speculative,
     )

@@ -141,6 +141,7 @@ def _job(
         prompt_param=prompt_param,
         continuation_ids=continuation or None,
         trace=trace,
+        reports_speculation=model.config.engine.speculative is not None,
     )
 
 
@@ -158,7 +159,7 @@ async def _respond(
         async def run() -> tuple[bytes, str]:
             generation = await start_generation(job, node.metrics)
             content = _encoder.encode(source.response(await collect(generation)))
-            return content, generation.timing().server_timing()
+            return content, generation.server_timing()
 
         content, server_timing = await until_disconnect(request, run())
         headers["server-timing"] = server_timing

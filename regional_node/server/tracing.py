@@ -3,8 +3,11 @@
 The span continues the caller's trace (the gateway's attempt span, from W3C `traceparent`), so
 one trace shows both processes. It is named like the gateway's (`chat {model}`, SERVER) and holds
 three children timed from the engine's own split of the request: `queue` (arrival to first
-scheduling), `prefill` (to the first token) and `decode` (first token to last). The node never
-records prompt or completion text: it does not know the tenant's policy; the gateway does.
+scheduling), `prefill` (to the first token) and `decode` (first token to last). Where the engine
+reports a request's speculative steps, `decode` says how they went: `meridian.spec.steps`,
+`.drafts`, `.draft_tokens`, `.accepted_tokens` and `.accepted_counts` (how many drafts accepted 0,
+1, 2, ... tokens). The node never records prompt or completion text: it does not know the tenant's
+policy; the gateway does.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from telemetry import Tracing, extract_context
 
 if TYPE_CHECKING:
     from regional_node.engine import RequestDelta
+    from regional_node.server.generation import SpecTally
 
 _OPERATIONS = {"chat": "chat", "completions": "text_completion"}
 
@@ -33,10 +37,16 @@ class RequestSpan:
     span: Span
     start_ns: int
 
-    def finish(self, timings: RequestTimings | None, last: RequestDelta | None, outcome: str) -> None:
+    def finish(
+        self,
+        timings: RequestTimings | None,
+        last: RequestDelta | None,
+        outcome: str,
+        speculation: SpecTally | None = None,
+    ) -> None:
         span = self.span
         if timings is not None and span.is_recording():
-            self._phases(timings)
+            self._phases(timings, speculation)
         if last is not None:
             span.set_attributes(
                 {
@@ -53,7 +63,7 @@ class RequestSpan:
         end = None if timings is None else self.start_ns + _ns(timings.e2e)
         span.end(end_time=end)
 
-    def _phases(self, timings: RequestTimings) -> None:
+    def _phases(self, timings: RequestTimings, speculation: SpecTally | None) -> None:
         parent = set_span_in_context(self.span)
         start = self.start_ns
         phases: list[tuple[str, float, float | None]] = []
@@ -67,6 +77,16 @@ class RequestSpan:
             if duration is None:
                 continue
             child = self.tracer.start_span(name, context=parent, start_time=start + _ns(offset))
+            if name == "decode" and speculation is not None:
+                child.set_attributes(
+                    {
+                        "meridian.spec.steps": speculation.steps,
+                        "meridian.spec.drafts": speculation.drafts,
+                        "meridian.spec.draft_tokens": speculation.draft_tokens,
+                        "meridian.spec.accepted_tokens": speculation.accepted_tokens,
+                        "meridian.spec.accepted_counts": speculation.accepted_counts,
+                    }
+                )
             child.end(end_time=start + _ns(offset + duration))
 
 

@@ -86,6 +86,9 @@ def engine_args(path: str, settings: EngineSettings) -> dict[str, Any]:
             "prompt_lookup_min": spec.prompt_lookup_min,
             "prompt_lookup_max": spec.prompt_lookup_max,
         }
+        # Each request's verify steps, (proposed, accepted) per step, on its finishing output:
+        # what RequestDelta.drafts reports on our engine (Server-Timing, the trace's decode span).
+        args["per_request_spec_decode_metrics"] = "detailed"
     if settings.block_size is not None:
         args["block_size"] = settings.block_size
     if settings.num_kv_blocks is not None:
@@ -140,6 +143,7 @@ class VllmEngine:
         self._max_num_batched_tokens = int(scheduler.max_num_batched_tokens)
         self._running = False
         self._arrivals = itertools.count()
+        self._speculates = config.speculative_config is not None
 
     @classmethod
     def from_settings(
@@ -313,6 +317,7 @@ class VllmEngine:
             # output (its queue and the prefill: vLLM does not say when it first schedules one).
             "oldest_waiting_by_tier": self._oldest_waiting_by_tier(),
             **admission.report(self._queue_state(), self.limits),
+            **(t.speculation() if self._speculates else {}),
         }
 
     def _oldest_waiting_by_tier(self) -> dict[str, float]:
@@ -386,4 +391,10 @@ def _delta(state: RequestState, output: Any) -> RequestDelta:
         # Every stop rule vLLM applies is also ours, so this is an abort (or a rule we lack).
         reason = completion.finish_reason
         finish = reason if reason in ("stop", "length") else "abort"
-    return state.delta(ids, "".join(text), logprobs, finish)
+    delta = state.delta(ids, "".join(text), logprobs, finish)
+    # vLLM (0.32 on) reports a request's verify steps all at once, with the output that finishes it
+    # (not when one of our stop strings ends it first: that request is aborted in vLLM).
+    spec = getattr(completion, "spec_decode_metrics", None)
+    if spec is not None:
+        delta.drafts = list(zip(spec.per_step_drafted, spec.per_step_accepted, strict=True))
+    return delta

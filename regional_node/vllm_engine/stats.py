@@ -8,10 +8,11 @@ running totals, and feeds the drain meter with the tokens each iteration compute
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from regional_node.engine.drain import DrainMeter
+from regional_node.engine.speculative.policy import SpecDecodeStats
 
 
 @dataclass
@@ -26,6 +27,21 @@ class EngineTotals:
     prefix_cache_hit_tokens: int = 0
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
+    # vLLM's speculative decoding (its per-iteration SpecDecodingStats, summed).
+    spec: SpecDecodeStats = field(default_factory=SpecDecodeStats)
+
+    def speculation(self) -> dict[str, Any]:
+        """The spec_decode_* keys our engine's stats() has, so a node on either engine exports
+        the same vllm:spec_decode_* series and /load acceptance rate."""
+        spec = self.spec
+        return {
+            "spec_decode_num_drafts": spec.num_drafts,
+            "spec_decode_num_draft_tokens": spec.num_draft_tokens,
+            "spec_decode_num_accepted_tokens": spec.num_accepted_tokens,
+            "spec_decode_num_accepted_tokens_per_pos": list(spec.num_accepted_tokens_per_pos),
+            "spec_decode_acceptance_rate": spec.acceptance_rate,
+            "spec_decode_mean_acceptance_length": spec.mean_acceptance_length,
+        }
 
 
 def stat_logger_factory(totals: EngineTotals, drain: DrainMeter) -> Any:
@@ -53,6 +69,8 @@ def stat_logger_factory(totals: EngineTotals, drain: DrainMeter) -> Any:
                 cache = scheduler_stats.prefix_cache_stats
                 totals.prefix_cache_query_tokens += int(cache.queries)
                 totals.prefix_cache_hit_tokens += int(cache.hits)
+                if scheduler_stats.spec_decoding_stats is not None:
+                    _add_spec(totals.spec, scheduler_stats.spec_decoding_stats)
             if iteration_stats is not None:
                 now = time.monotonic()
                 prompt, generated = iteration_stats.num_prompt_tokens, iteration_stats.num_generation_tokens
@@ -75,3 +93,14 @@ def stat_logger_factory(totals: EngineTotals, drain: DrainMeter) -> Any:
             pass
 
     return StatsRecorder
+
+
+def _add_spec(totals: SpecDecodeStats, step: Any) -> None:
+    """Add one vLLM iteration's SpecDecodingStats (its counts per draft position included)."""
+    totals.num_drafts += int(step.num_drafts)
+    totals.num_draft_tokens += int(step.num_draft_tokens)
+    totals.num_accepted_tokens += int(step.num_accepted_tokens)
+    per_pos = totals.num_accepted_tokens_per_pos
+    per_pos.extend([0] * (len(step.num_accepted_tokens_per_pos) - len(per_pos)))
+    for pos, count in enumerate(step.num_accepted_tokens_per_pos):
+        per_pos[pos] += int(count)

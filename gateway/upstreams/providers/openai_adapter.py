@@ -41,6 +41,7 @@ _EXTENSIONS = frozenset(
         "return_token_ids",
         "add_generation_prompt",
         "continue_final_message",
+        "speculative",
     }
 )
 
