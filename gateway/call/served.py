@@ -11,6 +11,7 @@ response still settles.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
+from typing import cast
 
 from gateway.call.context import CallContext
 from gateway.runtime.tasks import run_shielded
@@ -19,15 +20,15 @@ from protocol.chunk import Streamed
 
 class ServedStream:
     def __init__(self, ctx: CallContext, items: AsyncGenerator[Streamed | None, None]) -> None:
+        """`items`: the pipeline's generator, past the one None it yields when opened."""
         self.ctx = ctx
-        self._items = items
+        self._items = cast(AsyncGenerator[Streamed, None], items)
         self._closed = False
 
-    async def items(self) -> AsyncGenerator[Streamed, None]:
-        """The client's chunks, then (for a stream that could not finish) its StreamFailed."""
-        async for item in self._items:
-            if item is not None:
-                yield item
+    def items(self) -> AsyncGenerator[Streamed, None]:
+        """The client's chunks, then (for a stream that could not finish) its StreamFailed: the
+        pipeline's generator itself (no generator around it: each one is a hop per chunk)."""
+        return self._items
 
     async def aclose(self) -> None:
         if self._closed:
