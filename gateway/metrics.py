@@ -271,6 +271,31 @@ class _CallMetrics(QuietCall):
     def first_chunk(self, model: str, seconds: float) -> None:
         self._metrics.labelled(self._metrics.ttft, model).observe(seconds)
 
+    def auto_routed(self, tenant: str, tier: str, rule: str) -> None:
+        self._metrics.labelled(self._metrics.auto_decisions, tenant, tier, rule).inc()
+
+    def escalation_judged(self, tenant: str, family: str, rate: float) -> None:
+        self._metrics.labelled(self._metrics.auto_escalation_rate, tenant, family).set(rate)
+
+    def escalated(
+        self, tenant: str, family: str, outcome: str, wasted: tuple[int, int] | None = None
+    ) -> None:
+        metrics = self._metrics
+        metrics.labelled(metrics.auto_escalations, tenant, family, outcome).inc()
+        if wasted is not None:
+            for kind, tokens in zip(("prompt", "completion"), wasted, strict=True):
+                metrics.labelled(metrics.auto_wasted_tokens, tenant, family, kind).inc(tokens)
+
+    def quota_admitted(self, tenant: str, source: str) -> None:
+        self._metrics.labelled(self._metrics.quota_admissions, tenant, source).inc()
+
+    def continued(self) -> None:
+        self._metrics.labelled(self._metrics.failovers, "continuation").inc()
+
+    def priced(self, tenant: str, model: str, cost_usd: float) -> None:
+        if cost_usd:
+            self._metrics.labelled(self._metrics.cost, tenant, model).inc(cost_usd)
+
     def ended(self, ended: Any) -> None:
         metrics = self._metrics
         streamed = "true" if ended.stream else "false"

@@ -73,6 +73,29 @@ class CallObserver(Stage, Protocol):
 
     def ended(self, ended: Ended) -> None: ...
 
+    # Facts the call's stages decided, which metrics count (a tracer may note them):
+    def auto_routed(self, tenant: str, tier: str, rule: str) -> None:
+        """An `auto` request was planned for `tier` by `rule`."""
+
+    def escalation_judged(self, tenant: str, family: str, rate: float) -> None:
+        """The cascade judged the small model's first tokens; `rate`: the tenant's escalation
+        rate for the family since (gateway/escalation)."""
+
+    def escalated(
+        self, tenant: str, family: str, outcome: str, wasted: tuple[int, int] | None = None
+    ) -> None:
+        """An escalation's outcome (low_confidence: served by the large tier, `wasted` the small
+        tier's (prompt, completion) tokens; large_unavailable: the small answer stands)."""
+
+    def quota_admitted(self, tenant: str, source: str) -> None:
+        """The quota admitted the request, from `source` (the shared store, or local fallback)."""
+
+    def continued(self) -> None:
+        """A broken stream continued on another upstream."""
+
+    def priced(self, tenant: str, model: str, cost_usd: float) -> None:
+        """The call's usage on `model` cost this (its usage event's price)."""
+
 
 class Observer(Protocol):
     """The gateway's observer: one CallObserver per call."""
@@ -80,7 +103,32 @@ class Observer(Protocol):
     def start(self, headers: Mapping[str, str], request_id: str) -> CallObserver: ...
 
 
-class QuietCall:
+class QuietFacts:
+    """The counted facts (CallObserver), observed by nothing: the base of observers that count
+    none or only some of them."""
+
+    def auto_routed(self, tenant: str, tier: str, rule: str) -> None:
+        return None
+
+    def escalation_judged(self, tenant: str, family: str, rate: float) -> None:
+        return None
+
+    def escalated(
+        self, tenant: str, family: str, outcome: str, wasted: tuple[int, int] | None = None
+    ) -> None:
+        return None
+
+    def quota_admitted(self, tenant: str, source: str) -> None:
+        return None
+
+    def continued(self) -> None:
+        return None
+
+    def priced(self, tenant: str, model: str, cost_usd: float) -> None:
+        return None
+
+
+class QuietCall(QuietFacts):
     """A call (and stage) that observes nothing: the base of observers that watch only a few
     of the call's facts (metrics)."""
 
@@ -179,6 +227,32 @@ class _Both:
     def ended(self, ended: Ended) -> None:
         for call in self._calls:
             call.ended(ended)
+
+    def auto_routed(self, tenant: str, tier: str, rule: str) -> None:
+        for call in self._calls:
+            call.auto_routed(tenant, tier, rule)
+
+    def escalation_judged(self, tenant: str, family: str, rate: float) -> None:
+        for call in self._calls:
+            call.escalation_judged(tenant, family, rate)
+
+    def escalated(
+        self, tenant: str, family: str, outcome: str, wasted: tuple[int, int] | None = None
+    ) -> None:
+        for call in self._calls:
+            call.escalated(tenant, family, outcome, wasted)
+
+    def quota_admitted(self, tenant: str, source: str) -> None:
+        for call in self._calls:
+            call.quota_admitted(tenant, source)
+
+    def continued(self) -> None:
+        for call in self._calls:
+            call.continued()
+
+    def priced(self, tenant: str, model: str, cost_usd: float) -> None:
+        for call in self._calls:
+            call.priced(tenant, model, cost_usd)
 
 
 @contextmanager

@@ -40,7 +40,7 @@ from typing import Any
 
 from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode, Tracer, set_span_in_context
 
-from gateway.observe import Ended
+from gateway.observe import Ended, QuietFacts
 from gateway.safety.guard import Decision
 from gateway.safety.rules import redact_secrets
 from gateway.upstreams.base import UpstreamError
@@ -136,7 +136,7 @@ _ATTRIBUTES = {
 }
 
 
-class CallTrace(_SpanStage):
+class CallTrace(QuietFacts, _SpanStage):
     """One call: its server span starts (back-dated to the call's arrival) when the call turns out
     to be a completion, at planning, or when its end is recorded (an early error). Calls that are
     not (/v1/models, /v1/usage) authenticate too, but leave no span behind."""

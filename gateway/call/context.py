@@ -53,8 +53,6 @@ class CallContext:
     api_key_id: str = "-"  # a short hash of the caller's key
     target: Target | None = None  # the upstream that served the call (the first, for a stream)
     retries: int = 0  # targets that failed before `target` answered
-    # Leads x-meridian-route for a `model: auto` request: `auto:small;classifier=0.34<1.00;`.
-    route_prefix: str = ""
     # What the small tier used of an `auto` request the confidence cascade escalated.
     escalation: Escalated | None = None
     # How it ended, for the observers: the usage the client was told, the finish reasons.
@@ -67,11 +65,12 @@ class CallContext:
         self.headers["x-request-id"] = self.request_id
         self.latency.started = self.started
 
-    def served_by(self, target: Target, attempts: int, route: str | None = None) -> None:
-        """`route` (default: the router's reason) is what x-meridian-route says about the target."""
+    def served_by(self, target: Target, attempts: int, prefix: str, route: str | None = None) -> None:
+        """`prefix` (the plan's notes) then `route` (default: the router's reason) is what
+        x-meridian-route says about the target."""
         self.model, self.region = target.model, target.region
         self.target, self.retries = target, max(0, attempts - 1)
-        route = self.route_prefix + (route or target.reason)
+        route = prefix + (route or target.reason)
         route_reason = route if attempts <= 1 else f"{route}; after {attempts - 1} failed"
         self.headers.update(
             {

@@ -96,7 +96,6 @@ class RequestPipeline:
         self._quota = quota
         self._fleet = fleet
         self._failover = forwarder
-        self._metrics = metrics
         # Without one given, metrics alone observe the calls.
         self._observer = observer or metrics
         self.admission = AdmissionController(config.admission, fleet.snapshot, self._catalog, metrics)
@@ -136,7 +135,7 @@ class RequestPipeline:
                         self._complete_once(ctx, plan, targets)
                     )
                 await safety.input_verdict()
-            ctx.served_by(target, attempts, self._fleet.route_label(target))
+            ctx.served_by(target, attempts, plan.route_prefix, self._fleet.route_label(target))
             answered = True
             usage = usage_of(result.usage)
             served_tokens = (usage.total_tokens if usage else 0) or plan.estimated_tokens
@@ -215,7 +214,8 @@ class RequestPipeline:
                     self._refused_by_upstreams(ctx, exc)
                     raise
                 try:
-                    ctx.served_by(opened.target, opened.attempts, self._fleet.route_label(opened.target))
+                    route = self._fleet.route_label(opened.target)
+                    ctx.served_by(opened.target, opened.attempts, plan.route_prefix, route)
                     ctx.headers["server-timing"] = ctx.latency.at_first_byte().server_timing()
                     ctx.observed.first_chunk(opened.target.model, time.monotonic() - ctx.started)
                     yield None
@@ -288,11 +288,8 @@ class RequestPipeline:
             endpoint, request, body, tenant, self._catalog, self._config.token_estimate, self._auto, history
         )
         if plan.auto is not None:
-            self._metrics.labelled(
-                self._metrics.auto_decisions, tenant.tenant_id, plan.auto.tier, plan.auto.rule
-            ).inc()
-            ctx.route_prefix = f"auto:{plan.auto.tier};{plan.auto.reason};"
-            plan = self._with_cascade(plan, tenant)
+            ctx.observed.auto_routed(tenant.tenant_id, plan.auto.tier, plan.auto.rule)
+            plan = self._with_cascade(plan.noted(f"auto:{plan.auto.tier}", plan.auto.reason), tenant)
         ctx.model = plan.model.name
         ctx.headers["x-meridian-model"] = plan.model.name
         prompt = body.get("messages") if endpoint == "chat" else body.get("prompt")
@@ -320,7 +317,7 @@ class RequestPipeline:
         when its pool admits the request and an upstream opens: else the small answer stands."""
         with ctx.observed.stage("escalation") as scope:
             plan, opened = await self._judged(ctx, plan, opened, scope)
-            scope.note(escalated=ctx.escalation is not None, verdict=ctx.route_prefix)
+            scope.note(escalated=ctx.escalation is not None, verdict=plan.route_prefix)
         return plan, opened
 
     async def _judged(
@@ -336,25 +333,27 @@ class RequestPipeline:
         if not found.judgeable:
             # A break is continued by the relay as usual; an upstream without logprobs keeps it.
             unjudged = "unjudged=upstream_broke" if found.error is not None else "unjudged=no_logprobs"
-            ctx.route_prefix += f"{unjudged};"
-            return plan, release(opened, found)
+            return plan.noted(unjudged), release(opened, found)
         verdict = judge(found.logprobs, plan.cascade)
         self.escalations.record(tenant, family, escalated=verdict.escalate)
-        metrics = self._metrics
-        metrics.labelled(metrics.auto_escalation_rate, tenant, family).set(
-            self.escalations.history(tenant, family).rate
-        )
+        observed = ctx.observed
+        observed.escalation_judged(tenant, family, self.escalations.history(tenant, family).rate)
         if not verdict.escalate:
-            ctx.route_prefix += f"{verdict.reason};"
-            return plan, release(opened, found)
-        escalated = dataclasses.replace(plan, model=large, cascade=None, escalate_to=None)
+            return plan.noted(verdict.reason), release(opened, found)
+        escalated = dataclasses.replace(
+            plan,
+            model=large,
+            cascade=None,
+            escalate_to=None,
+            route_notes=("auto:small->large", verdict.reason),
+        )
         try:
             served = await self._open_large(ctx, escalated, scope)
         except (Overloaded, NoRouteError, UpstreamsExhausted, UpstreamRejected) as exc:
             # The small model's answer is better than none.
-            metrics.labelled(metrics.auto_escalations, tenant, family, "large_unavailable").inc()
-            ctx.route_prefix += f"{verdict.reason};escalation_failed={type(exc).__name__};"
-            return plan, release(opened, found)
+            observed.escalated(tenant, family, "large_unavailable")
+            failed = f"escalation_failed={type(exc).__name__}"
+            return plan.noted(verdict.reason, failed), release(opened, found)
         except BaseException:
             await run_shielded(opened.aclose, what="close the small tier's stream")
             raise
@@ -366,12 +365,7 @@ class RequestPipeline:
             completion_tokens=found.tokens,
             reason=verdict.reason,
         )
-        metrics.labelled(metrics.auto_escalations, tenant, family, "low_confidence").inc()
-        metrics.labelled(metrics.auto_wasted_tokens, tenant, family, "prompt").inc(
-            plan.prompt_tokens_estimate
-        )
-        metrics.labelled(metrics.auto_wasted_tokens, tenant, family, "completion").inc(found.tokens)
-        ctx.route_prefix = f"auto:small->large;{verdict.reason};"
+        observed.escalated(tenant, family, "low_confidence", (plan.prompt_tokens_estimate, found.tokens))
         ctx.model = large.name
         ctx.headers["x-meridian-model"] = large.name
         return escalated, served
@@ -467,9 +461,7 @@ class RequestPipeline:
         except BaseException:
             ticket.release()
             raise
-        self._metrics.labelled(
-            self._metrics.quota_admissions, ctx.tenant.tenant_id, admission.store_state.source
-        ).inc()
+        ctx.observed.quota_admitted(ctx.tenant.tenant_id, admission.store_state.source)
         ctx.headers.update(admission.headers)
         return admission
 
@@ -551,7 +543,7 @@ class RequestPipeline:
                 except (UpstreamsExhausted, UpstreamRejected) as exc:
                     step = Stop("error", f"{broke} and could not be continued: {exc}")
                 else:
-                    self._metrics.failovers.labels("continuation").inc()
+                    ctx.observed.continued()
                     relay.resume(opened, step)
                     continue
             if step.ending == "error":
@@ -644,6 +636,7 @@ class RequestPipeline:
         event = usage_event(
             ctx,
             model_requested=plan.model.name,
+            route_prefix=plan.route_prefix,
             degraded=plan.degraded_from is not None,
             usage=msgspec.to_builtins(usage) if usage is not None else None,
             fallback_counts=fallback,
@@ -657,8 +650,7 @@ class RequestPipeline:
         if ctx.escalation is not None:
             events.append(escalated_event(event, ctx.escalation, self._prices))
         for each in events:
-            if each.cost_usd:
-                self._metrics.labelled(self._metrics.cost, each.tenant_id, each.model).inc(each.cost_usd)
+            ctx.observed.priced(each.tenant_id, each.model, each.cost_usd)
         return encode_events(events)
 
     # -- what the front doors read -------------------------------------------------------------

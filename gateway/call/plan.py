@@ -12,6 +12,7 @@ for quota reservations, "auto" tiering and the context cap; settlement uses the 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -73,6 +74,17 @@ class RequestPlan:
     # cascade stage): the rule that judges the small model's first tokens, and the large model.
     cascade: ConfidenceRule | None = None
     escalate_to: CatalogModel | None = None
+    # What planning and the cascade decided, in order: they lead x-meridian-route and the usage
+    # event's route reason (`auto:small;classifier=0.34<1.00;` ...). Each stage that decides
+    # something returns the plan with its note added (`noted`); nothing edits a shared string.
+    route_notes: tuple[str, ...] = ()
+
+    def noted(self, *notes: str) -> RequestPlan:
+        return dataclasses.replace(self, route_notes=(*self.route_notes, *notes))
+
+    @property
+    def route_prefix(self) -> str:
+        return "".join(f"{note};" for note in self.route_notes)
 
     @property
     def wants_logprobs(self) -> bool:

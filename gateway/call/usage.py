@@ -35,6 +35,7 @@ def usage_event(
     ctx: CallContext,
     *,
     model_requested: str,
+    route_prefix: str,
     degraded: bool,
     usage: Mapping[str, Any] | None,
     fallback_counts: tuple[int, int] = (0, 0),
@@ -45,7 +46,8 @@ def usage_event(
     now_s: float,
 ) -> UsageEvent:
     """`usage` None: no upstream usage reached the gateway; `fallback_counts` (prompt, completion)
-    are the gateway's own counts then, and the event says they are estimated."""
+    are the gateway's own counts then, and the event says they are estimated. `route_prefix`: the
+    plan's notes (RequestPlan.route_prefix), before the router's reason."""
     assert ctx.tenant is not None
     if usage is not None:
         prompt, cached, completion = usage_counts(usage)
@@ -68,7 +70,7 @@ def usage_event(
         region=target.region if target is not None else "-",
         jurisdiction=target.jurisdiction if target is not None else "-",
         upstream=upstream,
-        route_reason=ctx.route_prefix + target.reason if target is not None else "-",
+        route_reason=route_prefix + target.reason if target is not None else "-",
         status=status,
         stream=stream,
         prompt_tokens=prompt,

@@ -104,11 +104,22 @@ async def run_ledger_worker(config: GatewayConfig, env: Mapping[str, str]) -> No
     await policies.start()
     task = asyncio.current_task()
     loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def stopping() -> None:
+        # Cancelling interrupts a blocking stream read at once; the event also ends the run
+        # should a library swallow the cancellation (a SIGTERM once went unheeded for a minute
+        # while the worker sat in a Redis read).
+        stop.set()
+        if task is not None:
+            task.cancel()
+
     for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, task.cancel if task else (lambda: None))
+        loop.add_signal_handler(signum, stopping)
     logger.info("ledger worker %s started (store: %s)", source.consumer, store.name)
     try:
-        await worker.run()
+        await worker.run(stop)
+        logger.info("ledger worker stopping: %d events committed", worker.stats.committed)
     except asyncio.CancelledError:
         logger.info("ledger worker stopping: %d events committed", worker.stats.committed)
     finally:

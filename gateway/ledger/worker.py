@@ -88,10 +88,11 @@ class LedgerWorker:
         while time.monotonic() < deadline and await self.step(wait_s=0):
             pass
 
-    async def run(self) -> None:
-        """Until cancelled. Store or source failures are logged and retried after a back-off; the
-        unacknowledged batch is read again (Redis: by XAUTOCLAIM once idle; outbox: at once)."""
-        while True:
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Until cancelled, or until `stop` is set (checked between batches). Store or source
+        failures are logged and retried after a back-off; the unacknowledged batch is read again
+        (Redis: by XAUTOCLAIM once idle; outbox: at once)."""
+        while stop is None or not stop.is_set():
             try:
                 if 0 < await self.step() < self._batch_size:
                     # A part batch: let the next one fill for a poll interval rather than commit

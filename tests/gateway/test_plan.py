@@ -80,3 +80,15 @@ def test_client_continuation_tokens_count_towards_the_prompt_estimate() -> None:
     assert estimate_prompt_tokens(request, ESTIMATE) == 14 + 100
     with pytest.raises(ContextLengthError):
         plan_request("chat", request, body, tenant(context_tokens=50), CATALOG, ESTIMATE)
+
+
+def test_route_notes_are_values_a_stage_returns_and_never_edits() -> None:
+    """x-meridian-route's lead (`auto:small;classifier=…;`) is made of the notes each stage
+    returned on its plan: adding one leaves the plan it was added to as it was."""
+    plan = plan_request("chat", *chat(), tenant(), CATALOG, ESTIMATE)
+    assert plan.route_notes == () and plan.route_prefix == ""
+    auto = plan.noted("auto:small", "classifier=0.34<1.00")
+    judged = auto.noted("confidence=0.91>=0.50")
+    assert auto.route_prefix == "auto:small;classifier=0.34<1.00;"
+    assert judged.route_prefix == "auto:small;classifier=0.34<1.00;confidence=0.91>=0.50;"
+    assert plan.route_notes == () and len(auto.route_notes) == 2

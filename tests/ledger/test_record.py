@@ -42,6 +42,7 @@ def event_of(ctx: CallContext):  # type: ignore[no-untyped-def]
     return usage_event(
         ctx,
         model_requested="m",
+        route_prefix="",
         degraded=False,
         usage=usage,
         status="ok",

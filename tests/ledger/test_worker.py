@@ -234,3 +234,23 @@ async def test_a_settlement_redis_cannot_take_keeps_its_event_in_the_outbox(tmp_
         await gate.settle(later, actual_tokens=30, event=encode_event(event("acme-2", tenant_id="acme")))
         assert len(outbox) == 2
         await client.aclose()
+
+
+async def test_a_stop_request_ends_the_run_even_if_no_cancellation_reaches_it(tmp_path: Path) -> None:
+    """SIGTERM sets the stop event as well as cancelling (gateway/ledger/commands.py): a library
+    that swallows the cancellation in a read must not keep the worker running."""
+    store = SqliteLedger(tmp_path / "ledger.sqlite")
+    await store.start()
+    outbox = LocalOutbox()
+    worker = LedgerWorker(outbox, store, wait_s=0.05)
+    stop = asyncio.Event()
+    run = asyncio.create_task(worker.run(stop))
+    outbox.append("acme", encode_event(event("acme-1", tenant_id="acme")))
+    for _ in range(3000):  # a busy box: up to 30 s for the worker to commit it
+        if worker.stats.committed:
+            break
+        await asyncio.sleep(0.01)
+    stop.set()
+    await asyncio.wait_for(run, timeout=30)  # ends by itself, no cancel
+    assert worker.stats.committed == 1
+    await store.close()
