@@ -68,6 +68,16 @@ class SafetyMetrics:
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
             registry=registry,
         )
+        self._decision_children: dict[tuple[str, str, str], Any] = {}
+
+    def decided(self, tenant: str, layer: str, action: str) -> None:
+        """Counts one decision. The children are remembered: every call records at least two
+        (`unscanned` sides included), and labels() validates and locks each time."""
+        key = (tenant, layer, action)
+        child = self._decision_children.get(key)
+        if child is None:
+            child = self._decision_children[key] = self.decisions.labels(tenant, layer, action)
+        child.inc()
 
 
 class AuditLog:
@@ -109,7 +119,7 @@ class AuditLog:
         text: str,
         log_content: bool,
     ) -> None:
-        self.metrics.decisions.labels(tenant, layer, action).inc()
+        self.metrics.decided(tenant, layer, action)
         if self._queue is None:
             return
         entry = AuditRecord(

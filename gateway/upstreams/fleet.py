@@ -79,24 +79,43 @@ class Fleet:
         self.providers = providers
         self._node_upstream = node_upstream
         self._upstreams: dict[tuple[str, str], Upstream] = {}
+        self._last: tuple[tuple[object, ...], FleetSnapshot] | None = None  # (its inputs, it)
         # Providers bring their own breaker settings; every other target (a node) gets the board's.
         for provider_id, config in providers.breaker_configs().items():
             board.register(provider_id, config)
 
     def snapshot(self) -> FleetSnapshot:
+        """The fleet as routing sees it now. Asked twice per request (admission, routing), and
+        its inputs change only with a directory update, a probe or a breaker's state: while none
+        has, the last snapshot is handed out again (the same objects, so what the router derives
+        from a node's report is derived once)."""
         available = self.board.available
-        nodes = []
-        for node in self.directory.snapshot():
-            probe = self.prober.result(node.node_id)
-            ready = probe is not None and probe.ready
-            healthy = node.healthy and ready and available(node.node_id)
-            load = probe.load if probe is not None else None
-            nodes.append(dataclasses.replace(node, healthy=healthy, load=load or node.load))
-        providers = tuple(
-            p if available(p.provider_id) else dataclasses.replace(p, healthy=False)
-            for p in self.providers.snapshot()
+        directory, configured = self.directory.snapshot(), self.providers.snapshot()
+        probes = tuple(self.prober.result(node.node_id) for node in directory)
+        # Tuples compare their items by identity first: an unchanged fleet costs no deep compare.
+        key = (
+            directory,
+            configured,
+            probes,
+            tuple(available(node.node_id) for node in directory),
+            tuple(available(p.provider_id) for p in configured),
         )
-        return FleetSnapshot(nodes=tuple(nodes), providers=providers)
+        if self._last is not None and key == self._last[0]:
+            return self._last[1]
+        nodes = []
+        for node, probe, up in zip(directory, probes, key[3], strict=True):
+            ready = probe is not None and probe.ready
+            load = probe.load if probe is not None else None
+            nodes.append(
+                dataclasses.replace(node, healthy=node.healthy and ready and up, load=load or node.load)
+            )
+        providers = tuple(
+            p if up else dataclasses.replace(p, healthy=False)
+            for p, up in zip(configured, key[4], strict=True)
+        )
+        snapshot = FleetSnapshot(nodes=tuple(nodes), providers=providers)
+        self._last = (key, snapshot)
+        return snapshot
 
     def ejected(self) -> list[str]:
         """Ids of the directory's nodes whose breaker is open, sorted."""
