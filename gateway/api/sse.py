@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
+import anyio
 from litestar.response import Stream
 from litestar.response.base import ASGIResponse
 from litestar.types import Receive, Scope, Send
@@ -23,24 +24,45 @@ _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
 class _ClosingResponse:
-    """An ASGI app: the wrapped streaming response, then the stream's close, whatever happened."""
+    """An ASGI app: the response's head, its frames, then the stream's close, whatever happened."""
 
     def __init__(
         self, inner: ASGIResponse, frames: AsyncGenerator[bytes, None], served: ServedStream
     ) -> None:
-        self._inner = inner
+        self._inner = inner  # Litestar's response: its head (status, encoded headers, cookies)
         self._frames = frames
         self._served = served
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await self._inner(scope, receive, send)
+            await self._inner.start_response(send)
+            await self._send_frames(send, receive)
+            await self._inner.after_response()
         finally:
             try:
                 # Frames hold nothing but the chunks, which the stream's own (shielded) close ends.
                 await self._frames.aclose()
             finally:
                 await self._served.aclose()
+
+    async def _send_frames(self, send: Send, receive: Receive) -> None:
+        """The frames, sent from this task, so the first (already here) leaves in the loop turn
+        the head does, in the same write (http_server/cork.py). A listener beside it cancels the
+        sending when the client goes away. (Litestar's streaming response does it the other way
+        round: it starts the sending as a new task, so the first data event left a loop turn
+        after the head, in a write of its own.)"""
+        async with anyio.create_task_group() as watch:
+            watch.start_soon(_cancel_on_disconnect, watch.cancel_scope, receive)
+            async for frame in self._frames:
+                await send({"type": "http.response.body", "body": frame, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            watch.cancel_scope.cancel()  # sent in full: stop listening
+
+
+async def _cancel_on_disconnect(scope: anyio.CancelScope, receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    scope.cancel()
 
 
 class SSEResponse(Stream):

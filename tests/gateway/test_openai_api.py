@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -85,6 +87,35 @@ def test_streaming_chat_relays_chunks_and_final_usage(gw: RunningGateway) -> Non
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert all("token_ids" not in (choice.model_extra or {}) for c in chunks for choice in c.choices)
+
+
+def test_a_streams_head_leaves_with_its_first_data_event(gw: RunningGateway) -> None:
+    """The gateway answers a stream once its first chunk is in: the head and that chunk are one
+    write (http_server/cork.py, gateway/api/sse.py), so a client's first read has both. Before,
+    the first data event left a loop turn after the head, in a write of its own."""
+    host, port = gw.url.removeprefix("http://").split(":")
+    body = json.dumps(
+        {
+            "model": "meridian-small",
+            "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 4,
+            "stream": True,
+        }
+    ).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
+        f"authorization: Bearer {GLOBAL_KEY}\r\ncontent-length: {len(body)}\r\n\r\n"
+    ).encode()
+    for _ in range(5):
+        with socket.create_connection((host, int(port)), timeout=30) as client:
+            client.sendall(head + body)
+            first = client.recv(1 << 20)  # whatever the first write brought
+            assert first.startswith(b"HTTP/1.1 200") and b"\r\n\r\n" in first
+            assert b"data: {" in first.partition(b"\r\n\r\n")[2], first
+            while not first.endswith(b"0\r\n\r\n"):  # read it to the end
+                more = client.recv(1 << 20)
+                assert more
+                first += more
 
 
 def test_legacy_completions_stream_and_not(gw: RunningGateway) -> None:
