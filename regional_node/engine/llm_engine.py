@@ -225,6 +225,9 @@ class LLMEngine:
         try:
             results = self.runner.execute(out.chunks, sampling, draft_probs)
         except Exception as exc:
+            if self.speculation is not None:
+                # Nothing was verified: the draft cache forgets every proposal (and what preemption freed).
+                self.speculation.step_done(out, [0] * len(out.chunks))
             failed = [chunk.seq.request_id for chunk in out.chunks]
             for request_id in failed:
                 self._finish(self._requests[request_id])

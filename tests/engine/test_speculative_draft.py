@@ -20,6 +20,7 @@ from regional_node.server import ConfigError
 from regional_node.server.config import convert_config, validate_config
 from tests.engine.checkpoints import hf_greedy, random_prompts, write_checkpoint
 from tests.engine.test_speculative import _damp_attention
+from tests.support.checkpoints import make_checkpoint
 
 GREEDY = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
 
@@ -339,3 +340,17 @@ def test_a_node_config_names_a_served_model_as_the_draft(target_dir: Path, draft
     models[0]["engine"] = {"speculative": {"method": "draft", "draft_model": "tiny"}}
     with pytest.raises(ConfigError, match="engine: meridian"):
         validate_config(convert_config({"engine": "vllm", "models": models}, source="n"), source="n")
+
+
+def test_the_make_up_pair_drafts_small_for_large(tmp_path: Path) -> None:
+    """`meridian up`'s checkpoints share a tokenizer (both written by regional_node.checkpoints
+    from one corpus), so meridian-small (`tiny`) passes the vocabulary check as meridian-large's
+    (`mini`) draft, and greedy tokens stay those of speculation off."""
+    large = make_checkpoint(tmp_path, "llama", "mini")
+    small = make_checkpoint(tmp_path, "llama", "tiny")
+    prompt = random_prompts([12], seed=4)[0]
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    off = LLMEngine.from_pretrained(large).generate([prompt], params)[0].output_token_ids
+    engine = LLMEngine.from_pretrained(large, speculative={"method": "draft", "draft_model": str(small)})
+    assert engine.generate([prompt], params)[0].output_token_ids == off
+    assert engine.stats()["spec_decode_num_drafts"] > 0
