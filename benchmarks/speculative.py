@@ -206,12 +206,24 @@ def main() -> None:
                 },
             }
             if spec_name == "draft":
+                k = spec_config.num_speculative_tokens
+                # Modelled: a draft step's cost from the draft model's own speed, verification as
+                # one plain step. Measured: a drafting step's cost in plain steps, from what it
+                # achieved (tokens per verification / speed-up).
                 cost_ratio = row["off_decode_tok_s"] / row["draft_model_alone_decode_tok_s"]
                 row["draft_step_cost_ratio"] = cost_ratio
-                row["break_even_acceptance"] = break_even_acceptance(
-                    cost_ratio, spec_config.num_speculative_tokens
-                )
-                row["break_even_acceptance_k1"] = break_even_acceptance(cost_ratio, 1)
+                row["break_even_acceptance"] = break_even_acceptance(1 + k * cost_ratio, k)
+                row["break_even_acceptance_k1"] = break_even_acceptance(1 + cost_ratio, 1)
+                for name, n in (("draft", k), ("draft_k1", 1)):
+                    speedup, length = (
+                        row["speedup_decode_tok_s" if name == "draft" else "speedup_draft_k1"],
+                        row[f"{name}_mean_acceptance_length"],
+                    )
+                    cost = length / speedup if speedup and length else None
+                    row[f"{name}_step_cost_measured"] = cost
+                    row[f"{name}_break_even_acceptance_measured"] = (
+                        break_even_acceptance(cost, n) if cost else None
+                    )
             rows.append(row)
             print(
                 f"{kind:15s} batch {batch:2d}: {row['speedup_decode_tok_s']:.2f}x  ({row['off_decode_tok_s']:.1f} -> "
@@ -239,19 +251,16 @@ def main() -> None:
     plot(rows, out_path.with_suffix(".png"), spec_name)
 
 
-def break_even_acceptance(cost_ratio: float, k: int) -> float:
-    """The per-token acceptance rate a at which drafting k tokens breaks even, under the usual
-    model (Leviathan et al. 2023): a verification yields 1 + a + ... + a^k tokens and costs k
-    draft steps plus one target step, the latter taken as one plain decode step (on CPU a tiny
-    model's step is mostly fixed overhead, not FLOPs, so k + 1 rows cost about one row);
-    `cost_ratio` is a draft step's time over a target step's. NaN: no rate pays."""
-    cost = 1.0 + k * cost_ratio
-    if cost >= k + 1:
+def break_even_acceptance(step_cost: float, k: int) -> float:
+    """The per-token acceptance rate a at which drafting k tokens breaks even (Leviathan et al.
+    2023): a verification yields 1 + a + ... + a^k tokens for `step_cost` plain decode steps
+    (k draft steps plus the verification). NaN: no rate pays (a cost of k + 1 steps or more)."""
+    if step_cost >= k + 1:
         return float("nan")
     low, high = 0.0, 1.0
     for _ in range(60):  # bisection: the expected length grows with a
         mid = (low + high) / 2
-        if sum(mid**i for i in range(k + 1)) < cost:
+        if sum(mid**i for i in range(k + 1)) < step_cost:
             low = mid
         else:
             high = mid
@@ -269,6 +278,10 @@ def ratios(per_round: dict[str, list[dict[str, Any]]], name: str) -> list[float]
 def median_ratio(per_round: dict[str, list[dict[str, Any]]], name: str) -> float | None:
     values = ratios(per_round, name)
     return statistics.median(values) if values else None
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def print_table(rows: list[dict[str, Any]], name: str) -> None:
@@ -294,9 +307,11 @@ def print_table(rows: list[dict[str, Any]], name: str) -> None:
             other = f"no step back-off {r['speedup_ngram_no_step_backoff']:.2f}x"
         elif r.get("speedup_draft_model_alone"):
             other = (
-                f"k=1 {r['speedup_draft_k1']:.2f}x (accept {r['draft_k1_acceptance_rate']:.2f}, "
-                f"break-even {r['break_even_acceptance_k1']:.2f}); draft model alone "
-                f"{r['speedup_draft_model_alone']:.2f}x; break-even {r['break_even_acceptance']:.2f}"
+                f"k=1 {r['speedup_draft_k1']:.2f}x (accept {r['draft_k1_acceptance_rate']:.2f}); "
+                f"draft model alone {r['speedup_draft_model_alone']:.2f}x; break-even acceptance "
+                f"modelled {r['break_even_acceptance']:.2f} (k=1 {r['break_even_acceptance_k1']:.2f}), "
+                f"measured {_fmt(r['draft_break_even_acceptance_measured'])} "
+                f"(k=1 {_fmt(r['draft_k1_break_even_acceptance_measured'])})"
             )
         print(
             " | ".join(
