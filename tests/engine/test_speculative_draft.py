@@ -122,9 +122,44 @@ def test_preemption_frees_the_draft_blocks_and_keeps_the_tokens(target_dir: Path
     engine = LLMEngine.from_pretrained(
         target_dir, num_kv_blocks=16, block_size=8, speculative=spec(draft_dir)
     )
-    for prompt, result in zip(prompts, engine.generate(prompts, GREEDY), strict=True):
-        assert result.output_token_ids == hf_greedy(target_dir, prompt, GREEDY.max_tokens)
-    assert engine.stats()["num_preemptions"] > 0 and engine.stats()["spec_decode_num_accepted_tokens"] > 0
+    tokens: dict[str, list[int]] = {}
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), prompt, GREEDY)
+        tokens[str(i)] = []
+    preempted_while_drafting = 0
+    while engine.has_unfinished_requests():
+        drafting = set(draft_of(engine)._states)
+        before = engine.stats()["num_preemptions"]
+        for delta in engine.step():
+            tokens[delta.request_id] += delta.new_token_ids
+        if engine.stats()["num_preemptions"] > before:
+            waiting = {seq.request_id for seq in engine.scheduler.waiting}
+            preempted_while_drafting += len(drafting & waiting)
+        _check_draft_cache(engine)  # only running sequences hold draft blocks
+    for i, prompt in enumerate(prompts):
+        assert tokens[str(i)] == hf_greedy(target_dir, prompt, GREEDY.max_tokens)
+    assert preempted_while_drafting > 0 and engine.stats()["spec_decode_num_accepted_tokens"] > 0
+    assert_idle(engine)
+
+
+def test_an_abort_mid_draft_frees_its_draft_blocks(target_dir: Path, draft_dir: Path) -> None:
+    prompts = random_prompts([30, 12], seed=3)
+    engine = LLMEngine.from_pretrained(target_dir, block_size=4, speculative=spec(draft_dir))
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), prompt, GREEDY)
+    tokens: dict[str, list[int]] = {"0": [], "1": []}
+    while engine.stats()["spec_decode_num_drafts"] < 4:
+        for delta in engine.step():
+            tokens[delta.request_id] += delta.new_token_ids
+    held = draft_of(engine).blocks.num_used_blocks
+    assert held > 0
+    engine.abort_request("0")
+    assert 0 < draft_of(engine).blocks.num_used_blocks < held
+    while engine.has_unfinished_requests():
+        for delta in engine.step():
+            tokens[delta.request_id] += delta.new_token_ids
+    assert tokens["1"] == hf_greedy(target_dir, prompts[1], GREEDY.max_tokens)
+    assert tokens["0"] == hf_greedy(target_dir, prompts[0], GREEDY.max_tokens)[: len(tokens["0"])]
     assert_idle(engine)
 
 
@@ -187,6 +222,7 @@ def _check_draft_cache(engine: LLMEngine) -> None:
     running = {seq.request_id: seq for seq in engine.scheduler.running}
     bm = draft.blocks
     for request_id, state in draft._states.items():
+        assert request_id in running, f"request {request_id} holds draft state but is not running"
         seq, target = state.seq, running[request_id]
         assert seq.token_ids == target.token_ids[: seq.num_tokens]
         assert seq.num_computed_tokens <= target.num_tokens
