@@ -1,22 +1,27 @@
-"""Speculative decoding (prompt lookup, `ngram`) against speculation off, in one process.
+"""Speculative decoding (prompt lookup `ngram`, or a `draft` model) against speculation off, in one process.
 
-    .venv/bin/python benchmarks/speculative.py [--rounds 3] [--max-tokens 96] [--threads 2] [--quick]
+    .venv/bin/python benchmarks/speculative.py [--method ngram|draft] [--rounds 3] [--max-tokens 96]
+        [--threads 2] [--batch-sizes 1 4 16] [--quick]
 
 Model: the demo's trained large tier (`mini` Llama, trained on the checkpoint corpus; written
 once into .meridian/benchmarks/checkpoints by `python -m regional_node.checkpoints init --train`).
+`--method draft` drafts with the demo's trained small tier (`tiny` Llama, same tokenizer): the
+`make up` pair; it also runs the draft model alone, whose speed against the target's gives the
+break-even acceptance rate of the pair (see break_even_acceptance).
 Workloads:
 - input-grounded: "Repeat the paragraph." + a corpus paragraph + its first words: the answer
   quotes the prompt (greedy);
 - open-ended: a paragraph's opening words and free continuation, sampled (temperature 1.0, a
   seed per request), so the text is not a copy of anything.
-Batch sizes 1, 4 and 16 (all requests arrive at once). Off and ngram engines are loaded once and
-run alternately, round by round, so both see the same machine load; every ratio is taken within
+Batch sizes 1, 4 and 16 (all requests arrive at once). The engines are loaded once and
+run alternately, round by round, so all see the same machine load; every ratio is taken within
 a round and the median over rounds is reported. Metrics: decode tok/s (tokens after each
 request's first / time from the batch's last first token to its end), TTFT p50, ITL p50/p99
 (a step that emits several tokens counts as that many inter-token gaps of equal share),
 acceptance rate and mean acceptance length.
 
-Writes benchmarks/results/speculative.json, a table on stdout and benchmarks/results/speculative.png.
+Writes benchmarks/results/speculative.json (speculative-draft.json for draft), a table on stdout
+and a plot beside the JSON (.png).
 """
 
 from __future__ import annotations
@@ -38,8 +43,10 @@ from regional_node.engine import LLMEngine, SamplingParams
 
 REPO = Path(__file__).resolve().parent.parent
 CHECKPOINT = REPO / ".meridian" / "benchmarks" / "checkpoints" / "llama-mini-trained"
+DRAFT_CHECKPOINT = REPO / ".meridian" / "benchmarks" / "checkpoints" / "llama-tiny-trained"
 CORPUS = REPO / "regional_node" / "checkpoints" / "corpus.txt"
 OUT = REPO / "benchmarks" / "results" / "speculative.json"
+DRAFT_OUT = REPO / "benchmarks" / "results" / "speculative-draft.json"
 BATCH_SIZES = (1, 4, 16)
 GOALS = {
     ("input-grounded", 1): 2.0,
@@ -49,11 +56,12 @@ GOALS = {
 }
 
 
-def ensure_checkpoint() -> Path:
-    if not (CHECKPOINT / "model.safetensors").is_file():
-        cmd = [sys.executable, "-m", "regional_node.checkpoints", "init", str(CHECKPOINT)]
-        subprocess.run([*cmd, "--arch", "llama", "--size", "mini", "--train", "--force"], check=True)
-    return CHECKPOINT
+def ensure_checkpoint(path: Path, size: str) -> Path:
+    """The demo's trained checkpoint of this size (default training steps: the `make up` models)."""
+    if not (path / "model.safetensors").is_file():
+        cmd = [sys.executable, "-m", "regional_node.checkpoints", "init", str(path)]
+        subprocess.run([*cmd, "--arch", "llama", "--size", size, "--train", "--force"], check=True)
+    return path
 
 
 def paragraphs() -> list[str]:
@@ -121,34 +129,56 @@ def run_batch(engine: LLMEngine, requests: list[tuple[str, SamplingParams]]) -> 
     }
 
 
+def engines_for(method: str, path: Path) -> dict[str, LLMEngine]:
+    """The engines one run compares with speculation off: the method's variants."""
+    if method == "ngram":
+        return {
+            "ngram": LLMEngine.from_pretrained(path, speculative={"method": "ngram"}),
+            # The per-step back-off's evidence: the same proposer with no batch-size limit.
+            "ngram_no_step_backoff": LLMEngine.from_pretrained(
+                path, speculative={"method": "ngram", "max_batch_size": 1024}
+            ),
+        }
+    draft = ensure_checkpoint(DRAFT_CHECKPOINT, "tiny")
+    return {
+        "draft": LLMEngine.from_pretrained(path, speculative={"method": "draft", "draft_model": str(draft)}),
+        # One token per draft: the cheapest verification, the lowest break-even acceptance.
+        "draft_k1": LLMEngine.from_pretrained(
+            path, speculative={"method": "draft", "draft_model": str(draft), "num_speculative_tokens": 1}
+        ),
+        # The draft model alone, no speculation: its decode speed against the target's gives the
+        # cost ratio behind the break-even acceptance.
+        "draft_model_alone": LLMEngine.from_pretrained(draft),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--method", choices=("ngram", "draft"), default="ngram")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="1 round, 48 tokens")
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=list(BATCH_SIZES))
+    parser.add_argument("--out", type=Path, default=None, help=f"default: {OUT} (ngram), {DRAFT_OUT} (draft)")
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.max_tokens = 1, 48
+    out_path = args.out or (OUT if args.method == "ngram" else DRAFT_OUT)
     torch.set_num_threads(args.threads)
-    path = ensure_checkpoint()
-    engines = {
-        "off": LLMEngine.from_pretrained(path),
-        "ngram": LLMEngine.from_pretrained(path, speculative={"method": "ngram"}),
-        # The per-step back-off's evidence: the same proposer with no batch-size limit.
-        "ngram_no_step_backoff": LLMEngine.from_pretrained(
-            path, speculative={"method": "ngram", "max_batch_size": 1024}
-        ),
-    }
+    path = ensure_checkpoint(CHECKPOINT, "mini")
+    engines = {"off": LLMEngine.from_pretrained(path), **engines_for(args.method, path)}
+    spec_name = args.method
+    spec_config = engines[spec_name].engine_config.speculative
+    assert spec_config is not None
     for engine in engines.values():  # untimed warm-up
         run_batch(engine, workload("input-grounded", 2, 8, 0))
     rows = []
     for kind in ("input-grounded", "open-ended"):
-        for batch in BATCH_SIZES:
-            names = ["off", "ngram"] + (["ngram_no_step_backoff"] if batch > 1 else [])
+        for batch in args.batch_sizes:
+            names = [n for n in engines if batch > 1 or n != "ngram_no_step_backoff"]
             per_round: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
             for name in names:  # untimed: first-use allocations for this workload's shapes
                 run_batch(engines[name], workload(kind, batch, args.max_tokens, args.rounds))
@@ -160,21 +190,45 @@ def main() -> None:
             row = {
                 "workload": kind,
                 "batch": batch,
-                "speedup_decode_tok_s": median_ratio(per_round, "ngram"),
-                "speedups_per_round": ratios(per_round, "ngram"),
-                "speedup_without_step_backoff": median_ratio(per_round, "ngram_no_step_backoff"),
-                "goal": GOALS.get((kind, batch)),
+                "method": spec_name,
+                "speedup_decode_tok_s": median_ratio(per_round, spec_name),
+                "speedups_per_round": ratios(per_round, spec_name),
+                "goal": GOALS.get((kind, batch)) if spec_name == "ngram" else None,
+                **{
+                    f"speedup_{name}": median_ratio(per_round, name)
+                    for name in names
+                    if name not in ("off", spec_name)
+                },
                 **{
                     f"{name}_{key}": statistics.median(run[key] for run in runs)
                     for name, runs in per_round.items()
                     for key in runs[0]
                 },
             }
+            if spec_name == "draft":
+                k = spec_config.num_speculative_tokens
+                # Modelled: a draft step's cost from the draft model's own speed, verification as
+                # one plain step. Measured: a drafting step's cost in plain steps, from what it
+                # achieved (tokens per verification / speed-up).
+                cost_ratio = row["off_decode_tok_s"] / row["draft_model_alone_decode_tok_s"]
+                row["draft_step_cost_ratio"] = cost_ratio
+                row["break_even_acceptance"] = break_even_acceptance(1 + k * cost_ratio, k)
+                row["break_even_acceptance_k1"] = break_even_acceptance(1 + cost_ratio, 1)
+                for name, n in (("draft", k), ("draft_k1", 1)):
+                    speedup, length = (
+                        row["speedup_decode_tok_s" if name == "draft" else "speedup_draft_k1"],
+                        row[f"{name}_mean_acceptance_length"],
+                    )
+                    cost = length / speedup if speedup and length else None
+                    row[f"{name}_step_cost_measured"] = cost
+                    row[f"{name}_break_even_acceptance_measured"] = (
+                        break_even_acceptance(cost, n) if cost else None
+                    )
             rows.append(row)
             print(
                 f"{kind:15s} batch {batch:2d}: {row['speedup_decode_tok_s']:.2f}x  ({row['off_decode_tok_s']:.1f} -> "
-                f"{row['ngram_decode_tok_s']:.1f} tok/s, acceptance {row['ngram_acceptance_rate']:.2f}, "
-                f"mean length {row['ngram_mean_acceptance_length']:.2f})",
+                f"{row[spec_name + '_decode_tok_s']:.1f} tok/s, acceptance {row[spec_name + '_acceptance_rate']:.2f}, "
+                f"mean length {row[spec_name + '_mean_acceptance_length']:.2f})",
                 flush=True,
             )
     report = {
@@ -185,18 +239,32 @@ def main() -> None:
             "load_avg": os.getloadavg(),
         },
         "checkpoint": "llama mini, trained (regional_node.checkpoints --train)",
+        "draft_checkpoint": "llama tiny, trained (the `make up` pair)" if spec_name == "draft" else None,
         "rounds": args.rounds,
         "max_tokens": args.max_tokens,
-        "speculative": {
-            "method": "ngram",
-            **{k: v for k, v in vars(engines["ngram"].engine_config.speculative).items()},
-        },
+        "speculative": {"method": spec_name, **vars(spec_config)},
         "rows": rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print_table(rows)
-    plot(rows, args.out.with_suffix(".png"))
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(report, indent=2) + "\n")
+    print_table(rows, spec_name)
+    plot(rows, out_path.with_suffix(".png"), spec_name)
+
+
+def break_even_acceptance(step_cost: float, k: int) -> float:
+    """The per-token acceptance rate a at which drafting k tokens breaks even (Leviathan et al.
+    2023): a verification yields 1 + a + ... + a^k tokens for `step_cost` plain decode steps
+    (k draft steps plus the verification). NaN: no rate pays (a cost of k + 1 steps or more)."""
+    if step_cost >= k + 1:
+        return float("nan")
+    low, high = 0.0, 1.0
+    for _ in range(60):  # bisection: the expected length grows with a
+        mid = (low + high) / 2
+        if sum(mid**i for i in range(k + 1)) < step_cost:
+            low = mid
+        else:
+            high = mid
+    return low
 
 
 def ratios(per_round: dict[str, list[dict[str, Any]]], name: str) -> list[float]:
@@ -212,24 +280,39 @@ def median_ratio(per_round: dict[str, list[dict[str, Any]]], name: str) -> float
     return statistics.median(values) if values else None
 
 
-def print_table(rows: list[dict[str, Any]]) -> None:
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def print_table(rows: list[dict[str, Any]], name: str) -> None:
     head = (
         "workload",
         "batch",
         "speed-up",
         "goal",
-        "without step back-off",
+        "other variant",
         "off tok/s",
-        "ngram tok/s",
+        f"{name} tok/s",
         "accept",
         "mean len",
-        "TTFT off/ngram ms",
-        "ITL p50 off/ngram",
-        "ITL p99 off/ngram",
+        f"TTFT off/{name} ms",
+        f"ITL p50 off/{name}",
+        f"ITL p99 off/{name}",
     )
     print(" | ".join(head))
     for r in rows:
         goal = f">= {r['goal']}" if r["goal"] else ""
+        other = ""
+        if r.get("speedup_ngram_no_step_backoff"):
+            other = f"no step back-off {r['speedup_ngram_no_step_backoff']:.2f}x"
+        elif r.get("speedup_draft_model_alone"):
+            other = (
+                f"k=1 {r['speedup_draft_k1']:.2f}x (accept {r['draft_k1_acceptance_rate']:.2f}); "
+                f"draft model alone {r['speedup_draft_model_alone']:.2f}x; break-even acceptance "
+                f"modelled {r['break_even_acceptance']:.2f} (k=1 {r['break_even_acceptance_k1']:.2f}), "
+                f"measured {_fmt(r['draft_break_even_acceptance_measured'])} "
+                f"(k=1 {_fmt(r['draft_k1_break_even_acceptance_measured'])})"
+            )
         print(
             " | ".join(
                 [
@@ -237,20 +320,20 @@ def print_table(rows: list[dict[str, Any]]) -> None:
                     str(r["batch"]),
                     f"{r['speedup_decode_tok_s']:.2f}x",
                     goal,
-                    f"{r['speedup_without_step_backoff']:.2f}x" if r["speedup_without_step_backoff"] else "",
+                    other,
                     f"{r['off_decode_tok_s']:.1f}",
-                    f"{r['ngram_decode_tok_s']:.1f}",
-                    f"{r['ngram_acceptance_rate']:.2f}",
-                    f"{r['ngram_mean_acceptance_length']:.2f}",
-                    f"{r['off_ttft_p50_ms']:.0f}/{r['ngram_ttft_p50_ms']:.0f}",
-                    f"{r['off_itl_p50_ms']:.1f}/{r['ngram_itl_p50_ms']:.1f}",
-                    f"{r['off_itl_p99_ms']:.1f}/{r['ngram_itl_p99_ms']:.1f}",
+                    f"{r[name + '_decode_tok_s']:.1f}",
+                    f"{r[name + '_acceptance_rate']:.2f}",
+                    f"{r[name + '_mean_acceptance_length']:.2f}",
+                    f"{r['off_ttft_p50_ms']:.0f}/{r[name + '_ttft_p50_ms']:.0f}",
+                    f"{r['off_itl_p50_ms']:.1f}/{r[name + '_itl_p50_ms']:.1f}",
+                    f"{r['off_itl_p99_ms']:.1f}/{r[name + '_itl_p99_ms']:.1f}",
                 ]
             )
         )
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
+def plot(rows: list[dict[str, Any]], path: Path, name: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -263,8 +346,12 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch size")
-    ax.set_ylabel("decode tok/s, ngram / off")
-    ax.set_title("Prompt-lookup speculative decoding (CPU)")
+    ax.set_ylabel(f"decode tok/s, {name} / off")
+    ax.set_title(
+        "Prompt-lookup speculative decoding (CPU)"
+        if name == "ngram"
+        else "Draft-model speculative decoding (CPU)"
+    )
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)

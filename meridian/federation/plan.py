@@ -32,6 +32,13 @@ class ModelSpec:
 # Sizes that keep a two-node federation responsive on a 2-core laptop and train, side by side,
 # in about a minute on two idle cores (regional_node/checkpoints/README.md, "Training"): "tiny"
 # (0.35M parameters) and "mini" (1.3M, four layers), which reaches a lower held-out loss.
+# The two share a tokenizer (regional_node.checkpoints trains one from the corpus for every size),
+# so meridian-small could draft for meridian-large (`speculative: {method: draft, draft_model:
+# meridian-small}` under the large model's `engine:` in a node config; regional_node/engine/README.md,
+# "Draft model"). It is not wired here on purpose: on CPU a `tiny` step costs a third to two
+# thirds of a `mini` step and the trained pair agrees on 20-45% of drafted tokens, far below the
+# break-even acceptance (~0.85 at k=4), so drafting made meridian-large decode slower (0.5-0.74x
+# at batch 1-4, benchmarks/results/speculative-draft.json).
 MODELS = (
     ModelSpec("meridian-small", "small", "tiny", train_steps=300),
     ModelSpec("meridian-large", "large", "mini", train_steps=200),

@@ -138,7 +138,7 @@ def _ids(value: Any) -> tuple[int, ...]:
     return (int(value),)
 
 
-SPECULATIVE_METHODS = ("ngram",)
+SPECULATIVE_METHODS = ("ngram", "draft")
 
 
 @dataclass(frozen=True)
@@ -146,7 +146,9 @@ class SpeculativeConfig:
     """Speculative decoding (`speculative:` under a model's engine options; see speculative/).
 
     `ngram` proposes the continuation of the longest n-gram (prompt_lookup_min..max tokens) that
-    ends the sequence and occurred earlier in its prompt or output. The back-off rules (measured
+    ends the sequence and occurred earlier in its prompt or output. `draft` runs `draft_model`, a
+    smaller checkpoint with the target's vocabulary (checked when it loads), for
+    `num_speculative_tokens` autoregressive steps with its own paged KV cache. The back-off rules (measured
     on CPU, see regional_node/engine/README.md, "Speculative decoding"): no speculation in a step
     with more than `max_batch_size` decoding sequences (decode stops being memory-bound, and a
     verify pass costs more than the tokens it saves), and a sequence whose recent drafts were
@@ -157,16 +159,24 @@ class SpeculativeConfig:
     num_speculative_tokens: int = 4
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
-    # The draft checkpoint (method "draft"): not implemented yet, refused at load.
+    # The draft checkpoint's folder (method "draft" only). A node config may name another of its
+    # served models instead; the node resolves that to the model's folder.
     draft_model: str | None = None
     max_batch_size: int = 8
     min_acceptance_rate: float = 0.25
 
     def __post_init__(self) -> None:
         if self.method not in SPECULATIVE_METHODS:
-            hint = " (the draft-model proposer is not implemented yet)" if self.method == "draft" else ""
             raise EngineConfigError(
-                f"speculative.method must be one of {', '.join(SPECULATIVE_METHODS)}, got {self.method!r}{hint}"
+                f"speculative.method must be one of {', '.join(SPECULATIVE_METHODS)}, got {self.method!r}"
+            )
+        if self.method == "draft" and (not isinstance(self.draft_model, str) or not self.draft_model):
+            raise EngineConfigError(
+                "speculative.method draft needs speculative.draft_model (a checkpoint folder)"
+            )
+        if self.method != "draft" and self.draft_model is not None:
+            raise EngineConfigError(
+                f"speculative.draft_model is only used with method draft, not {self.method!r}"
             )
         for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "max_batch_size"):
             value = getattr(self, name)

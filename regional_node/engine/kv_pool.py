@@ -29,16 +29,28 @@ def available_memory_bytes(device: torch.device) -> int:
 
 
 def plan_num_kv_blocks(
-    config: EngineConfig, model: ModelConfig, *, max_model_len: int, dtype: torch.dtype, device: torch.device
+    config: EngineConfig,
+    model: ModelConfig,
+    *,
+    max_model_len: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    draft: ModelConfig | None = None,
 ) -> int:
+    """`draft`: a draft model (speculative decoding) whose pool has as many blocks as the target's:
+    a block then costs both models' bytes."""
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
-    per_block = kv_cache_bytes_per_block(
-        num_layers=model.num_layers,
-        block_size=config.block_size,
-        num_kv_heads=model.num_kv_heads,
-        head_dim=model.head_dim,
-        dtype=dtype,
+    per_block = sum(
+        kv_cache_bytes_per_block(
+            num_layers=m.num_layers,
+            block_size=config.block_size,
+            num_kv_heads=m.num_kv_heads,
+            head_dim=m.head_dim,
+            dtype=dtype,
+        )
+        for m in (model, draft)
+        if m is not None
     )
     if config.kv_cache_memory_bytes is not None:
         budget = config.kv_cache_memory_bytes

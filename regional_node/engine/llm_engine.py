@@ -11,6 +11,8 @@ from collections.abc import Sequence as SequenceOf
 from pathlib import Path
 from typing import Any, Protocol
 
+import torch
+
 from regional_node.engine.block_manager import BlockManager
 from regional_node.engine.config import EngineConfig, ModelConfig
 from regional_node.engine.drain import DrainMeter
@@ -23,7 +25,10 @@ from regional_node.engine.outputs import RequestDelta, RequestOutput
 from regional_node.engine.request_intake import RequestIntake
 from regional_node.engine.sampling_params import SamplingParams
 from regional_node.engine.scheduler import ScheduledChunk, Scheduler
+from regional_node.engine.sequence import Sequence
+from regional_node.engine.speculative.draft import DraftProposer
 from regional_node.engine.speculative.policy import SpeculationPolicy
+from regional_node.engine.speculative.proposal import Proposal
 from regional_node.engine.tokenizer import Tokenizer
 
 
@@ -42,7 +47,10 @@ class LLMEngine:
         max_model_len: int,
         tokenizer: Tokenizer | None,
         eos_token_ids: tuple[int, ...],
+        draft_runner: ModelRunner | None = None,
     ) -> None:
+        """`draft_runner`: the draft model (speculative method `draft`), with a KV pool of
+        `num_kv_blocks` blocks of its own."""
         self.model_config = model_config
         self.engine_config = engine_config
         self.runner = runner
@@ -68,7 +76,18 @@ class LLMEngine:
             device=runner.device,
         )
         spec = engine_config.speculative
-        self.speculation = SpeculationPolicy(spec) if spec is not None else None
+        self.speculation = None
+        if spec is not None:
+            draft = None
+            if draft_runner is not None:
+                draft = DraftProposer(
+                    draft_runner,
+                    num_blocks=num_kv_blocks,
+                    block_size=engine_config.block_size,
+                    enable_prefix_caching=engine_config.enable_prefix_caching,
+                    max_num_batched_tokens=engine_config.max_num_batched_tokens,
+                )
+            self.speculation = SpeculationPolicy(spec, draft)
         self._requests: dict[str, RequestState] = {}
         # Abort notices, and requests their continuation tokens already ended: handed out by the
         # next step().
@@ -178,11 +197,18 @@ class LLMEngine:
     # -- one iteration --------------------------------------------------------------------------
     def step(self) -> list[RequestDelta]:
         started = time.monotonic()
-        proposals = None
+        proposals: dict[Sequence, Proposal] = {}
         if self.speculation is not None:
-            allowed = {rid for rid, state in self._requests.items() if state.params.speculative}
+            allowed = {
+                rid: (state.params, state.generator)
+                for rid, state in self._requests.items()
+                if state.params.speculative
+            }
             proposals = self.speculation.propose(self.scheduler.running, allowed)
-        out = self.scheduler.schedule(proposals) if proposals else self.scheduler.schedule()
+        if proposals:
+            out = self.scheduler.schedule({seq: p.token_ids for seq, p in proposals.items()})
+        else:
+            out = self.scheduler.schedule()
         if not out.chunks:
             deltas, self._pending = self._pending, []
             return deltas
@@ -192,15 +218,24 @@ class LLMEngine:
             state = self._requests[chunk.seq.request_id]
             state.mark_scheduled(now)
             sampling.append((state.params, state.generator) if chunk.completes else None)
+        draft_probs = None
+        if any(p.probs is not None for p in proposals.values()):
+            # The proposals' q rows, cut to the proposals the scheduler kept.
+            draft_probs = [_kept_probs(proposals.get(chunk.seq), chunk) for chunk in out.chunks]
         try:
-            results = self.runner.execute(out.chunks, sampling)
+            results = self.runner.execute(out.chunks, sampling, draft_probs)
         except Exception as exc:
+            if self.speculation is not None:
+                # Nothing was verified: the draft cache forgets every proposal (and what preemption freed).
+                self.speculation.step_done(out, [0] * len(out.chunks))
             failed = [chunk.seq.request_id for chunk in out.chunks]
             for request_id in failed:
                 self._finish(self._requests[request_id])
             raise StepFailedError(f"model step failed: {exc!r}", failed) from exc
         num_accepted = [len(r) - 1 if r is not None else 0 for r in results]
         self.scheduler.step_done(out, num_accepted)
+        if self.speculation is not None:
+            self.speculation.step_done(out, num_accepted)
         ended = time.monotonic()
         deltas: list[RequestDelta] = []
         finished = 0
@@ -336,3 +371,9 @@ class LLMEngine:
             if state is not None and state.arrival_time < oldest.get(seq.priority, float("inf")):
                 oldest[seq.priority] = state.arrival_time
         return oldest
+
+
+def _kept_probs(proposal: Proposal | None, chunk: ScheduledChunk) -> torch.Tensor | None:
+    if proposal is None or proposal.probs is None or not chunk.draft_token_ids:
+        return None
+    return proposal.probs[: len(chunk.draft_token_ids)]

@@ -49,12 +49,44 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(
-        self, chunks: list[ScheduledChunk], sampling: list[SamplingRequest | None]
+        self,
+        chunks: list[ScheduledChunk],
+        sampling: list[SamplingRequest | None],
+        draft_probs: list[torch.Tensor | None] | None = None,
     ) -> list[list[TokenWithLogprob] | None]:
         """Computes every chunk; for chunks with a SamplingRequest returns the new tokens with their
         logprobs (one, or for a speculating chunk its accepted proposals and the target's token
-        after them), else None."""
+        after them), else None. `draft_probs[i]`: the draft model's distributions q that chunk i's
+        proposals were sampled from, one row per proposal (None: point masses, as n-gram ones)."""
         step = flatten_step(chunks, sampling, self.block_size)
+        logits = self._logits(step)
+        results: list[list[TokenWithLogprob] | None] = [None] * len(chunks)
+        if step.sampled:
+            requests = [sampling[i] for i in step.sampled]
+            rows = logits[: len(step.sampled)] if step.verified else logits
+            tokens, logprobs = sample(rows, [r[0] for r in requests if r], [r[1] for r in requests if r])
+            for i, token, logprob in zip(step.sampled, tokens, logprobs, strict=True):
+                results[i] = [(token, logprob)]
+        if step.verified:
+            runs = []
+            for i, first_row in step.verified:
+                params, generator = sampling[i]  # type: ignore[misc]
+                probs = draft_probs[i] if draft_probs is not None else None
+                runs.append(VerifyRun(first_row, chunks[i].draft_token_ids, params, generator, probs))
+            for (i, _), emitted in zip(step.verified, verify(logits, runs), strict=True):
+                results[i] = emitted
+        return results
+
+    @torch.inference_mode()
+    def last_logits(self, chunks: list[ScheduledChunk], wanted: list[SamplingRequest | None]) -> torch.Tensor:
+        """Computes every chunk; returns the logits after the last token of each chunk whose
+        `wanted` entry is not None, one row per such chunk in chunk order (the draft model's step)."""
+        step = flatten_step(chunks, wanted, self.block_size)
+        logits = self._logits(step)
+        order = sorted(range(len(step.sampled)), key=lambda row: step.sampled[row])
+        return logits[order]
+
+    def _logits(self, step: FlatStep) -> torch.Tensor:
         logits = None
         if self.decode_graphs is not None and not step.layout.prefills:
             logits = self.decode_graphs.run(step.input_ids, step.positions, step.layout)
@@ -70,21 +102,7 @@ class ModelRunner:
                 self.backend.prepare(step.layout, self.block_size, device),
                 torch.tensor(step.logits_rows, dtype=torch.long, device=device),
             )
-        results: list[list[TokenWithLogprob] | None] = [None] * len(chunks)
-        if step.sampled:
-            requests = [sampling[i] for i in step.sampled]
-            rows = logits[: len(step.sampled)] if step.verified else logits
-            tokens, logprobs = sample(rows, [r[0] for r in requests if r], [r[1] for r in requests if r])
-            for i, token, logprob in zip(step.sampled, tokens, logprobs, strict=True):
-                results[i] = [(token, logprob)]
-        if step.verified:
-            runs = []
-            for i, first_row in step.verified:
-                params, generator = sampling[i]  # type: ignore[misc]
-                runs.append(VerifyRun(first_row, chunks[i].draft_token_ids, params, generator))
-            for (i, _), emitted in zip(step.verified, verify(logits, runs), strict=True):
-                results[i] = emitted
-        return results
+        return logits
 
 
 @dataclass

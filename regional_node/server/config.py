@@ -51,8 +51,11 @@ class SpeculativeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
     """Speculative decoding for one model (regional_node/engine/README.md, "Speculative decoding");
     with `engine: vllm` the same keys become vLLM's `speculative_config`."""
 
-    method: Literal["ngram"] = "ngram"
+    method: Literal["ngram", "draft"] = "ngram"
     num_speculative_tokens: PositiveInt = 4
+    # method draft: the draft checkpoint's folder, or the name of another model this node serves
+    # (validate_config puts that model's folder here). Ours only: vLLM's draft models are not wired.
+    draft_model: str | None = None
     prompt_lookup_min: PositiveInt = 2
     prompt_lookup_max: PositiveInt = 4
     # Our engine's back-off (vLLM has its own rules): no speculation in a step with more decoding
@@ -84,7 +87,10 @@ class EngineSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         kwargs = msgspec.structs.asdict(self)
         options = kwargs.pop("options")
         if self.speculative is not None:
-            kwargs["speculative"] = msgspec.structs.asdict(self.speculative)
+            spec = msgspec.structs.asdict(self.speculative)
+            if spec["draft_model"] is None:
+                del spec["draft_model"]  # the n-gram method's options stay as they were
+            kwargs["speculative"] = spec
         return {**options, **{key: value for key, value in kwargs.items() if value is not None}}
 
 
@@ -231,6 +237,7 @@ def load_config(path: Path) -> NodeConfig:
         msgspec.structs.replace(
             model,
             path=str(_resolve(path.parent, model.path)),
+            engine=_resolve_draft_path(path.parent, model, {m.name for m in config.models}),
             probes=msgspec.structs.replace(
                 model.probes,
                 golden=str(_resolve(path.parent, model.probes.golden)) if model.probes.golden else None,
@@ -239,6 +246,16 @@ def load_config(path: Path) -> NodeConfig:
         for model in config.models
     ]
     return msgspec.structs.replace(config, models=models)
+
+
+def _resolve_draft_path(base: Path, model: ServedModelConfig, served: set[str]) -> EngineSettings:
+    """A draft_model given as a relative folder resolves against the config's folder, as paths do
+    (a served model's name is left for validate_config)."""
+    spec = model.engine.speculative
+    if spec is None or spec.draft_model is None or spec.draft_model in served:
+        return model.engine
+    draft = str(_resolve(base, spec.draft_model))
+    return msgspec.structs.replace(model.engine, speculative=msgspec.structs.replace(spec, draft_model=draft))
 
 
 def convert_config(raw: Any, *, source: str) -> NodeConfig:
@@ -273,7 +290,40 @@ def validate_config(config: NodeConfig, *, source: str) -> NodeConfig:
                 f"{source}: models[{index}].probes.golden: {model.probes.golden!r} does not exist; "
                 f"write it with `meridian model certify {model.path}`"
             )
-    return config
+    models = [
+        _resolve_draft(config, index, model, source=source) for index, model in enumerate(config.models)
+    ]
+    return msgspec.structs.replace(config, models=models)
+
+
+def _resolve_draft(
+    config: NodeConfig, index: int, model: ServedModelConfig, *, source: str
+) -> ServedModelConfig:
+    """A draft-model speculative config with its draft's folder: a served model's name becomes
+    that model's path. The vocabulary check happens when the engine loads both."""
+    spec = model.engine.speculative
+    if spec is None or spec.method != "draft":
+        if spec is not None and spec.draft_model is not None:
+            raise ConfigError(
+                f"{source}: models[{index}].engine.speculative.draft_model: only used with method draft"
+            )
+        return model
+    where = f"{source}: models[{index}].engine.speculative"
+    if config.engine == "vllm":
+        raise ConfigError(f"{where}.method: draft runs on our engine only (engine: meridian); use ngram")
+    served = {m.name: m.path for m in config.models}
+    draft = served.get(spec.draft_model or "", spec.draft_model)
+    if draft is None or not (Path(draft) / "config.json").is_file():
+        raise ConfigError(
+            f"{where}.draft_model: {spec.draft_model!r} is neither a model this node serves "
+            f"({', '.join(served)}) nor a checkpoint folder"
+        )
+    if draft == model.path:
+        raise ConfigError(f"{where}.draft_model: a model cannot draft for itself")
+    engine = msgspec.structs.replace(
+        model.engine, speculative=msgspec.structs.replace(spec, draft_model=draft)
+    )
+    return msgspec.structs.replace(model, engine=engine)
 
 
 def _check_cpu(cpu: CpuSettings, available: frozenset[int], *, source: str) -> None:

@@ -247,7 +247,8 @@ def test_ngram_proposes_what_followed_the_longest_recent_match() -> None:
 
 def test_bad_speculative_options_are_refused_at_load(local_dir: Path) -> None:
     for bad, words in (
-        ({"method": "draft"}, "not implemented"),
+        ({"method": "draft"}, "needs speculative.draft_model"),
+        ({"draft_model": "/models/x"}, "only used with method draft"),
         ({"prompt_lookup_min": 5, "prompt_lookup_max": 2}, "prompt_lookup_min"),
         ({"num_speculative_tokens": 0}, "num_speculative_tokens"),
         ({"lookahead": 3}, "unknown speculative option"),

@@ -63,7 +63,7 @@ def test_without_speculative_nothing_is_passed(tmp_path: Path) -> None:
     assert "speculative_config" not in engine_args("ckpt", settings)
 
 
-@pytest.mark.parametrize("bad", ["method: draft", "num_speculative_tokens: 0", "lookahead: 2"])
+@pytest.mark.parametrize("bad", ["method: eagle", "num_speculative_tokens: 0", "lookahead: 2"])
 def test_a_bad_speculative_config_is_refused_naming_the_field(tmp_path: Path, bad: str) -> None:
     text = YAML.replace("num_speculative_tokens: 3, prompt_lookup_max: 5", bad)
     with pytest.raises(ConfigError, match="speculative"):

@@ -14,11 +14,16 @@ Two back-off rules (README, "Speculative decoding", has the measurements behind 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from regional_node.engine.config import SpeculativeConfig
+from regional_node.engine.model_runner import SamplingRequest
+from regional_node.engine.scheduler import SchedulerOutput
 from regional_node.engine.sequence import Sequence
+from regional_node.engine.speculative.draft import DraftProposer, DraftRequest
 from regional_node.engine.speculative.ngram import propose_ngram
+from regional_node.engine.speculative.proposal import Proposal
 
 # Recent verifications a sequence's acceptance is judged on, and the proposed tokens they must
 # hold before it is judged at all (a few unlucky proposals are no evidence).
@@ -57,33 +62,55 @@ class SpecDecodeStats:
 
 
 class SpeculationPolicy:
-    def __init__(self, config: SpeculativeConfig) -> None:
+    """Decides which sequences speculate, asks the configured proposer (n-gram lookup, or the
+    draft model when `draft` is given) for their proposals, and keeps the counters."""
+
+    def __init__(self, config: SpeculativeConfig, draft: DraftProposer | None = None) -> None:
+        assert (draft is not None) == (config.method == "draft")
         self.config = config
+        self.draft = draft
         self.stats = SpecDecodeStats(num_accepted_tokens_per_pos=[0] * config.num_speculative_tokens)
         self._sequences: dict[str, SequenceSpeculation] = {}
 
-    def propose(self, running: list[Sequence], allowed: set[str]) -> dict[Sequence, list[int]]:
-        """Proposals for the running sequences that decode next step; `allowed` holds the request
-        ids that permit speculation (the others opted out)."""
+    def propose(
+        self, running: list[Sequence], allowed: Mapping[str, SamplingRequest]
+    ) -> dict[Sequence, Proposal]:
+        """Proposals for the running sequences that decode next step; `allowed` holds how the
+        requests that permit speculation sample, by request id (the others opted out)."""
         config = self.config
         decoding = [s for s in running if s.num_uncomputed_tokens == 1]
         if len(decoding) > config.max_batch_size:
             return {}
         proposals = {}
+        drafting = []
         for seq in decoding:
-            if seq.request_id not in allowed:
+            sampling = allowed.get(seq.request_id)
+            if sampling is None:
                 continue
             state = self._sequences.setdefault(seq.request_id, SequenceSpeculation())
             if seq.num_output_tokens < state.resume_at:
                 continue
             # Never propose past max_tokens: the verification emits up to k + 1 tokens.
             k = min(config.num_speculative_tokens, seq.max_tokens - seq.num_output_tokens - 1)
+            if k < 1:
+                continue
+            if self.draft is not None:
+                drafting.append(DraftRequest(seq, k, sampling))
+                continue
             drafts = propose_ngram(
                 seq.token_ids, k=k, min_n=config.prompt_lookup_min, max_n=config.prompt_lookup_max
             )
             if drafts:
-                proposals[seq] = drafts
+                proposals[seq] = Proposal(drafts)
+        if drafting:
+            assert self.draft is not None
+            proposals.update(self.draft.propose(drafting))
         return proposals
+
+    def step_done(self, out: SchedulerOutput, num_accepted: list[int]) -> None:
+        """After the target's step: the draft cache follows the verifications and preemptions."""
+        if self.draft is not None:
+            self.draft.step_done(out, num_accepted)
 
     def record(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
         """A verification's outcome, before its tokens are appended."""
@@ -103,4 +130,7 @@ class SpeculationPolicy:
             state.recent.clear()
 
     def forget(self, request_id: str) -> None:
+        """The request finished or was aborted: drop its state and free its draft blocks."""
         self._sequences.pop(request_id, None)
+        if self.draft is not None:
+            self.draft.release(request_id)

@@ -8,11 +8,13 @@ tokens.
 
 - Greedy: accept d_i while it is the target's argmax; the token at the first mismatch is the
   argmax. The tokens are exactly greedy decoding's.
-- Sampling: standard speculative rejection sampling (Leviathan et al. 2023; Chen et al. 2023). An
-  n-gram proposal is a point mass q = 1 at d_i, so d_i is accepted with probability p(d_i) (one
-  uniform draw from the request's generator) and, on rejection, the token is drawn from p with d_i
-  removed, renormalised: max(0, p - q) normalised. Each emitted token is then distributed exactly
-  as the target's p (temperature, top-k and top-p applied), whatever was proposed.
+- Sampling: standard speculative rejection sampling (Leviathan et al. 2023; Chen et al. 2023):
+  d_i, drawn from the proposer's distribution q, is accepted with probability min(1, p(d_i) /
+  q(d_i)) (one uniform draw from the request's generator); on rejection the token is drawn from
+  the residual max(0, p - q), renormalised. Each emitted token is then distributed exactly as the
+  target's p (temperature, top-k and top-p applied), whatever q is. A draft model gives q as a
+  full distribution per proposal; an n-gram proposal is a point mass q = 1 at d_i, so it is
+  accepted with probability p(d_i) and the residual is p with d_i removed (no q rows are built).
 - Logprobs are always the target's: log p of each emitted token, as the sampler reports them.
 """
 
@@ -36,6 +38,9 @@ class VerifyRun:
     draft_token_ids: list[int]
     params: SamplingParams
     generator: torch.Generator | None
+    # The proposer's distributions, one row per proposal (q of draft_token_ids[i] is row i); None:
+    # point masses at the proposals.
+    draft_probs: torch.Tensor | None = None
 
 
 def verify(logits: torch.Tensor, runs: list[VerifyRun]) -> list[list[TokenWithLogprob]]:
@@ -80,14 +85,23 @@ def _verify_greedy(targets: list[int], run: VerifyRun) -> list[int]:
 
 def _verify_sampled(logprobs: torch.Tensor, run: VerifyRun) -> list[int]:
     device = logprobs.device
+    q = run.draft_probs
     tokens = []
     for i, proposed in enumerate(run.draft_token_ids):
         probs = logprobs[run.first_row + i].exp()
-        if torch.rand((), generator=run.generator, device=device) < probs[proposed]:
+        # Accept with probability min(1, p/q), compared as u * q < p (no division by a tiny q).
+        q_proposed = 1.0 if q is None else q[i, proposed].to(probs.dtype)
+        uniform = torch.rand((), generator=run.generator, device=device)
+        if uniform * q_proposed < probs[proposed]:
             tokens.append(proposed)
             continue
-        residual = probs.clone()
-        residual[proposed] = 0.0
+        if q is None:
+            residual = probs.clone()
+            residual[proposed] = 0.0
+        else:
+            residual = (probs - q[i].to(device=device, dtype=probs.dtype)).clamp_(min=0.0)
+            if not residual.sum() > 0:  # p == q up to rounding: a rejection had probability ~0
+                residual = probs
         tokens.append(inverse_cdf(residual, torch.rand((), generator=run.generator, device=device)))
         return tokens
     bonus = logprobs[run.first_row + len(run.draft_token_ids)].exp()

@@ -34,3 +34,22 @@ def test_speculating_on_triton_gives_transformers_tokens(local_dir: Path, graph_
         assert result.output_token_ids == hf_greedy(local_dir, prompt, GREEDY.max_tokens)
     assert engine.stats()["spec_decode_num_accepted_tokens"] > 0
     assert engine.stats()["kv_blocks_used"] == 0
+
+
+@pytest.mark.slow
+def test_a_draft_model_on_triton_gives_transformers_tokens(local_dir: Path, tmp_path: Path) -> None:
+    """The draft's catch-up chunks and decode rounds, and the target's verification, all on the
+    triton backend (the draft: the target's weights with attention damped further)."""
+    draft = _damp_attention(write_checkpoint(tmp_path / "draft", arch="llama"), 0.01)
+    spec = {"method": "draft", "draft_model": str(draft), "num_speculative_tokens": 3, "max_batch_size": 64}
+    engine = LLMEngine.from_pretrained(
+        local_dir, attention_backend="triton", block_size=8, speculative={**spec, "min_acceptance_rate": 0.0}
+    )
+    prompts = random_prompts([5, 20, 12], seed=2)
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    for prompt, result in zip(prompts, engine.generate(prompts, params), strict=True):
+        assert result.output_token_ids == hf_greedy(local_dir, prompt, params.max_tokens)
+    assert engine.stats()["spec_decode_num_accepted_tokens"] > 0
+    assert engine.stats()["kv_blocks_used"] == 0
+    assert engine.speculation is not None and engine.speculation.draft is not None
+    assert engine.speculation.draft.blocks.num_used_blocks == 0
