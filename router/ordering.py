@@ -23,7 +23,7 @@ import itertools
 from collections.abc import Iterable, Sequence
 
 from router.affinity import rendezvous_weight
-from router.cost import Demand, NodeCost, cost_band, fallback_prefill_s, node_cost
+from router.cost import Demand, NodeCost, Sized, cost_band, fallback_prefill_s, node_cost, sized
 from router.load import load_facts
 from router.params import RoutingParams
 from router.rollout import node_version
@@ -60,24 +60,23 @@ def order_nodes(
     affinity_key: str,
     params: RoutingParams,
     demand: Demand = Demand(),
+    size: Sized | None = None,
     reason_prefix: str = "",
 ) -> tuple[Target, ...]:
-    """`nodes` as Targets for `model`, in the documented order, each with its reason.
+    """`nodes` as Targets for `model`, in the documented order, each with its reason. `size`:
+    the demand already sized over these nodes (router.cost.sized), else it is sized here.
 
     This runs on every request over every admitted node (64 and more), so each node's facts are
     computed once, and rendezvous weights (a hash each) only for nodes that tie on the rest."""
-    names = demand.names(model)
+    if size is None:
+        size = sized(demand, model, [n.load for n in nodes])
+    # Equal costs rank by the prefix most of the prompt shares (router.cost.Demand.anchor): the
+    # same for every request of a tenant's system prompt or a chat's opening, on every replica.
+    affinity_key = demand.anchor(model) or affinity_key
     measured = all(_measured(n, model) for n in nodes)
     fallback = params.prefill_s_per_token if measured else fallback_prefill_s(nodes, model, params)
     costs = [
-        node_cost(
-            n,
-            model=model,
-            tier=demand.tier,
-            prompt_tokens=demand.prompt_tokens,
-            names=names,
-            fallback_s_per_token=fallback,
-        )
+        node_cost(n, model=model, tier=demand.tier, request=size, fallback_s_per_token=fallback)
         for n in nodes
     ]
     # Equal to the cheapest: within cost_ratio of it (or one quantum). Relative to the cheapest

@@ -114,16 +114,22 @@ def _ahead(queue: ModelQueue | None, tier: TrafficTier) -> _Node:
     return _Node(engine, reported, bounded=bound is not None and queued_for_tier >= bound)
 
 
-def node_first_token_s(queue: ModelQueue | None, tier: TrafficTier, prompt_tokens: int) -> float:
-    """One node's estimate for a new request of `prompt_tokens` from its report alone (routing
-    ranks nodes by it, router/cost.py); math.inf when the tier's queue is at its bound."""
+def node_first_token_s(
+    queue: ModelQueue | None, tier: TrafficTier, prompt_tokens: int, *, ahead: Sequence[int] = ()
+) -> float:
+    """One node's estimate for a new request of `prompt_tokens` from its report (routing ranks
+    nodes by it, router/cost.py), with `ahead`: the prompt tokens of requests sent to the node
+    since its report was asked, queued in front; math.inf when the tier's queue is at its bound."""
     if queue is None:
-        return _ahead(None, tier).estimate(prompt_tokens)
-    # Routing asks this of every node for every request; the queue ahead is the report's alone.
-    ahead = queue.derived.get(tier)
-    if ahead is None:
-        ahead = queue.derived[tier] = _ahead(queue, tier)
-    return ahead.estimate(prompt_tokens)
+        node = _ahead(None, tier)
+    else:
+        # Routing asks this of every node for every request; the report's queue is derived once.
+        node = queue.derived.get(tier)
+        if node is None:
+            node = queue.derived[tier] = _ahead(queue, tier)
+    for tokens in ahead:
+        node = node.plus(PendingRequest(tokens=tokens, tier=tier, admitted_at=0.0))
+    return node.estimate(prompt_tokens)
 
 
 def pool_wait(

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from protocol.first_token import StepCost
 from protocol.prefix_cache import prefix_names
 from router import ModelQueue, NodeInfo, NodeLoad, RouteRequest, rendezvous_rank, route
-from router.cost import Demand, node_cost
+from router.cost import Demand, node_cost, sized
 from tests.router.builders import ANYWHERE, LARGE, fleet, node, tenant
 
 SYSTEM = ("system", "You are a meticulous tax assistant. " * 100)
@@ -95,9 +95,9 @@ def test_the_cost_is_the_admission_estimate_plus_uncached_prefill() -> None:
     warm = busy("warm", cached={name: 960}, waiting=512, waiting_requests=1)
     demand = Demand(prompt_tokens=1000, conversation=CHAT)
 
-    cost = node_cost(warm, model=LARGE, tier="interactive", prompt_tokens=1000, names=demand.names(LARGE),
+    cost = node_cost(warm, model=LARGE, tier="interactive", request=sized(demand, LARGE, [warm.load]),
                      fallback_s_per_token=1.0)
-    cold = node_cost(warm, model=LARGE, tier="interactive", prompt_tokens=1000, names=(),
+    cold = node_cost(warm, model=LARGE, tier="interactive", request=sized(Demand(prompt_tokens=1000), LARGE, []),
                      fallback_s_per_token=1.0)
 
     assert cost.cached_tokens == 960 and cold.cached_tokens == 0
@@ -112,7 +112,7 @@ def test_nodes_whose_fitted_step_costs_differ_a_little_still_share_new_prompts()
              for i in range(3)]
 
     firsts = {
-        first(route(dataclasses.replace(request(), affinity_key=f"tenant {t}"), ANYWHERE, fleet(*nodes)))
+        first(route(request(((SYSTEM[0], f"tenant {t}: {SYSTEM[1]}"), CHAT[1])), ANYWHERE, fleet(*nodes)))
         for t in range(30)
     }
 
@@ -134,10 +134,14 @@ def test_equal_costs_fall_back_to_rendezvous_order(key: str, count: int, kv: flo
     ids = [f"n{i}" for i in range(count)]
     fleet_ = fleet(*(busy(i, kv=kv) for i in ids))
 
-    decision = route(RouteRequest(LARGE, home_region="eu-west", affinity_key=key, conversation=CHAT),
-                     ANYWHERE, fleet_)
-
+    # A completion prompt (no conversation): the gateway's affinity key.
+    decision = route(RouteRequest(LARGE, home_region="eu-west", affinity_key=key), ANYWHERE, fleet_)
     assert [t.target_id for t in decision.targets] == list(rendezvous_rank(key, ids))
+
+    # A chat: the name of the prefix holding most of its prompt (the system prompt here).
+    chat = route(RouteRequest(LARGE, home_region="eu-west", affinity_key=key, conversation=CHAT), ANYWHERE, fleet_)
+    anchor = prefix_names(LARGE, None, CHAT)[0]
+    assert [t.target_id for t in chat.targets] == list(rendezvous_rank(anchor, ids))
 
 
 @given(
