@@ -40,6 +40,7 @@ import asyncio
 import dataclasses
 import itertools
 import json
+import math
 import platform
 import random
 import statistics
@@ -114,6 +115,7 @@ class Router:
         self.nodes, self.prober, self.rng = list(nodes), prober, rng
         self._turn = itertools.count()
         self.tenant = TenantPolicy(tenant_id="bench", api_key_hashes=frozenset())
+        self.params = DEFAULT_PARAMS  # the `cost` policy's (--cost-params); the gateway runs the defaults
 
     def snapshot(self) -> list[NodeInfo]:
         out = []
@@ -147,7 +149,7 @@ class Router:
             conversation=conversation_of(messages),
             prompt_tokens=prompt_tokens,
         )
-        decision = route(request, self.tenant, FleetSnapshot(nodes=tuple(nodes)))
+        decision = route(request, self.tenant, FleetSnapshot(nodes=tuple(nodes)), params=self.params)
         targets = decision.targets
         if decision.prefill is not None:  # the overlay, as the gateway keeps it
             self.prober.routed(targets[0].target_id, decision.prefill)
@@ -297,8 +299,18 @@ def summarize(results: Sequence[Result], wall_s: float) -> dict[str, Any]:
         n["prompt"] += r.prompt_tokens
         n["cached"] += r.cached_tokens
     prompt = sum(r.prompt_tokens for r in results)
+    # When each group's prefix was first computed anywhere: its earliest first token.
+    ready: dict[str, float] = {}
+    for r in results:
+        if r.ttft_s is not None:
+            ready[r.group] = min(ready.get(r.group, math.inf), r.sent_at + r.ttft_s)
     return {
         "requests": len(results),
+        # Prefilled cold (nothing of the prompt cached where it ran); the ideal is one per group.
+        "cold_prefills": sum(1 for r in results if r.ttft_s is not None and r.cached_tokens == 0),
+        # Sent before any request of its group had its first token: no router can give these a
+        # cached prefix without a wait, so when they exceed 10% of the requests, p90 is one of them.
+        "prefix_not_ready": sum(1 for r in results if r.sent_at < ready.get(r.group, math.inf)),
         "failed": sum(1 for r in results if r.ttft_s is None),
         "failed_statuses": sorted({r.status for r in results if r.ttft_s is None}),
         "ttft_p50_ms": round(percentile(ttfts, 50) * 1000, 1) if ttfts else None,
@@ -419,7 +431,9 @@ async def measure(nodes: list[NodeInfo], gateway_url: str, args: argparse.Namesp
     report: dict[str, Any] = {}
     try:
         async with httpx.AsyncClient(timeout=120.0) as client:
-            runner = Runner(Router(nodes, prober, rng), gateway_url, client)
+            router = Router(nodes, prober, rng)
+            router.params = dataclasses.replace(DEFAULT_PARAMS, **args.cost_params)
+            runner = Runner(router, gateway_url, client)
             for name, workload in workloads.items():
                 rounds = []
                 # Rounds alternate the policies (a, b, a, b, ...): this machine's load drifts, and a
@@ -546,11 +560,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="half the requests")
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--seed", type=int, default=35)
+    parser.add_argument(
+        "--cost-params", nargs="*", default=[], metavar="NAME=VALUE",
+        help="RoutingParams for the client-side `cost` policy only (to compare a setting with the gateway's defaults in one run)",
+    )
     parser.add_argument("--rounds", type=int, default=1, help="alternating rounds of every policy (fresh tenants each)")
     parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     parser.add_argument("--out-dir", type=Path, default=REPO / "benchmarks" / "results" / "fleet_routing")
     args = parser.parse_args(argv)
+    args.cost_params = {k: float(v) for k, v in (p.split("=", 1) for p in args.cost_params)}
     with tempfile.TemporaryDirectory(prefix="fleet-routing-") as tmp:
         work = Path(tmp)
         servers, nodes, gateway_url = start_fleet(work, args)

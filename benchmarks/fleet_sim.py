@@ -151,6 +151,7 @@ def text(head: str, tokens: int) -> str:
 class Sim:
     def __init__(self, args: argparse.Namespace, policy: str, step: StepCost) -> None:
         self.args, self.policy = args, policy
+        self.params = dataclasses.replace(DEFAULT_PARAMS, **args.params)
         self.rng = random.Random(args.seed)
         self.route_rng = random.Random(args.seed + 1)
         self.nodes = [
@@ -242,7 +243,7 @@ class Sim:
             request = RouteRequest(MODEL, home_region=req.region, affinity_key=key,
                                    conversation=req.conversation, prompt_tokens=req.tokens[-1])
             overlay = policy == "cost"
-            decision = route(request, POLICY, self.overlaid(now) if overlay else self.snapshot)
+            decision = route(request, POLICY, self.overlaid(now) if overlay else self.snapshot, params=self.params)
             chosen = decision.targets[0].target_id
             if overlay and decision.prefill is not None:
                 self.routed.setdefault(chosen, deque()).append(Routed(decision.prefill, now))
@@ -402,8 +403,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=35)
     parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
     parser.add_argument("--calibration", type=Path, default=None)
+    parser.add_argument("--params", nargs="*", default=[], metavar="NAME=VALUE", help="RoutingParams for the cost policies")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "fleet_routing" / "fleet_sim.json")
     args = parser.parse_args(argv)
+    args.params = {k: float(v) for k, v in (p.split("=", 1) for p in args.params)}
     if args.quick:
         args.day_s, args.spike_s = 120.0, 5.0
     step = calibration(args.calibration)

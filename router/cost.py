@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from protocol.prefix_cache import prefix_names
-from router.overload import node_first_token_s
+from router.overload import QueueAhead, queue_ahead
 from router.params import RoutingParams
 from router.types import ModelQueue, NodeInfo, NodeLoad, Prefill, TrafficTier
 
@@ -178,35 +178,35 @@ def node_cost(
     uncached = max(request.prompt_tokens - cached, 1)
     queue = load.models.get(model) if load is not None else None
     # The overlay's requests that the report cannot show (asked before they were sent).
-    unreported = (
-        tuple(r.prefill.uncached_tokens for r in load.routed if r.routed_at >= load.asked_at)
-        if load is not None
-        else ()
-    )
-    wait = _wait_s(queue, tier, unreported)
+    routed = routed_tokens = 0
+    if load is not None:
+        for r in load.routed:
+            if r.routed_at >= load.asked_at:
+                routed += 1
+                routed_tokens += r.prefill.uncached_tokens
+    ahead = queue_ahead(queue, tier, requests=routed, tokens=routed_tokens)
+    wait = _wait_s(queue, tier, ahead, overlaid=routed > 0)
     if math.isinf(wait):
-        return NodeCost(cached, math.inf, 0.0, len(unreported))
+        return NodeCost(cached, math.inf, 0.0, routed)
     if queue is not None and queue.step_cost.measured:
-        prefill = max(node_first_token_s(queue, tier, uncached, ahead=unreported) - wait, 0.0)
+        prefill = max(ahead.estimate(uncached) - wait, 0.0)
     else:
         prefill = uncached * fallback_s_per_token
         # Without a fitted step the estimate cannot place the overlay's requests: they prefill
         # at the same rate ahead of this one.
-        wait += sum(unreported) * fallback_s_per_token
-    return NodeCost(cached, wait, prefill, len(unreported))
+        wait += routed_tokens * fallback_s_per_token
+    return NodeCost(cached, wait, prefill, routed)
 
 
-def _wait_s(queue: ModelQueue | None, tier: TrafficTier, ahead: tuple[int, ...]) -> float:
+def _wait_s(queue: ModelQueue | None, tier: TrafficTier, ahead: QueueAhead, *, overlaid: bool) -> float:
     """The queue part of the estimate (the estimate for a one-token prompt), once per report
     when the overlay adds nothing."""
-    if queue is None:
-        return node_first_token_s(None, tier, 1)
-    if ahead:
-        return node_first_token_s(queue, tier, 1, ahead=ahead)
+    if queue is None or overlaid:
+        return ahead.estimate(1)
     key = ("wait", tier)
     wait = queue.derived.get(key)
     if wait is None:
-        wait = queue.derived[key] = node_first_token_s(queue, tier, 1)
+        wait = queue.derived[key] = ahead.estimate(1)
     return wait
 
 

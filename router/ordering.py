@@ -83,9 +83,15 @@ def order_nodes(
     # rather than fixed bands alone, so the first choice never hinges on a band boundary.
     best = min((c.total_s for c in costs), default=0.0)
     near = max(best * params.cost_ratio, best + params.cost_quantum_s)
+    # A node holding most of the prompt counts as equal further out (holder_ratio): its queue is
+    # estimated as if the step in progress had just begun, and leaving it prefills the prompt a
+    # second time, which every request queued behind that prefill waits for too.
+    near_holder = max(best * params.holder_ratio, near)
+    held = size.prompt_tokens / 2
     facts: dict[str, tuple[tuple[bool, int, float, int, int], NodeCost, str]] = {}
     for n, cost in zip(nodes, costs, strict=True):
-        band_of_cost = 0 if cost.total_s <= near else 1 + cost_band(cost, params)
+        limit = near_holder if cost.cached_tokens >= held else near
+        band_of_cost = 0 if cost.total_s <= limit else 1 + cost_band(cost, params)
         pref = preference_class(
             n.region,
             n.jurisdiction,

@@ -30,6 +30,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from protocol.first_token import EngineQueue, StepCost, first_token_s
 from router.candidates import screen_nodes
@@ -79,13 +80,17 @@ class _Node:
         return q is None or (q.running == 0 and q.waiting_requests == 0 and q.waiting_tokens == 0)
 
     def plus(self, request: PendingRequest) -> _Node:
+        return self.plus_many(1, request.tokens)
+
+    def plus_many(self, requests: int, tokens: int) -> _Node:
+        """This queue with `requests` more waiting, of `tokens` prompt tokens in all."""
         q = self.queue or EngineQueue(
             0, 0, 0, max_num_seqs=None, max_num_batched_tokens=0, step_cost=StepCost()
         )
         return dataclasses.replace(
             self,
             queue=dataclasses.replace(
-                q, waiting_requests=q.waiting_requests + 1, waiting_tokens=q.waiting_tokens + request.tokens
+                q, waiting_requests=q.waiting_requests + requests, waiting_tokens=q.waiting_tokens + tokens
             ),
         )
 
@@ -114,12 +119,19 @@ def _ahead(queue: ModelQueue | None, tier: TrafficTier) -> _Node:
     return _Node(engine, reported, bounded=bound is not None and queued_for_tier >= bound)
 
 
-def node_first_token_s(
-    queue: ModelQueue | None, tier: TrafficTier, prompt_tokens: int, *, ahead: Sequence[int] = ()
-) -> float:
-    """One node's estimate for a new request of `prompt_tokens` from its report (routing ranks
-    nodes by it, router/cost.py), with `ahead`: the prompt tokens of requests sent to the node
-    since its report was asked, queued in front; math.inf when the tier's queue is at its bound."""
+class QueueAhead(Protocol):
+    """A node's queue in front of a new request (`queue_ahead`)."""
+
+    def estimate(self, prompt_tokens: int) -> float: ...
+
+
+def queue_ahead(
+    queue: ModelQueue | None, tier: TrafficTier, *, requests: int = 0, tokens: int = 0
+) -> QueueAhead:
+    """What is in front of a new request on one node: its report's queue for the tier, plus
+    `requests` more of `tokens` prompt tokens in all (sent since the report was asked). Its
+    `estimate(prompt_tokens)` is the node's time to that request's first token; math.inf when
+    the tier's queue is at its bound."""
     if queue is None:
         node = _ahead(None, tier)
     else:
@@ -127,9 +139,12 @@ def node_first_token_s(
         node = queue.derived.get(tier)
         if node is None:
             node = queue.derived[tier] = _ahead(queue, tier)
-    for tokens in ahead:
-        node = node.plus(PendingRequest(tokens=tokens, tier=tier, admitted_at=0.0))
-    return node.estimate(prompt_tokens)
+    return node.plus_many(requests, tokens) if requests else node
+
+
+def node_first_token_s(queue: ModelQueue | None, tier: TrafficTier, prompt_tokens: int) -> float:
+    """One node's estimate for a new request of `prompt_tokens` from its report alone."""
+    return queue_ahead(queue, tier).estimate(prompt_tokens)
 
 
 def pool_wait(
