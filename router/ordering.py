@@ -7,13 +7,16 @@ Nodes are sorted by the tuple
 - saturated: a node known to be full sinks below every unsaturated node, whatever its region.
 - preference class: 0 = in the preferred region (the client's, else the gateway's home region),
   1 = in the preferred region's jurisdiction, 2 = anywhere else the tenant's residency allows.
-- cost band: floor(estimated time to first token / cost quantum), router/cost.py: queue wait
-  plus the prefill of the prompt tokens the node does not hold cached.
+- cost band: 0 within `cost_ratio` of the cheapest node's estimated time to first token
+  (router/cost.py: queue wait plus the prefill of the prompt tokens the node does not hold
+  cached), or within `holder_ratio` for a node holding at least half the prompt (the hysteresis
+  before a prompt is prefilled on a second node); beyond, geometric bands.
 - cached tokens: among equal costs, the node that computes less of the prompt.
 - load band: floor(load score / band width); a node that has not reported its load gets the
   neutral score.
-- affinity rank: position in the rendezvous ranking of the affinity key over the admitted nodes,
-  so affinity only breaks ties among nodes of equal cost and similar load in the same class.
+- affinity rank: position in the rendezvous ranking over the admitted nodes of the request's
+  anchor prefix (router.cost.Demand.anchor; the affinity key for a completion prompt), so every
+  request sharing most of its prompt breaks ties alike, on every replica.
 - node id: unreachable in practice (ranks are distinct); it keeps the sort total.
 """
 
