@@ -140,6 +140,7 @@ class NodeCost:
     wait_s: float  # math.inf: the node's queue for the tier is at its bound
     prefill_s: float
     routed: int = 0  # requests of the gateway's overlay counted in `wait_s`
+    ahead: int = 0  # requests queued in front of it: reported waiting plus `routed`
 
     @property
     def total_s(self) -> float:
@@ -186,8 +187,9 @@ def node_cost(
                 routed_tokens += r.prefill.uncached_tokens
     ahead = queue_ahead(queue, tier, requests=routed, tokens=routed_tokens)
     wait = _wait_s(queue, tier, ahead, overlaid=routed > 0)
+    waiting = routed + (sum(queue.waiting_requests_by_tier.values()) if queue is not None else 0)
     if math.isinf(wait):
-        return NodeCost(cached, math.inf, 0.0, routed)
+        return NodeCost(cached, math.inf, 0.0, routed, waiting)
     if queue is not None and queue.step_cost.measured:
         prefill = max(ahead.estimate(uncached) - wait, 0.0)
     else:
@@ -195,7 +197,7 @@ def node_cost(
         # Without a fitted step the estimate cannot place the overlay's requests: they prefill
         # at the same rate ahead of this one.
         wait += routed_tokens * fallback_s_per_token
-    return NodeCost(cached, wait, prefill, routed)
+    return NodeCost(cached, wait, prefill, routed, waiting)
 
 
 def _wait_s(queue: ModelQueue | None, tier: TrafficTier, ahead: QueueAhead, *, overlaid: bool) -> float:

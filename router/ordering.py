@@ -12,6 +12,8 @@ Nodes are sorted by the tuple
   cached), or within `holder_ratio` for a node holding at least half the prompt (the hysteresis
   before a prompt is prefilled on a second node); beyond, geometric bands.
 - cached tokens: among equal costs, the node that computes less of the prompt.
+- requests ahead: for a prompt mostly uncached there, the node with fewer requests queued (its
+  prefill would hold each of them up).
 - load band: floor(load score / band width); a node that has not reported its load gets the
   neutral score.
 - affinity rank: position in the rendezvous ranking over the admitted nodes of the request's
@@ -91,7 +93,7 @@ def order_nodes(
     # second time, which every request queued behind that prefill waits for too.
     near_holder = max(best * params.holder_ratio, near)
     held = size.prompt_tokens / 2
-    facts: dict[str, tuple[tuple[bool, int, float, int, int], NodeCost, str]] = {}
+    facts: dict[str, tuple[tuple[bool, int, float, int, int, int], NodeCost, str]] = {}
     for n, cost in zip(nodes, costs, strict=True):
         limit = near_holder if cost.cached_tokens >= held else near
         band_of_cost = 0 if cost.total_s <= limit else 1 + cost_band(cost, params)
@@ -104,7 +106,11 @@ def order_nodes(
         saturated, band, load_text = load_facts(n.load, params)
         # Among equal costs, the node with more of the prompt cached: the same first token for
         # less of the fleet's prefill time, and one copy of a prompt instead of two.
-        group = (saturated, pref, band_of_cost, -cost.cached_tokens, band)
+        # Then, when the prompt is mostly uncached here, the node with fewer requests queued:
+        # its long prefill would hold up each of them (they share its engine steps), which its
+        # own cost does not count (queue_ahead_tiebreak; 0 disables).
+        cold = params.queue_ahead_tiebreak and cost.cached_tokens < held
+        group = (saturated, pref, band_of_cost, -cost.cached_tokens, cost.ahead if cold else 0, band)
         facts[n.node_id] = (group, cost, load_text)
     ordered = sorted(nodes, key=lambda n: (facts[n.node_id][0], n.node_id))
     # Among nodes of one group, the rendezvous order of the affinity key (ids are distinct).

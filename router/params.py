@@ -26,6 +26,9 @@ class RoutingParams:
     # A node holding at least half the prompt stays equal to the cheapest up to this ratio
     # (router/ordering.py): the hysteresis before a prompt is prefilled on a second node.
     holder_ratio: float = 2.0
+    # Among equal costs, a prompt mostly uncached goes where fewer requests are queued (a cold
+    # prefill holds up every request sharing its engine steps); False: straight to load band.
+    queue_ahead_tiebreak: bool = True
     # Prefill seconds per prompt token for a node that has not measured its step cost, when no
     # node of the model has either (a guess: ~5,000 tokens/s).
     prefill_s_per_token: float = 0.0002

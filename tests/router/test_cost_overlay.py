@@ -11,7 +11,17 @@ from hypothesis import strategies as st
 
 from protocol.first_token import StepCost
 from protocol.prefix_cache import prefix_names
-from router import ModelQueue, NodeInfo, NodeLoad, Prefill, Routed, RouteRequest, rendezvous_rank, route
+from router import (
+    ModelQueue,
+    NodeInfo,
+    NodeLoad,
+    Prefill,
+    Routed,
+    RouteRequest,
+    RoutingParams,
+    rendezvous_rank,
+    route,
+)
 from tests.router.builders import ANYWHERE, LARGE, fleet, node
 
 STEP = StepCost(base_s=0.01, per_token_s=0.001)  # ~1 ms a prompt token: 1,000 tokens ~ 1 s
@@ -182,3 +192,20 @@ def test_prefill_names_each_prefix_with_its_share_of_the_prompt() -> None:
     system_name, whole = prefix_names(LARGE, None, chat(0))
     # The system prompt is nearly all of the bytes; the whole conversation is the whole prompt.
     assert 1100 <= prefill.prefixes[system_name] < 1200 and prefill.prefixes[whole] == 1200
+
+
+def test_a_cold_prompt_goes_where_it_holds_up_fewer_requests() -> None:
+    # `a` was just sent a short warm request (tenant 1 holds its prompt there): a cold prefill
+    # beside it would share its engine step and make it wait the whole prefill.
+    name = prefix_names(LARGE, None, chat(1))[0]
+    warm = route(ask(chat(1)), ANYWHERE, fleet(reported("a", cached={name: 990}))).prefill
+    assert warm is not None and warm.uncached_tokens == 10
+    tenant = next(t for t in range(2, 50) if ranked(t, ["a", "b"])[0] == "a")
+    nodes = (reported("a", routed=(Routed(warm, 1.0),), asked_at=0.0), reported("b", asked_at=0.0))
+
+    decision = route(ask(chat(tenant)), ANYWHERE, fleet(*nodes))
+
+    assert decision.targets[0].target_id == "b"
+    # Off, equal costs fall back to the anchor's rendezvous order.
+    off = route(ask(chat(tenant)), ANYWHERE, fleet(*nodes), params=RoutingParams(queue_ahead_tiebreak=False))
+    assert off.targets[0].target_id == "a"
