@@ -15,7 +15,7 @@ from gateway.discovery.interface import RegionDirectory
 from gateway.health import BreakerBoard, BreakerConfig
 from gateway.health.probes import NodeProber
 from gateway.upstreams.base import Upstream
-from router.types import FleetSnapshot, ProviderInfo, Target
+from router.types import FleetSnapshot, Prefill, ProviderInfo, Target
 
 
 class ProviderSet(Protocol):
@@ -97,6 +97,11 @@ class Fleet:
             for p in self.providers.snapshot()
         )
         return FleetSnapshot(nodes=tuple(nodes), providers=providers)
+
+    def routed(self, target: Target, prefill: Prefill) -> None:
+        """Note that a request was sent to `target` with this prefill (its route decision's), for
+        the gateway's overlay (gateway/health/probes.py) until the node's reports show it."""
+        self.prober.routed(target.target_id, prefill)
 
     def ejected(self) -> list[str]:
         """Ids of the directory's nodes whose breaker is open, sorted."""
