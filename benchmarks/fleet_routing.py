@@ -1,7 +1,8 @@
 """Cache-aware fleet routing on real nodes (issue 35): TTFT, throughput and prefix-cache hits per
 routing policy, on three small nodes on this machine.
 
-    .venv/bin/python benchmarks/fleet_routing.py [--quick] [--out-dir DIR]
+    .venv/bin/python benchmarks/fleet_routing.py [--quick] [--rounds N] [--workloads ...]
+        [--policies ...] [--cost-params NAME=VALUE ...] [--out-dir DIR]
 
 What it does:
   1. Writes a random `small` Llama checkpoint (`meridian model init --size small`) and starts
@@ -24,13 +25,21 @@ What it does:
        - hot-prefix: one system prompt for every request, 96 requests at concurrency 6.
      Requests: streamed chat, `max_tokens` 16 with `ignore_eos`. TTFT: from sending to the first
      content chunk. Cached tokens: the node's usage (`prompt_tokens_details.cached_tokens`).
-  4. Per (workload, policy): TTFT p50/p90, output tokens/s, requests and hit rate per node, the
-     hit rate against the ideal (each prefix computed once in the whole fleet: a request's ideal
-     cached tokens are the most any run cached for its position, 0 for a prefix's first request).
+  4. Per (workload, policy, round): TTFT p50/p90, output tokens/s, requests and hit rate per node,
+     the hit rate against the ideal (each prefix computed once in the whole fleet: a request's
+     ideal cached tokens are the most any run cached for its position, 0 for a prefix's first
+     request), the cold prefills, and `prefix_not_ready`: requests sent before any request of
+     their group had its first token (no router can serve those from a ready prefix; when they
+     are over 10% of the requests, p90 is one of them). `--rounds N` alternates the policies N
+     times (fresh tenants each): this machine's load drifts, so ratios are taken within a round.
+     Every request's row has its route reason: the gateway's x-meridian-route, or for `cost`
+     every node's cost (`--cost-params` sets RoutingParams for `cost` alone, to compare a
+     setting against the gateway's defaults in one run).
   5. Writes fleet_routing.json and fleet_routing.png (matplotlib, if installed), prints a table
-     and the goals against random routing in the same run: many-tenants TTFT p90 >= 3x lower;
-     hit rate >= 80% of ideal; hot-prefix p90 within 1.5x of the spread case (round-robin: every
-     node prefills the prompt once, then holds it).
+     (medians over the rounds) and the goals on the median of the same-run ratios, with each
+     round's: many-tenants TTFT p90 >= 3x lower than random; hit rate >= 80% of ideal; hot-prefix
+     p90 within 1.5x of the spread case (round-robin: every node prefills the prompt once, then
+     holds it).
 """
 
 from __future__ import annotations
