@@ -95,8 +95,9 @@ class Sized:
         if load is None or not self.names:
             return 0
         published = _longest(load.cached_prefixes, self.names)[1]
-        soon = max((_longest(r.prefill.prefixes, self.names)[1] for r in load.routed), default=0)
-        return max(published, soon)
+        if not load.routed:
+            return published
+        return max(published, *(_longest(r.prefill.prefixes, self.names)[1] for r in load.routed))
 
     def prefill(self, load: NodeLoad | None) -> Prefill:
         """What the node computes if the request goes there (the gateway's overlay keeps it)."""
