@@ -22,6 +22,10 @@ with a spike of 20x the trough for `--spike-s` at 60% of the day. Tenants' popul
 (s=1); system prompts 400..2,000 tokens; 30% of sessions are chats of up to 5 turns (the reply
 carried back, 20 s think time), the rest single requests; outputs 32..256 tokens.
 
+Policies: random, round-robin, least-load, bands (the order before issue 35), cost-reports (the
+router on the reports alone) and cost (the router with the gateway's overlay of the requests it
+routed since each report, as gateway/health/probes.py keeps it).
+
 Reported per policy: TTFT p50/p90/p99 over the day and during the spike, prefix-cache hit rate,
 the busiest node's share of requests, and the routing decision's own cost (CPU time of one
 `route` call at 64 nodes, p50/p99; goal <= 1 ms).
@@ -30,6 +34,7 @@ the busiest node's share of requests, and the routing decision's own cost (CPU t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import heapq
 import itertools
 import json
@@ -43,7 +48,7 @@ from typing import Any
 
 from protocol.first_token import StepCost
 from protocol.prefix_cache import prefix_names
-from router import FleetSnapshot, ModelQueue, NodeInfo, NodeLoad, RouteRequest, rendezvous_rank, route
+from router import FleetSnapshot, ModelQueue, NodeInfo, NodeLoad, Routed, RouteRequest, rendezvous_rank, route
 from router.load import is_saturated, load_band, load_score
 from router.params import DEFAULT_PARAMS
 from router.types import TenantPolicy
@@ -51,7 +56,9 @@ from router.types import TenantPolicy
 MODEL = "m"
 REGIONS = ("eu-west", "eu-central", "us-east", "us-west")
 JURISDICTION = {"eu-west": "eu", "eu-central": "eu", "us-east": "us", "us-west": "us"}
-POLICIES = ("random", "round-robin", "least-load", "bands", "cost")
+POLICIES = ("random", "round-robin", "least-load", "bands", "cost-reports", "cost")
+# How long the gateway keeps a routed request in its overlay (gateway/health/probes.py).
+OVERLAY_KEPT_S = 2.0
 BLOCK = 16
 # The step cost the small CPU nodes of fleet_routing.py fitted and reported in /load on this
 # (shared, busy) machine: the median of three, 2026-11-27; --calibration reads a fresh run's.
@@ -132,12 +139,19 @@ class SimNode:
             num_waiting=waiting,
             models={MODEL: queue},
             cached_prefixes=dict(self.cache),
+            asked_at=now,
         )
+
+
+def text(head: str, tokens: int) -> str:
+    """A message of about `tokens` tokens at the gateway's 4 bytes a token."""
+    return head + " " + "x" * max(4 * tokens - len(head) - 1, 0)
 
 
 class Sim:
     def __init__(self, args: argparse.Namespace, policy: str, step: StepCost) -> None:
         self.args, self.policy = args, policy
+        self.params = dataclasses.replace(DEFAULT_PARAMS, **args.params)
         self.rng = random.Random(args.seed)
         self.route_rng = random.Random(args.seed + 1)
         self.nodes = [
@@ -168,6 +182,11 @@ class Sim:
         self.popularity = list(itertools.accumulate(w / total for w in zipf))
         self.system_tokens = [self.rng.randint(400, 2000) for _ in range(args.tenants)]
         self.tenant_region = [REGIONS[self.rng.randrange(4)] for _ in range(args.tenants)]
+        # Texts as long as their tokens (the gateway's 4 bytes a token): the router shares a
+        # request's estimate out over its messages by their bytes.
+        self.system_text = [text(f"tenant {t}", n) for t, n in enumerate(self.system_tokens)]
+        # The gateway's overlay (cost policy): what it routed to each node, with when.
+        self.routed: dict[str, deque[Routed]] = {}
         self.chat_ids = itertools.count()
 
     def push(self, t: float, kind: str, payload: Any = None) -> None:
@@ -184,7 +203,7 @@ class Sim:
         tenant = min(self._bisect(self.rng.random()), self.args.tenants - 1)
         system = self.system_tokens[tenant]
         user = self.rng.randint(20, 200)
-        conversation = (("system", f"tenant {tenant}"), ("user", f"q {next(self.turn)}"))
+        conversation = (("system", self.system_text[tenant]), ("user", text(f"q {next(self.turn)}", user)))
         chat = (next(self.chat_ids), self.rng.randint(1, 4)) if self.rng.random() < 0.3 else None
         return Req(0, tenant, self.tenant_region[tenant], conversation, [system, system + user],
                    self.rng.randint(32, 256), t, chat)
@@ -200,7 +219,7 @@ class Sim:
         return lo
 
     # -- routing ---------------------------------------------------------------------------
-    def pick(self, req: Req) -> SimNode:
+    def pick(self, req: Req, now: float) -> SimNode:
         nodes = self.snapshot.nodes
         policy = self.policy
         if policy == "random":
@@ -223,13 +242,30 @@ class Sim:
         else:
             request = RouteRequest(MODEL, home_region=req.region, affinity_key=key,
                                    conversation=req.conversation, prompt_tokens=req.tokens[-1])
-            chosen = route(request, POLICY, self.snapshot).targets[0].target_id
+            overlay = policy == "cost"
+            decision = route(request, POLICY, self.overlaid(now) if overlay else self.snapshot, params=self.params)
+            chosen = decision.targets[0].target_id
+            if overlay and decision.prefill is not None:
+                self.routed.setdefault(chosen, deque()).append(Routed(decision.prefill, now))
         self.decision_s.append(time.thread_time() - start)
         return self.by_id[chosen]
 
+    def overlaid(self, now: float) -> FleetSnapshot:
+        """The snapshot with the overlay, as the gateway's prober hands it to routing: each
+        node's requests routed in the last OVERLAY_KEPT_S (part of the decision's cost)."""
+        nodes = []
+        for n in self.snapshot.nodes:
+            routed = self.routed.get(n.node_id)
+            while routed and now - routed[0].routed_at > OVERLAY_KEPT_S:
+                routed.popleft()
+            if routed and n.load is not None:
+                n = dataclasses.replace(n, load=dataclasses.replace(n.load, routed=tuple(routed)))
+            nodes.append(n)
+        return FleetSnapshot(nodes=tuple(nodes), providers=self.snapshot.providers)
+
     # -- node ------------------------------------------------------------------------------
     def arrive(self, t: float, req: Req) -> None:
-        node = self.pick(req)
+        node = self.pick(req, t)
         req.node = node.index
         names = prefix_names(MODEL, None, req.conversation)
         req.cached = min(node.lookup(names), req.tokens[-1] - 1)
@@ -277,7 +313,11 @@ class Sim:
             answer, user = self.rng.randint(32, 256), self.rng.randint(20, 120)
             chat_id, left = req.chat
             turn = len(req.conversation)
-            conversation = (*req.conversation, ("assistant", f"a {chat_id}/{turn}"), ("user", f"u {chat_id}/{turn}"))
+            conversation = (
+                *req.conversation,
+                ("assistant", text(f"a {chat_id}/{turn}", answer)),
+                ("user", text(f"u {chat_id}/{turn}", user)),
+            )
             tokens = [*req.tokens, req.tokens[-1] + answer, req.tokens[-1] + answer + user]
             follow = Req(0, req.tenant, req.region, conversation, tokens, self.rng.randint(32, 256),
                          t + self.rng.expovariate(1 / 20.0), (chat_id, left - 1))
@@ -363,8 +403,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=35)
     parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
     parser.add_argument("--calibration", type=Path, default=None)
+    parser.add_argument("--params", nargs="*", default=[], metavar="NAME=VALUE", help="RoutingParams for the cost policies")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "fleet_routing" / "fleet_sim.json")
     args = parser.parse_args(argv)
+    args.params = {k: float(v) for k, v in (p.split("=", 1) for p in args.params)}
     if args.quick:
         args.day_s, args.spike_s = 120.0, 5.0
     step = calibration(args.calibration)

@@ -13,19 +13,37 @@
 So a cached prefix wins exactly while the prefill it saves is worth more than the extra queue
 it waits behind: a hot prefix's node, once its queue costs more than a cold prefill elsewhere,
 sends the overflow to a second node, whose table then holds the prefix too.
+
+Two corrections keep the comparison fair (issue 35's cold prefills, benchmarks/fleet_routing.py):
+
+- **One unit for tokens.** A node's queue is reported in its own tokens, the request only as the
+  gateway's estimate (bytes / 4 here; a small tokenizer makes twice that). Comparing a cached
+  node's reported queue with an estimated cold prefill elsewhere would make the cold prefill
+  look cheaper than it is, and send a tenant's next request to prefill its prompt again. Where a
+  node publishes one of the request's prefixes, its tokens are the node's own count: the
+  request's size is taken as that prefix's published tokens plus the estimate of the rest
+  (`Demand.sized`), on every node alike.
+- **The gateway's overlay** (`NodeLoad.routed`, kept by gateway/health/probes.py): the requests
+  this gateway sent to a node that the node's last report was asked too early to show. Each is
+  put in the node's queue (its uncached tokens), as admission puts its pending requests, so a
+  burst inside one probe interval does not pile onto the node that looked cheapest; and each
+  one's prefixes count as cached there: the request following a tenant's first one queues behind
+  that prefill on its node, rather than prefilling the same prompt cold on another. The
+  published tables stay the source: the overlay only covers the gap until they show a request,
+  and a replica that did not route it simply goes without.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from protocol.prefix_cache import cached_tokens, prefix_names
-from router.overload import node_first_token_s
+from protocol.prefix_cache import prefix_names
+from router.overload import QueueAhead, queue_ahead
 from router.params import RoutingParams
-from router.types import ModelQueue, NodeInfo, TrafficTier
+from router.types import ModelQueue, NodeInfo, NodeLoad, Prefill, TrafficTier
 
 
 @dataclass(frozen=True)
@@ -40,12 +58,90 @@ class Demand:
     def names(self, model: str) -> tuple[str, ...]:
         return prefix_names(model, self.salt, self.conversation) if self.conversation else ()
 
+    def prefix_tokens(self) -> tuple[int, ...]:
+        """The estimated tokens of each message prefix: the prompt's estimate shared out by the
+        messages' bytes (plus a message's framing, ~4 tokens), so the last is the whole prompt."""
+        sizes = [len(text.encode("utf-8", "surrogatepass")) + 16 for _, text in self.conversation]
+        total = sum(sizes) or 1
+        running, out = 0, []
+        for size in sizes:
+            running += size
+            out.append(max(round(self.prompt_tokens * running / total), 1))
+        return tuple(out)
+
+    def anchor(self, model: str) -> str:
+        """The prefix key equal-cost nodes are ranked by (rendezvous): the name of the shortest
+        message prefix holding at least half the prompt (a tenant's system prompt; a chat's
+        opening), so the requests that share most of their prompt rank nodes alike on every
+        replica, whatever their last turn. "" without a conversation."""
+        names = self.names(model)
+        if not names:
+            return ""
+        half = self.prompt_tokens / 2
+        return next((n for n, t in zip(names, self.prefix_tokens(), strict=True) if t >= half), names[-1])
+
+
+@dataclass(frozen=True)
+class Sized:
+    """A request's prefixes and size for one decision, in the nodes' tokens where any node says."""
+
+    names: tuple[str, ...]
+    prefix_tokens: tuple[int, ...]  # the gateway's estimate of each prefix
+    prompt_tokens: int  # the request's size: published prefix + estimated rest, else the estimate
+
+    def cached(self, load: NodeLoad | None) -> int:
+        """The tokens of the request the node holds or will hold: its published table, else a
+        request of this gateway's overlay that computes one of the prefixes."""
+        if load is None or not self.names:
+            return 0
+        published = _longest(load.cached_prefixes, self.names)[1]
+        if not load.routed:
+            return published
+        return max(published, *(_longest(r.prefill.prefixes, self.names)[1] for r in load.routed))
+
+    def prefill(self, load: NodeLoad | None) -> Prefill:
+        """What the node computes if the request goes there (the gateway's overlay keeps it)."""
+        cached = self.cached(load)
+        # Prefix k's size in this request's units: scaled to the size the nodes' counts give.
+        scale = self.prompt_tokens / self.prefix_tokens[-1] if self.prefix_tokens else 1.0
+        prefixes = {n: round(t * scale) for n, t in zip(self.names, self.prefix_tokens, strict=True)}
+        return Prefill(prefixes=prefixes, uncached_tokens=max(self.prompt_tokens - cached, 1))
+
+
+def sized(demand: Demand, model: str, loads: Sequence[NodeLoad | None]) -> Sized:
+    """The request's size in the nodes' tokens (module docstring): the longest of its prefixes
+    any node publishes, at that node's count, plus the estimate of the messages after it."""
+    names = demand.names(model)
+    estimate = demand.prompt_tokens
+    if not names:
+        return Sized((), (), estimate)
+    tokens = demand.prefix_tokens()
+    size = estimate
+    for load in loads:
+        if load is None or not load.cached_prefixes:
+            continue
+        k, held = _longest(load.cached_prefixes, names)
+        if held:
+            size = max(size, held + estimate - tokens[k])
+    return Sized(names, tokens, size)
+
+
+def _longest(entries: Mapping[str, int], names: Sequence[str]) -> tuple[int, int]:
+    """(index, tokens) of the longest named prefix the table holds; (-1, 0) for none."""
+    for k in range(len(names) - 1, -1, -1):
+        held = entries.get(names[k])
+        if held is not None:
+            return k, held
+    return -1, 0
+
 
 @dataclass(frozen=True)
 class NodeCost:
     cached_tokens: int
     wait_s: float  # math.inf: the node's queue for the tier is at its bound
     prefill_s: float
+    routed: int = 0  # requests of the gateway's overlay counted in `wait_s`
+    ahead: int = 0  # requests queued in front of it: reported waiting plus `routed`
 
     @property
     def total_s(self) -> float:
@@ -53,7 +149,8 @@ class NodeCost:
 
     def describe(self) -> str:
         """The cost parts for the route header: `cost=0.142;cached=768;wait=0.020`."""
-        return f"cost={self.total_s:.3f};cached={self.cached_tokens};wait={self.wait_s:.3f}"
+        text = f"cost={self.total_s:.3f};cached={self.cached_tokens};wait={self.wait_s:.3f}"
+        return text + f";routed={self.routed}" if self.routed else text
 
 
 def fallback_prefill_s(nodes: Sequence[NodeInfo], model: str, params: RoutingParams) -> float:
@@ -74,33 +171,45 @@ def node_cost(
     *,
     model: str,
     tier: TrafficTier,
-    prompt_tokens: int,
-    names: Sequence[str],
+    request: Sized,
     fallback_s_per_token: float,
 ) -> NodeCost:
     load = node.load
-    cached = cached_tokens(load.cached_prefixes, names) if load is not None and names else 0
-    # The node's block rounding can make a cached prefix cover more than the gateway's estimate.
-    uncached = max(prompt_tokens - cached, 1)
+    cached = request.cached(load)
+    # The node's block rounding can make a cached prefix cover more than the request's size.
+    uncached = max(request.prompt_tokens - cached, 1)
     queue = load.models.get(model) if load is not None else None
-    wait = _wait_s(queue, tier)
+    # The overlay's requests that the report cannot show (asked before they were sent).
+    routed = routed_tokens = 0
+    if load is not None:
+        for r in load.routed:
+            if r.routed_at >= load.asked_at:
+                routed += 1
+                routed_tokens += r.prefill.uncached_tokens
+    ahead = queue_ahead(queue, tier, requests=routed, tokens=routed_tokens)
+    wait = _wait_s(queue, tier, ahead, overlaid=routed > 0)
+    waiting = routed + (sum(queue.waiting_requests_by_tier.values()) if queue is not None else 0)
     if math.isinf(wait):
-        return NodeCost(cached, math.inf, 0.0)
+        return NodeCost(cached, math.inf, 0.0, routed, waiting)
     if queue is not None and queue.step_cost.measured:
-        prefill = max(node_first_token_s(queue, tier, uncached) - wait, 0.0)
+        prefill = max(ahead.estimate(uncached) - wait, 0.0)
     else:
         prefill = uncached * fallback_s_per_token
-    return NodeCost(cached, wait, prefill)
+        # Without a fitted step the estimate cannot place the overlay's requests: they prefill
+        # at the same rate ahead of this one.
+        wait += routed_tokens * fallback_s_per_token
+    return NodeCost(cached, wait, prefill, routed, waiting)
 
 
-def _wait_s(queue: ModelQueue | None, tier: TrafficTier) -> float:
-    """The queue part of the estimate (the estimate for a one-token prompt), once per report."""
-    if queue is None:
-        return node_first_token_s(None, tier, 1)
+def _wait_s(queue: ModelQueue | None, tier: TrafficTier, ahead: QueueAhead, *, overlaid: bool) -> float:
+    """The queue part of the estimate (the estimate for a one-token prompt), once per report
+    when the overlay adds nothing."""
+    if queue is None or overlaid:
+        return ahead.estimate(1)
     key = ("wait", tier)
     wait = queue.derived.get(key)
     if wait is None:
-        wait = queue.derived[key] = node_first_token_s(queue, tier, 1)
+        wait = queue.derived[key] = ahead.estimate(1)
     return wait
 
 

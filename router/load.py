@@ -51,11 +51,14 @@ def load_facts(load: NodeLoad | None, params: RoutingParams) -> tuple[bool, int,
     if not _known(load):
         return False, math.floor(params.unknown_load / params.load_band_width), "load=unknown"
     assert load is not None
-    facts = load.derived.get(params)
-    if facts is None:
-        saturated = is_saturated(load, params)
-        score = load_score(load, params)
-        text = f"load={score:.2f}"
-        band = math.floor(score / params.load_band_width)
-        facts = load.derived[params] = (saturated, band, text + ";saturated" if saturated else text)
+    # Keyed by the params object itself: hashing the params (every field) cost more than the facts.
+    memo = load.derived.get("facts")
+    if memo is not None and memo[0] is params:
+        return memo[1]
+    saturated = is_saturated(load, params)
+    score = load_score(load, params)
+    text = f"load={score:.2f}"
+    band = math.floor(score / params.load_band_width)
+    facts = (saturated, band, text + ";saturated" if saturated else text)
+    load.derived["facts"] = (params, facts)
     return facts

@@ -7,13 +7,18 @@ Nodes are sorted by the tuple
 - saturated: a node known to be full sinks below every unsaturated node, whatever its region.
 - preference class: 0 = in the preferred region (the client's, else the gateway's home region),
   1 = in the preferred region's jurisdiction, 2 = anywhere else the tenant's residency allows.
-- cost band: floor(estimated time to first token / cost quantum), router/cost.py: queue wait
-  plus the prefill of the prompt tokens the node does not hold cached.
+- cost band: 0 within `cost_ratio` of the cheapest node's estimated time to first token
+  (router/cost.py: queue wait plus the prefill of the prompt tokens the node does not hold
+  cached), or within `holder_ratio` for a node holding at least half the prompt (the hysteresis
+  before a prompt is prefilled on a second node); beyond, geometric bands.
 - cached tokens: among equal costs, the node that computes less of the prompt.
+- requests ahead: for a prompt mostly uncached there, the node with fewer requests queued (its
+  prefill would hold each of them up).
 - load band: floor(load score / band width); a node that has not reported its load gets the
   neutral score.
-- affinity rank: position in the rendezvous ranking of the affinity key over the admitted nodes,
-  so affinity only breaks ties among nodes of equal cost and similar load in the same class.
+- affinity rank: position in the rendezvous ranking over the admitted nodes of the request's
+  anchor prefix (router.cost.Demand.anchor; the affinity key for a completion prompt), so every
+  request sharing most of its prompt breaks ties alike, on every replica.
 - node id: unreachable in practice (ranks are distinct); it keeps the sort total.
 """
 
@@ -23,7 +28,7 @@ import itertools
 from collections.abc import Iterable, Sequence
 
 from router.affinity import rendezvous_weight
-from router.cost import Demand, NodeCost, cost_band, fallback_prefill_s, node_cost
+from router.cost import Demand, NodeCost, Sized, cost_band, fallback_prefill_s, node_cost, sized
 from router.load import load_facts
 from router.params import RoutingParams
 from router.rollout import node_version
@@ -60,33 +65,38 @@ def order_nodes(
     affinity_key: str,
     params: RoutingParams,
     demand: Demand = Demand(),
+    size: Sized | None = None,
     reason_prefix: str = "",
 ) -> tuple[Target, ...]:
-    """`nodes` as Targets for `model`, in the documented order, each with its reason.
+    """`nodes` as Targets for `model`, in the documented order, each with its reason. `size`:
+    the demand already sized over these nodes (router.cost.sized), else it is sized here.
 
     This runs on every request over every admitted node (64 and more), so each node's facts are
     computed once, and rendezvous weights (a hash each) only for nodes that tie on the rest."""
-    names = demand.names(model)
+    if size is None:
+        size = sized(demand, model, [n.load for n in nodes])
+    # Equal costs rank by the prefix most of the prompt shares (router.cost.Demand.anchor): the
+    # same for every request of a tenant's system prompt or a chat's opening, on every replica.
+    affinity_key = demand.anchor(model) or affinity_key
     measured = all(_measured(n, model) for n in nodes)
     fallback = params.prefill_s_per_token if measured else fallback_prefill_s(nodes, model, params)
     costs = [
-        node_cost(
-            n,
-            model=model,
-            tier=demand.tier,
-            prompt_tokens=demand.prompt_tokens,
-            names=names,
-            fallback_s_per_token=fallback,
-        )
+        node_cost(n, model=model, tier=demand.tier, request=size, fallback_s_per_token=fallback)
         for n in nodes
     ]
     # Equal to the cheapest: within cost_ratio of it (or one quantum). Relative to the cheapest
     # rather than fixed bands alone, so the first choice never hinges on a band boundary.
     best = min((c.total_s for c in costs), default=0.0)
     near = max(best * params.cost_ratio, best + params.cost_quantum_s)
-    facts: dict[str, tuple[tuple[bool, int, float, int, int], NodeCost, str]] = {}
+    # A node holding most of the prompt counts as equal further out (holder_ratio): its queue is
+    # estimated as if the step in progress had just begun, and leaving it prefills the prompt a
+    # second time, which every request queued behind that prefill waits for too.
+    near_holder = max(best * params.holder_ratio, near)
+    held = size.prompt_tokens / 2
+    facts: dict[str, tuple[tuple[bool, int, float, int, int, int], NodeCost, str]] = {}
     for n, cost in zip(nodes, costs, strict=True):
-        band_of_cost = 0 if cost.total_s <= near else 1 + cost_band(cost, params)
+        limit = near_holder if cost.cached_tokens >= held else near
+        band_of_cost = 0 if cost.total_s <= limit else 1 + cost_band(cost, params)
         pref = preference_class(
             n.region,
             n.jurisdiction,
@@ -96,7 +106,11 @@ def order_nodes(
         saturated, band, load_text = load_facts(n.load, params)
         # Among equal costs, the node with more of the prompt cached: the same first token for
         # less of the fleet's prefill time, and one copy of a prompt instead of two.
-        group = (saturated, pref, band_of_cost, -cost.cached_tokens, band)
+        # Then, when the prompt is mostly uncached here, the node with fewer requests queued:
+        # its long prefill would hold up each of them (they share its engine steps), which its
+        # own cost does not count (queue_ahead_tiebreak; 0 disables).
+        cold = params.queue_ahead_tiebreak and cost.cached_tokens < held
+        group = (saturated, pref, band_of_cost, -cost.cached_tokens, cost.ahead if cold else 0, band)
         facts[n.node_id] = (group, cost, load_text)
     ordered = sorted(nodes, key=lambda n: (facts[n.node_id][0], n.node_id))
     # Among nodes of one group, the rendezvous order of the affinity key (ids are distinct).

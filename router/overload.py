@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from protocol.first_token import EngineQueue, first_token_s
 from router.candidates import screen_nodes
@@ -106,9 +107,37 @@ def _ahead(queue: ModelQueue | None, tier: TrafficTier) -> _Node:
     return _Node(engine, reported, bounded=bound is not None and queued_for_tier >= bound)
 
 
+class QueueAhead(Protocol):
+    """A node's queue in front of a new request (`queue_ahead`)."""
+
+    def estimate(self, prompt_tokens: int) -> float: ...
+
+
+@dataclass(frozen=True)
+class _More:
+    """A node's queue with requests its report does not count yet."""
+
+    node: _Node
+    requests: int
+    tokens: int
+
+    def estimate(self, prompt_tokens: int) -> float:
+        return self.node.estimate(prompt_tokens, self.requests, self.tokens)
+
+
+def queue_ahead(
+    queue: ModelQueue | None, tier: TrafficTier, *, requests: int = 0, tokens: int = 0
+) -> QueueAhead:
+    """What is in front of a new request on one node: its report's queue for the tier, plus
+    `requests` more of `tokens` prompt tokens in all (sent since the report was asked). Its
+    `estimate(prompt_tokens)` is the node's time to that request's first token; math.inf when
+    the tier's queue is at its bound."""
+    node = _derived(queue, tier)
+    return _More(node, requests, tokens) if requests else node
+
+
 def node_first_token_s(queue: ModelQueue | None, tier: TrafficTier, prompt_tokens: int) -> float:
-    """One node's estimate for a new request of `prompt_tokens` from its report alone (routing
-    ranks nodes by it, router/cost.py); math.inf when the tier's queue is at its bound."""
+    """One node's estimate for a new request of `prompt_tokens` from its report alone."""
     return _derived(queue, tier).estimate(prompt_tokens)
 
 

@@ -23,6 +23,12 @@ class RoutingParams:
     # small engine step), then each cost_ratio times the last.
     cost_quantum_s: float = 0.02
     cost_ratio: float = 1.25
+    # A node holding at least half the prompt stays equal to the cheapest up to this ratio
+    # (router/ordering.py): the hysteresis before a prompt is prefilled on a second node.
+    holder_ratio: float = 2.0
+    # Among equal costs, a prompt mostly uncached goes where fewer requests are queued (a cold
+    # prefill holds up every request sharing its engine steps); False: straight to load band.
+    queue_ahead_tiebreak: bool = True
     # Prefill seconds per prompt token for a node that has not measured its step cost, when no
     # node of the model has either (a guess: ~5,000 tokens/s).
     prefill_s_per_token: float = 0.0002
@@ -34,6 +40,7 @@ class RoutingParams:
         assert self.load_band_width > 0.0, "load_band_width must be positive"
         assert self.cost_quantum_s > 0.0, "cost_quantum_s must be positive"
         assert self.cost_ratio > 1.0, "cost_ratio must be above 1"
+        assert self.holder_ratio >= 1.0, "holder_ratio must be at least 1"
         assert self.prefill_s_per_token > 0.0, "prefill_s_per_token must be positive"
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from router.candidates import Screening, screen_nodes, screen_providers
-from router.cost import Demand
+from router.cost import Demand, Sized, sized
 from router.load import is_saturated
 from router.ordering import order_nodes, order_providers, preferred_jurisdiction
 from router.params import DEFAULT_PARAMS, RoutingParams
@@ -31,6 +31,7 @@ from router.types import (
     CatalogModel,
     FleetSnapshot,
     NodeInfo,
+    Prefill,
     ProviderInfo,
     Rollout,
     RouteDecision,
@@ -71,12 +72,14 @@ def route(
 
     nodes = screen_nodes(_of_version(fleet.nodes, request.model, version), model=request.model, **screen)
     demand = _demand(request, policy)
+    size = sized(demand, request.model, [n.load for n in nodes.admitted])
     primary = order_nodes(
         nodes.admitted,
         model=request.model,
         affinity_key=affinity_key,
         params=params,
         demand=demand,
+        size=size,
         reason_prefix=("degraded;" if request.degraded_from else "") + _probe_note(nodes),
         **where,
     )
@@ -126,7 +129,17 @@ def route(
         reason=_decision_reason(request, policy, preferred_region, primary, degraded, commercial, small)
         + (f"; version={version}" if version else ""),
         version=version,
+        prefill=_prefill(targets[0], nodes.admitted, size),
     )
+
+
+def _prefill(first: Target, admitted: Sequence[NodeInfo], size: Sized) -> Prefill | None:
+    """What the first target computes, for the gateway's overlay: a chat request to a node of
+    the requested model (not a degraded one, whose model names other prefixes)."""
+    if first.kind != "node" or not size.names:
+        return None
+    node = next((n for n in admitted if n.node_id == first.target_id), None)
+    return size.prefill(node.load) if node is not None else None
 
 
 def _probe_note(nodes: Screening[NodeInfo]) -> str:

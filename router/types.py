@@ -168,11 +168,33 @@ class NodeLoad:
     # The node's published prefix table: message-prefix name -> tokens it holds cached
     # (protocol/prefix_cache.py); empty: nothing published. Read-only: readers share it.
     cached_prefixes: Mapping[str, int] = field(default_factory=dict)
+    # The requests this gateway sent to the node lately (its overlay, gateway/health/probes.py),
+    # oldest first: a supplement to the report, never a replacement (router/cost.py).
+    routed: tuple[Routed, ...] = ()
 
     @functools.cached_property
     def derived(self) -> dict[Any, Any]:
         """What routing derives from this report, once per report (router/load.py)."""
         return {}
+
+
+@dataclass(frozen=True)
+class Prefill:
+    """What one request asks of the node it goes to, for the gateway's overlay: the prompt
+    tokens the node computes, and the message prefixes it will hold once they are computed."""
+
+    # Prefix name (protocol/prefix_cache.py) -> the tokens it covers, as routing estimated them.
+    prefixes: Mapping[str, int]
+    uncached_tokens: int  # what the node prefills: the prompt less what it held
+
+
+@dataclass(frozen=True)
+class Routed:
+    """A request this gateway routed to a node, with when (the gateway's time.monotonic(),
+    comparable with NodeLoad.asked_at): a report asked before then cannot show it."""
+
+    prefill: Prefill
+    routed_at: float
 
 
 @dataclass(frozen=True)
@@ -251,3 +273,6 @@ class RouteDecision:
     reason: str
     unavailable_reason: str | None = None
     version: str | None = None  # the rollout version chosen for the model; None: no rollout
+    # What the first target computes for the request (a node target, a chat request); the gateway
+    # keeps it in its overlay for that node until the node's own reports show it.
+    prefill: Prefill | None = None

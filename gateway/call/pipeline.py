@@ -510,6 +510,8 @@ class RequestPipeline:
         if not decision.targets:
             ctx.headers["x-meridian-route"] = header_safe(decision.reason)
             raise NoRouteError(model, decision.unavailable_reason or decision.reason)
+        if decision.prefill is not None:  # the overlay routing reads until the node's report shows it
+            self._fleet.routed(decision.targets[0], decision.prefill)
         return decision.targets
 
     async def _relay(

@@ -9,6 +9,12 @@ answers, asked for as changes since the version last applied; a node that leaves
 forgotten, one that restarts answers in full under a new epoch. `NodeLoad.cached_prefixes` is the
 mirror's table, so every replica that read the same version routes on the same table.
 
+The gateway's overlay (router/cost.py): the requests this gateway routed to each node in the
+last `routed_kept_s`, handed to routing with the node's report (`NodeLoad.routed`) by `result`.
+The report is the source; the overlay only covers what it cannot show yet: a request sent after
+the report was asked, whose prefill the node's queue did not hold and whose prefixes its table
+did not name. It is this replica's alone, so it only ever adds to what every replica shares.
+
 Probes go over their own pool of the gateway's HTTP/1.1 client (gateway/http/), so
 they never queue behind traffic and get the same keep-alive rules: a probe never fails because
 the node closed an idle connection just as it was reused, whatever the node's keep-alive.
@@ -17,9 +23,11 @@ the node closed an idle connection just as it was reused, whatever the node's ke
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import msgspec
@@ -29,7 +37,7 @@ from gateway.http import ConnectionPool, TransportError
 from gateway.runtime.tasks import cancel_and_wait
 from protocol.load import LoadReport
 from protocol.prefix_cache import PrefixMirror
-from router.types import ModelQueue, ModelVersion, NodeInfo, NodeLoad
+from router.types import ModelQueue, ModelVersion, NodeInfo, NodeLoad, Prefill, Routed
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +47,13 @@ logger = logging.getLogger(__name__)
 # idle, exactly when it is busiest, and admission would pour work into it.
 _LOAD_KEPT_ROUNDS = 3
 _LOAD_KEPT_MIN_S = 3.0
+
+# How long a routed request stays in the overlay: the node publishes a request's prefixes from
+# its arrival, so the report of the round after it was sent normally shows them; a few rounds
+# more cover a busy node answering late. The bound caps a burst's memory per node.
+_ROUTED_KEPT_ROUNDS = 8
+_ROUTED_KEPT_MIN_S = 2.0
+_ROUTED_MAX = 256
 
 
 @dataclass(frozen=True)
@@ -50,6 +65,33 @@ class ProbeResult:
 
 
 _load_decoder = msgspec.json.Decoder(LoadReport)
+
+
+class Overlay:
+    """The requests this gateway routed to each node lately, oldest first (module docstring):
+    each kept for `kept_s`, at most `max_per_node` per node."""
+
+    def __init__(self, *, kept_s: float, max_per_node: int = _ROUTED_MAX) -> None:
+        self.kept_s = kept_s
+        self._max = max_per_node
+        self._routed: dict[str, deque[Routed]] = {}
+
+    def note(self, node_id: str, prefill: Prefill, now: float) -> None:
+        self._routed.setdefault(node_id, deque(maxlen=self._max)).append(Routed(prefill, now))
+
+    def recent(self, node_id: str, now: float) -> tuple[Routed, ...]:
+        """The node's requests routed within `kept_s` of `now` (older ones are dropped)."""
+        routed = self._routed.get(node_id)
+        if not routed:
+            return ()
+        while routed and now - routed[0].routed_at > self.kept_s:
+            routed.popleft()
+        return tuple(routed)
+
+    def keep(self, node_ids: Iterable[str]) -> None:
+        """Forget the nodes not in `node_ids` (they left the directory)."""
+        kept = set(node_ids)
+        self._routed = {n: r for n, r in self._routed.items() if n in kept and r}
 
 
 class NodeProber:
@@ -71,6 +113,7 @@ class NodeProber:
         self._on_result = on_result
         self._results: dict[str, ProbeResult] = {}
         self._mirrors: dict[str, PrefixMirror] = {}
+        self._overlay = Overlay(kept_s=max(_ROUTED_KEPT_ROUNDS * interval_s, _ROUTED_KEPT_MIN_S))
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -82,8 +125,20 @@ class NodeProber:
         await cancel_and_wait(self._task)
         self._task = None
 
-    def result(self, node_id: str) -> ProbeResult | None:
-        return self._results.get(node_id)
+    def result(self, node_id: str, *, now: float | None = None) -> ProbeResult | None:
+        """The node's last probe, its load with the overlay's recent requests (`now`: the
+        monotonic time they are counted back from)."""
+        result = self._results.get(node_id)
+        if result is None or result.load is None:
+            return result
+        routed = self._overlay.recent(node_id, time.monotonic() if now is None else now)
+        if not routed:
+            return result
+        return dataclasses.replace(result, load=dataclasses.replace(result.load, routed=routed))
+
+    def routed(self, node_id: str, prefill: Prefill, *, now: float | None = None) -> None:
+        """Note that this gateway sent a request to the node (its route decision's `prefill`)."""
+        self._overlay.note(node_id, prefill, time.monotonic() if now is None else now)
 
     async def probe_all(self) -> None:
         nodes = self._directory.snapshot()
@@ -91,6 +146,7 @@ class NodeProber:
         # Nodes that left the directory are forgotten; a node that comes back starts unknown.
         self._results = {node.node_id: result for node, result in zip(nodes, results, strict=True)}
         self._mirrors = {n.node_id: m for n in nodes if (m := self._mirrors.get(n.node_id)) is not None}
+        self._overlay.keep(n.node_id for n in nodes)
         if self._on_result is not None:
             for node, result in zip(nodes, results, strict=True):
                 self._on_result(node, result)

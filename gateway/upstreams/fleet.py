@@ -15,7 +15,7 @@ from gateway.discovery.interface import RegionDirectory
 from gateway.health import BreakerBoard, BreakerConfig
 from gateway.health.probes import NodeProber
 from gateway.upstreams.base import Upstream
-from router.types import FleetSnapshot, ProviderInfo, Target
+from router.types import FleetSnapshot, Prefill, ProviderInfo, Target
 
 
 class ProviderSet(Protocol):
@@ -79,7 +79,8 @@ class Fleet:
         self.providers = providers
         self._node_upstream = node_upstream
         self._upstreams: dict[tuple[str, str], Upstream] = {}
-        self._last: tuple[tuple[object, ...], FleetSnapshot] | None = None  # (its inputs, it)
+        # The last snapshot: (its inputs, the breakers' availability then, it).
+        self._last: tuple[tuple[object, ...], tuple[tuple[bool, ...], ...], FleetSnapshot] | None = None
         # Providers bring their own breaker settings; every other target (a node) gets the board's.
         for provider_id, config in providers.breaker_configs().items():
             board.register(provider_id, config)
@@ -92,30 +93,38 @@ class Fleet:
         available = self.board.available
         directory, configured = self.directory.snapshot(), self.providers.snapshot()
         probes = tuple(self.prober.result(node.node_id) for node in directory)
-        # Tuples compare their items by identity first: an unchanged fleet costs no deep compare.
-        key = (
-            directory,
-            configured,
-            probes,
-            tuple(available(node.node_id) for node in directory),
-            tuple(available(p.provider_id) for p in configured),
-        )
-        if self._last is not None and key == self._last[0]:
-            return self._last[1]
+        up = tuple(available(node.node_id) for node in directory)
+        providers_up = tuple(available(p.provider_id) for p in configured)
+        # Compared by identity: a probe result with the gateway's overlay is a new object each
+        # time, and comparing reports field by field would cost more than building anew.
+        inputs = (directory, configured, *probes)
+        last = self._last
+        if (
+            last is not None
+            and len(last[0]) == len(inputs)
+            and all(a is b for a, b in zip(last[0], inputs, strict=True))
+            and last[1] == (up, providers_up)
+        ):
+            return last[2]
         nodes = []
-        for node, probe, up in zip(directory, probes, key[3], strict=True):
+        for node, probe, node_up in zip(directory, probes, up, strict=True):
             ready = probe is not None and probe.ready
             load = probe.load if probe is not None else None
             nodes.append(
-                dataclasses.replace(node, healthy=node.healthy and ready and up, load=load or node.load)
+                dataclasses.replace(node, healthy=node.healthy and ready and node_up, load=load or node.load)
             )
         providers = tuple(
-            p if up else dataclasses.replace(p, healthy=False)
-            for p, up in zip(configured, key[4], strict=True)
+            p if p_up else dataclasses.replace(p, healthy=False)
+            for p, p_up in zip(configured, providers_up, strict=True)
         )
         snapshot = FleetSnapshot(nodes=tuple(nodes), providers=providers)
-        self._last = (key, snapshot)
+        self._last = (inputs, (up, providers_up), snapshot)
         return snapshot
+
+    def routed(self, target: Target, prefill: Prefill) -> None:
+        """Note that a request was sent to `target` with this prefill (its route decision's), for
+        the gateway's overlay (gateway/health/probes.py) until the node's reports show it."""
+        self.prober.routed(target.target_id, prefill)
 
     def ejected(self) -> list[str]:
         """Ids of the directory's nodes whose breaker is open, sorted."""

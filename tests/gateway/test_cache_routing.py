@@ -1,5 +1,7 @@
-"""Cache-aware routing end to end (issue 35): three real nodes behind a gateway; a tenant's
-requests follow the node that holds its system prompt, and the route header says what was cached."""
+"""Cache-aware routing (issue 35). End to end: three real nodes behind a gateway; a tenant's
+requests follow the node that holds its system prompt, the route header says what was cached, and
+the gateway keeps what it routed in its overlay. And the overlay itself (gateway/health/probes.py):
+what it keeps, for how long, for which nodes."""
 
 from __future__ import annotations
 
@@ -9,11 +11,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from gateway.health.probes import Overlay
 from protocol.prefix_cache import prefix_names
+from router import Prefill
 from tests.gateway.conftest import GLOBAL_KEY, NodeProcess, RunningGateway, gateway_over, running_fleet
-
-pytestmark = pytest.mark.slow
 
 MODEL = "meridian-small"
 HEADERS = {"authorization": f"Bearer {GLOBAL_KEY}"}
@@ -54,6 +58,7 @@ def _wait_published(gw: RunningGateway, system: str, node_id: str) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_each_tenants_requests_follow_the_node_holding_its_system_prompt(gateway: RunningGateway) -> None:
     with httpx.Client() as client:
         for tenant in range(6):
@@ -67,3 +72,49 @@ def test_each_tenants_requests_follow_the_node_holding_its_system_prompt(gateway
             for _, route in later:
                 cached = int(route.split("cached=")[1].split(";")[0])
                 assert cached > 0, route
+
+
+@pytest.mark.slow
+def test_the_gateway_keeps_each_request_it_routed_in_its_overlay(gateway: RunningGateway) -> None:
+    system = "An overlay tenant keeps a ledger of lighthouse keepers. " * 12
+    name = prefix_names(MODEL, None, [("system", system)])[0]
+    before = time.monotonic()
+    with httpx.Client() as client:
+        node, _ = _ask(client, gateway.url, system, "hello")
+
+    # Read as of just before it was sent, so a slow machine cannot have aged it out yet.
+    result = gateway.gateway.fleet.prober.result(node, now=before)
+
+    assert result is not None and result.load is not None
+    assert any(name in r.prefill.prefixes for r in result.load.routed)
+
+
+def _prefill(tokens: int) -> Prefill:
+    return Prefill(prefixes={"p": tokens}, uncached_tokens=tokens)
+
+
+@given(st.lists(st.tuples(st.sampled_from(["a", "b"]), st.floats(0.0, 10.0)), max_size=40), st.floats(0.0, 12.0))
+def test_the_overlay_holds_exactly_the_requests_routed_within_its_window(
+    sent: list[tuple[str, float]], now: float
+) -> None:
+    overlay = Overlay(kept_s=2.0)
+    sent.sort(key=lambda s: s[1])  # the gateway notes requests as it routes them, in time order
+    for i, (node_id, at) in enumerate(sent):
+        overlay.note(node_id, _prefill(i + 1), at)
+
+    for node_id in ("a", "b"):
+        kept = overlay.recent(node_id, now)
+        expected = [i + 1 for i, (n, at) in enumerate(sent) if n == node_id and now - at <= 2.0]
+        assert [r.prefill.uncached_tokens for r in kept] == expected
+
+
+def test_the_overlay_forgets_nodes_that_left_and_stays_bounded() -> None:
+    overlay = Overlay(kept_s=2.0, max_per_node=4)
+    for i in range(10):
+        overlay.note("a", _prefill(i), 1.0)
+        overlay.note("b", _prefill(i), 1.0)
+
+    overlay.keep(["a"])
+
+    assert [r.prefill.uncached_tokens for r in overlay.recent("a", 1.0)] == [6, 7, 8, 9]
+    assert overlay.recent("b", 1.0) == ()

@@ -24,7 +24,7 @@ from gateway.upstreams.base import UpstreamError
 from gateway.upstreams.failover import BodyFor, OpenedStream
 from protocol import ChatCompletionRequest
 from protocol.chunk import Chunk, chunk_from
-from router.types import CatalogModel, FleetSnapshot, NodeInfo, Target, TenantPolicy
+from router.types import CatalogModel, FleetSnapshot, NodeInfo, Prefill, Target, TenantPolicy
 from tests.support.chunks import as_wire
 
 NODE_A = Target("node", "a", "http://a", "eu-west", "eu", "m", "first")
@@ -87,6 +87,9 @@ class ScriptedFleet:
 
     def route_label(self, target: Target) -> str:
         return target.reason
+
+    def routed(self, target: Target, prefill: Prefill) -> None:
+        """The scripted nodes publish nothing and are never probed: no overlay to keep."""
 
     def upstream_for(self, target: Target) -> _NodeUpstream:
         return _NodeUpstream()

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from protocol.first_token import StepCost
 from protocol.prefix_cache import prefix_names
 from router import ModelQueue, NodeInfo, NodeLoad, RouteRequest, rendezvous_rank, route
-from router.cost import Demand, node_cost
+from router.cost import Demand, node_cost, sized
 from tests.router.builders import ANYWHERE, LARGE, fleet, node, tenant
 
 SYSTEM = ("system", "You are a meticulous tax assistant. " * 100)
@@ -95,9 +95,9 @@ def test_the_cost_is_the_admission_estimate_plus_uncached_prefill() -> None:
     warm = busy("warm", cached={name: 960}, waiting=512, waiting_requests=1)
     demand = Demand(prompt_tokens=1000, conversation=CHAT)
 
-    cost = node_cost(warm, model=LARGE, tier="interactive", prompt_tokens=1000, names=demand.names(LARGE),
+    cost = node_cost(warm, model=LARGE, tier="interactive", request=sized(demand, LARGE, [warm.load]),
                      fallback_s_per_token=1.0)
-    cold = node_cost(warm, model=LARGE, tier="interactive", prompt_tokens=1000, names=(),
+    cold = node_cost(warm, model=LARGE, tier="interactive", request=sized(Demand(prompt_tokens=1000), LARGE, []),
                      fallback_s_per_token=1.0)
 
     assert cost.cached_tokens == 960 and cold.cached_tokens == 0
@@ -112,7 +112,7 @@ def test_nodes_whose_fitted_step_costs_differ_a_little_still_share_new_prompts()
              for i in range(3)]
 
     firsts = {
-        first(route(dataclasses.replace(request(), affinity_key=f"tenant {t}"), ANYWHERE, fleet(*nodes)))
+        first(route(request(((SYSTEM[0], f"tenant {t}: {SYSTEM[1]}"), CHAT[1])), ANYWHERE, fleet(*nodes)))
         for t in range(30)
     }
 
@@ -134,10 +134,14 @@ def test_equal_costs_fall_back_to_rendezvous_order(key: str, count: int, kv: flo
     ids = [f"n{i}" for i in range(count)]
     fleet_ = fleet(*(busy(i, kv=kv) for i in ids))
 
-    decision = route(RouteRequest(LARGE, home_region="eu-west", affinity_key=key, conversation=CHAT),
-                     ANYWHERE, fleet_)
-
+    # A completion prompt (no conversation): the gateway's affinity key.
+    decision = route(RouteRequest(LARGE, home_region="eu-west", affinity_key=key), ANYWHERE, fleet_)
     assert [t.target_id for t in decision.targets] == list(rendezvous_rank(key, ids))
+
+    # A chat: the name of the prefix holding most of its prompt (the system prompt here).
+    chat = route(RouteRequest(LARGE, home_region="eu-west", affinity_key=key, conversation=CHAT), ANYWHERE, fleet_)
+    anchor = prefix_names(LARGE, None, CHAT)[0]
+    assert [t.target_id for t in chat.targets] == list(rendezvous_rank(anchor, ids))
 
 
 @given(
@@ -153,5 +157,24 @@ def test_the_first_node_has_the_lowest_cost_band(cached: list[int], waiting: lis
     decision = route(request(), ANYWHERE, fleet(*nodes))
 
     costs = [float(t.reason.split("cost=")[1].split(";")[0]) for t in decision.targets]
-    # Within cost_ratio of the cheapest (equal costs are ordered by what is cached, then load).
-    assert costs[0] <= max(min(costs) * 1.25, min(costs) + 0.02) + 0.001
+    first_cached = int(decision.targets[0].reason.split("cached=")[1].split(";")[0])
+    # Within cost_ratio of the cheapest (equal costs are ordered by what is cached, then load),
+    # or, holding at least half the prompt, within holder_ratio (the hysteresis before a second copy).
+    ratio = 2.0 if first_cached >= 500 else 1.25
+    assert costs[0] <= max(min(costs) * ratio, min(costs) + 0.02) + 0.001
+
+
+@given(waiting=st.integers(0, 8000), cached=st.sampled_from([0, 256, 960]))
+def test_a_holder_keeps_a_prompt_until_its_queue_costs_twice_a_cold_prefill(waiting: int, cached: int) -> None:
+    name = prefix_names(LARGE, None, CHAT)[0]
+    holder = busy("holder", waiting=waiting, waiting_requests=1 if waiting else 0, cached={name: cached})
+    decision = route(request(), ANYWHERE, fleet(holder, busy("spare")))
+
+    costs = {t.target_id: float(t.reason.split("cost=")[1].split(";")[0]) for t in decision.targets}
+    # Only a holder of at least half the prompt gets the wider margin; inside it, what is cached
+    # decides (a node with nothing cached ties with the spare: rendezvous order).
+    limit = costs["spare"] * (2.0 if cached >= 500 else 1.25)
+    if costs["holder"] > limit + 0.01:  # clear of the boundary's rounding
+        assert decision.targets[0].target_id == "spare"
+    elif costs["holder"] < limit - 0.01 and cached:
+        assert decision.targets[0].target_id == "holder"
