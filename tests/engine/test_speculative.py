@@ -9,38 +9,25 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from safetensors.torch import load_file, save_file
 
 from regional_node.engine import EngineConfigError, LLMEngine, SamplingParams
 from regional_node.engine.block_hash import extend_block_hashes
 from tests.engine.checkpoints import hf_greedy, random_prompts, write_checkpoint
+from tests.support.checkpoints import scale_attention_output
 
 GREEDY = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
 # Speculate in every step of these small tests (the batch-size back-off is tested on its own).
 SPEC = {"num_speculative_tokens": 4, "max_batch_size": 64, "min_acceptance_rate": 0.0}
 
 
-def _damp_attention(path: Path, scale: float) -> Path:
-    """Scale every attention output projection: the model's next token then depends mostly on the
-    current one, so greedy text falls into cycles that prompt lookup predicts. At 0.02 attention
-    still decides many tokens (proposals are partly accepted, partly rejected); at 0 the output is
-    a pure cycle (long accepted runs)."""
-    weights = load_file(path / "model.safetensors")
-    for name in weights:
-        if "o_proj" in name:
-            weights[name] *= scale
-    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
-    return path
-
-
 @pytest.fixture(scope="module")
 def local_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _damp_attention(write_checkpoint(tmp_path_factory.mktemp("local"), arch="llama"), 0.02)
+    return scale_attention_output(write_checkpoint(tmp_path_factory.mktemp("local"), arch="llama"), 0.02)
 
 
 @pytest.fixture(scope="module")
 def cyclic_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _damp_attention(write_checkpoint(tmp_path_factory.mktemp("cyclic"), arch="llama"), 0.0)
+    return scale_attention_output(write_checkpoint(tmp_path_factory.mktemp("cyclic"), arch="llama"), 0.0)
 
 
 def spec_stats(engine: LLMEngine) -> tuple[int, int]:

@@ -18,12 +18,11 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from safetensors.torch import load_file, save_file
 
 from regional_node.engine import LLMEngine, SamplingParams
 from tests.node.conftest import Node
 from tests.node_vllm.conftest import BLOCK_SIZE, MODEL, TOKEN, needs_vllm
-from tests.support.checkpoints import make_checkpoint
+from tests.support.checkpoints import make_checkpoint, scale_attention_output
 from tests.support.processes import free_port, python_command, start_process
 
 pytestmark = [needs_vllm, pytest.mark.slow]
@@ -44,12 +43,7 @@ def cyclic32(tmp_path_factory: pytest.TempPathFactory) -> Path:
         num_key_value_heads=1,
         max_position_embeddings=MAX_MODEL_LEN,
     )
-    weights = load_file(path / "model.safetensors")
-    for name in weights:
-        if "o_proj" in name:
-            weights[name] *= 0.0
-    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
-    return path
+    return scale_attention_output(path, 0.0)
 
 
 @pytest.fixture(scope="module")
