@@ -7,12 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from regional_node.engine import EngineConfigError, LLMEngine, SamplingParams
 from regional_node.engine.block_hash import extend_block_hashes
 from tests.engine.checkpoints import hf_greedy, random_prompts, write_checkpoint
+from tests.engine.speculative_support import check_tokens_under_random_aborts, random_schedules
 from tests.support.checkpoints import scale_attention_output
 
 GREEDY = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
@@ -163,20 +163,7 @@ def reference(local_dir: Path) -> LLMEngine:
     return LLMEngine.from_pretrained(local_dir)
 
 
-# No shrinking: each example loads an engine, and shrinking one took minutes.
-@pytest.mark.slow
-@settings(
-    max_examples=8,
-    deadline=None,
-    phases=[Phase.explicit, Phase.reuse, Phase.generate],
-    suppress_health_check=[HealthCheck.too_slow],
-)
-@given(
-    data=st.data(),
-    num_prompts=st.integers(1, 5),
-    num_kv_blocks=st.sampled_from([13, 24, 64]),
-    k=st.integers(1, 5),
-)
+@random_schedules
 def test_any_batch_pool_and_aborts_give_the_same_tokens_and_leak_no_block(
     local_dir: Path, reference: LLMEngine, data: st.DataObject, num_prompts: int, num_kv_blocks: int, k: int
 ) -> None:
@@ -194,29 +181,9 @@ def test_any_batch_pool_and_aborts_give_the_same_tokens_and_leak_no_block(
     prompts = random_prompts(lengths, seed=data.draw(st.integers(0, 1000)))
     # Some prompts repeat themselves, so prompt lookup has something to propose from the start.
     prompts = [p + p[: data.draw(st.integers(0, len(p)))] for p in prompts]
-    max_tokens = data.draw(st.lists(st.integers(1, 14), min_size=num_prompts, max_size=num_prompts))
-    abort_at = data.draw(st.dictionaries(st.integers(0, num_prompts - 1), st.integers(0, 12), max_size=2))
-    tokens: dict[str, list[int]] = {}
-    for i, (prompt, n) in enumerate(zip(prompts, max_tokens, strict=True)):
-        engine.add_request(str(i), prompt, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
-        tokens[str(i)] = []
-    step = 0
-    while engine.has_unfinished_requests():
-        for i, at in abort_at.items():
-            if at == step:
-                engine.abort_request(str(i))
-        for delta in engine.step():
-            tokens[delta.request_id] += delta.new_token_ids
-        _check_cache_holds_only_verified_tokens(engine)
-        step += 1
-    expected = reference.generate(
-        prompts, [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in max_tokens]
+    check_tokens_under_random_aborts(
+        engine, reference, prompts, data, _check_cache_holds_only_verified_tokens
     )
-    for i, want in enumerate(expected):
-        got = tokens[str(i)]
-        assert got == want.output_token_ids[: len(got)]
-        if i not in abort_at:
-            assert got == want.output_token_ids
     assert_idle(engine)
 
 

@@ -21,9 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from regional_node.engine import LLMEngine, SamplingParams
 from tests.node.conftest import Node
-from tests.node_vllm.conftest import BLOCK_SIZE, MODEL, TOKEN, needs_vllm
+from tests.node_vllm.conftest import BLOCK_SIZE, MODEL, needs_vllm, start_node
 from tests.support.checkpoints import make_checkpoint, scale_attention_output
-from tests.support.processes import free_port, python_command, start_process
+from tests.support.processes import free_port
 
 pytestmark = [needs_vllm, pytest.mark.slow]
 
@@ -70,15 +70,7 @@ models:
 """,
         encoding="utf-8",
     )
-    url = f"http://127.0.0.1:{port}"
-    with start_process(
-        python_command("-m", "regional_node", "node", "--config", str(config), "--log-level", "warning"),
-        env={"MERIDIAN_NODE_TOKEN": TOKEN, "OMP_NUM_THREADS": "1"},
-        ready_url=f"{url}/ready",
-        ready_headers={"authorization": f"Bearer {TOKEN}"},
-        timeout=300,
-    ) as process:
-        yield Node(url=url, token=TOKEN, process=process)
+    yield from start_node(config, port)
 
 
 def spec_counters(node: Node) -> dict[str, float]:
