@@ -351,18 +351,7 @@ class LLMEngine:
         }
 
     def _speculation_stats(self) -> dict[str, Any]:
-        if self.speculation is None:
-            return {}
-        spec = self.speculation.stats
-        return {
-            # vLLM's counters (vllm:spec_decode_*), so dashboards carry over.
-            "spec_decode_num_drafts": spec.num_drafts,
-            "spec_decode_num_draft_tokens": spec.num_draft_tokens,
-            "spec_decode_num_accepted_tokens": spec.num_accepted_tokens,
-            "spec_decode_num_accepted_tokens_per_pos": list(spec.num_accepted_tokens_per_pos),
-            "spec_decode_acceptance_rate": spec.acceptance_rate,
-            "spec_decode_mean_acceptance_length": spec.mean_acceptance_length,
-        }
+        return {} if self.speculation is None else self.speculation.stats.counters()
 
     def _oldest_waiting_by_tier(self) -> dict[str, float]:
         oldest: dict[str, float] = {}

@@ -33,15 +33,7 @@ class EngineTotals:
     def speculation(self) -> dict[str, Any]:
         """The spec_decode_* keys our engine's stats() has, so a node on either engine exports
         the same vllm:spec_decode_* series and /load acceptance rate."""
-        spec = self.spec
-        return {
-            "spec_decode_num_drafts": spec.num_drafts,
-            "spec_decode_num_draft_tokens": spec.num_draft_tokens,
-            "spec_decode_num_accepted_tokens": spec.num_accepted_tokens,
-            "spec_decode_num_accepted_tokens_per_pos": list(spec.num_accepted_tokens_per_pos),
-            "spec_decode_acceptance_rate": spec.acceptance_rate,
-            "spec_decode_mean_acceptance_length": spec.mean_acceptance_length,
-        }
+        return self.spec.counters()
 
 
 def stat_logger_factory(totals: EngineTotals, drain: DrainMeter) -> Any:

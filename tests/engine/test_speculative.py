@@ -7,40 +7,27 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from safetensors.torch import load_file, save_file
 
 from regional_node.engine import EngineConfigError, LLMEngine, SamplingParams
 from regional_node.engine.block_hash import extend_block_hashes
 from tests.engine.checkpoints import hf_greedy, random_prompts, write_checkpoint
+from tests.engine.speculative_support import check_tokens_under_random_aborts, random_schedules
+from tests.support.checkpoints import scale_attention_output
 
 GREEDY = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
 # Speculate in every step of these small tests (the batch-size back-off is tested on its own).
 SPEC = {"num_speculative_tokens": 4, "max_batch_size": 64, "min_acceptance_rate": 0.0}
 
 
-def _damp_attention(path: Path, scale: float) -> Path:
-    """Scale every attention output projection: the model's next token then depends mostly on the
-    current one, so greedy text falls into cycles that prompt lookup predicts. At 0.02 attention
-    still decides many tokens (proposals are partly accepted, partly rejected); at 0 the output is
-    a pure cycle (long accepted runs)."""
-    weights = load_file(path / "model.safetensors")
-    for name in weights:
-        if "o_proj" in name:
-            weights[name] *= scale
-    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
-    return path
-
-
 @pytest.fixture(scope="module")
 def local_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _damp_attention(write_checkpoint(tmp_path_factory.mktemp("local"), arch="llama"), 0.02)
+    return scale_attention_output(write_checkpoint(tmp_path_factory.mktemp("local"), arch="llama"), 0.02)
 
 
 @pytest.fixture(scope="module")
 def cyclic_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _damp_attention(write_checkpoint(tmp_path_factory.mktemp("cyclic"), arch="llama"), 0.0)
+    return scale_attention_output(write_checkpoint(tmp_path_factory.mktemp("cyclic"), arch="llama"), 0.0)
 
 
 def spec_stats(engine: LLMEngine) -> tuple[int, int]:
@@ -176,20 +163,7 @@ def reference(local_dir: Path) -> LLMEngine:
     return LLMEngine.from_pretrained(local_dir)
 
 
-# No shrinking: each example loads an engine, and shrinking one took minutes.
-@pytest.mark.slow
-@settings(
-    max_examples=8,
-    deadline=None,
-    phases=[Phase.explicit, Phase.reuse, Phase.generate],
-    suppress_health_check=[HealthCheck.too_slow],
-)
-@given(
-    data=st.data(),
-    num_prompts=st.integers(1, 5),
-    num_kv_blocks=st.sampled_from([13, 24, 64]),
-    k=st.integers(1, 5),
-)
+@random_schedules
 def test_any_batch_pool_and_aborts_give_the_same_tokens_and_leak_no_block(
     local_dir: Path, reference: LLMEngine, data: st.DataObject, num_prompts: int, num_kv_blocks: int, k: int
 ) -> None:
@@ -207,29 +181,9 @@ def test_any_batch_pool_and_aborts_give_the_same_tokens_and_leak_no_block(
     prompts = random_prompts(lengths, seed=data.draw(st.integers(0, 1000)))
     # Some prompts repeat themselves, so prompt lookup has something to propose from the start.
     prompts = [p + p[: data.draw(st.integers(0, len(p)))] for p in prompts]
-    max_tokens = data.draw(st.lists(st.integers(1, 14), min_size=num_prompts, max_size=num_prompts))
-    abort_at = data.draw(st.dictionaries(st.integers(0, num_prompts - 1), st.integers(0, 12), max_size=2))
-    tokens: dict[str, list[int]] = {}
-    for i, (prompt, n) in enumerate(zip(prompts, max_tokens, strict=True)):
-        engine.add_request(str(i), prompt, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
-        tokens[str(i)] = []
-    step = 0
-    while engine.has_unfinished_requests():
-        for i, at in abort_at.items():
-            if at == step:
-                engine.abort_request(str(i))
-        for delta in engine.step():
-            tokens[delta.request_id] += delta.new_token_ids
-        _check_cache_holds_only_verified_tokens(engine)
-        step += 1
-    expected = reference.generate(
-        prompts, [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in max_tokens]
+    check_tokens_under_random_aborts(
+        engine, reference, prompts, data, _check_cache_holds_only_verified_tokens
     )
-    for i, want in enumerate(expected):
-        got = tokens[str(i)]
-        assert got == want.output_token_ids[: len(got)]
-        if i not in abort_at:
-            assert got == want.output_token_ids
     assert_idle(engine)
 
 

@@ -10,7 +10,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from regional_node.engine import EngineConfigError, LLMEngine, SamplingParams
@@ -19,8 +18,8 @@ from regional_node.engine.speculative.draft import DraftProposer
 from regional_node.server import ConfigError
 from regional_node.server.config import convert_config, validate_config
 from tests.engine.checkpoints import hf_greedy, random_prompts, write_checkpoint
-from tests.engine.test_speculative import _damp_attention
-from tests.support.checkpoints import make_checkpoint
+from tests.engine.speculative_support import check_tokens_under_random_aborts, random_schedules
+from tests.support.checkpoints import make_checkpoint, scale_attention_output
 
 GREEDY = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
 
@@ -28,7 +27,7 @@ GREEDY = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
 @pytest.fixture(scope="module")
 def target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The target: attention damped so its text depends mostly, not only, on the current token."""
-    return _damp_attention(write_checkpoint(tmp_path_factory.mktemp("target"), arch="llama"), 0.02)
+    return scale_attention_output(write_checkpoint(tmp_path_factory.mktemp("target"), arch="llama"), 0.02)
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +35,7 @@ def draft_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The draft: the same weights with attention damped further (a weaker model of the target,
     still reading its context, so wrong draft KV shows in its proposals): it predicts the target's
     next token often but not always (about 44% of proposals accepted at k=3)."""
-    return _damp_attention(write_checkpoint(tmp_path_factory.mktemp("draft"), arch="llama"), 0.01)
+    return scale_attention_output(write_checkpoint(tmp_path_factory.mktemp("draft"), arch="llama"), 0.01)
 
 
 def spec(draft_dir: Path, **more: object) -> dict[str, object]:
@@ -237,19 +236,7 @@ def reference(target_dir: Path) -> LLMEngine:
     return LLMEngine.from_pretrained(target_dir)
 
 
-@pytest.mark.slow
-@settings(
-    max_examples=8,
-    deadline=None,
-    phases=[Phase.explicit, Phase.reuse, Phase.generate],
-    suppress_health_check=[HealthCheck.too_slow],
-)
-@given(
-    data=st.data(),
-    num_prompts=st.integers(1, 5),
-    num_kv_blocks=st.sampled_from([13, 24, 64]),
-    k=st.integers(1, 5),
-)
+@random_schedules
 def test_any_batch_pool_and_aborts_give_the_same_tokens_and_leak_no_draft_block(
     target_dir: Path,
     draft_dir: Path,
@@ -271,29 +258,7 @@ def test_any_batch_pool_and_aborts_give_the_same_tokens_and_leak_no_draft_block(
     )
     lengths = data.draw(st.lists(st.integers(1, 40), min_size=num_prompts, max_size=num_prompts))
     prompts = random_prompts(lengths, seed=data.draw(st.integers(0, 1000)))
-    max_tokens = data.draw(st.lists(st.integers(1, 14), min_size=num_prompts, max_size=num_prompts))
-    abort_at = data.draw(st.dictionaries(st.integers(0, num_prompts - 1), st.integers(0, 12), max_size=2))
-    tokens: dict[str, list[int]] = {}
-    for i, (prompt, n) in enumerate(zip(prompts, max_tokens, strict=True)):
-        engine.add_request(str(i), prompt, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
-        tokens[str(i)] = []
-    step = 0
-    while engine.has_unfinished_requests():
-        for i, at in abort_at.items():
-            if at == step:
-                engine.abort_request(str(i))
-        for delta in engine.step():
-            tokens[delta.request_id] += delta.new_token_ids
-        _check_draft_cache(engine)
-        step += 1
-    expected = reference.generate(
-        prompts, [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in max_tokens]
-    )
-    for i, want in enumerate(expected):
-        got = tokens[str(i)]
-        assert got == want.output_token_ids[: len(got)]
-        if i not in abort_at:
-            assert got == want.output_token_ids
+    check_tokens_under_random_aborts(engine, reference, prompts, data, _check_draft_cache)
     assert_idle(engine)
 
 

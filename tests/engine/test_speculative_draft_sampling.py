@@ -9,19 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
-from regional_node.engine import LLMEngine, SamplingParams
+from regional_node.engine import LLMEngine
 from tests.engine.checkpoints import write_checkpoint
 from tests.engine.test_speculative_sampling import (
     NUM_SAMPLES,
-    PROMPT,
-    TEMPERATURE,
-    TOP_K,
     VOCAB,
-    chi_square_p_value,
-    expected_joint,
-    target_probs,
+    check_first_three_tokens_follow_the_target,
+    sample_prompt,
 )
 
 
@@ -63,11 +58,7 @@ def test_draft_speculative_sampling_keeps_the_target_distribution(target_dir: Pa
     # Four tokens: the first from the prefill, then one verification of two drafted tokens (the
     # second drafted after the first), so t2 and t3 come from positions 1 and 2 of a draft; the
     # joint of (t1, t2, t3) is tested (t4, a bonus or a next step's token, is left out).
-    params = [
-        SamplingParams(max_tokens=4, temperature=TEMPERATURE, top_k=TOP_K, seed=seed, ignore_eos=True)
-        for seed in range(NUM_SAMPLES)
-    ]
-    results = engine.generate([PROMPT] * NUM_SAMPLES, params)
+    results = sample_prompt(engine, max_tokens=4)
     stats = engine.stats()
     # Every sequence verified two drafted tokens after its first one, and both outcomes were frequent.
     assert stats["spec_decode_num_drafts"] >= NUM_SAMPLES
@@ -75,20 +66,7 @@ def test_draft_speculative_sampling_keeps_the_target_distribution(target_dir: Pa
     assert stats["spec_decode_num_accepted_tokens_per_pos"][1] > NUM_SAMPLES // 10
     assert 0.1 < stats["spec_decode_acceptance_rate"] < 0.9
 
-    observed = torch.zeros(VOCAB, VOCAB, VOCAB)
-    for result in results:
-        observed[tuple(result.output_token_ids[:3])] += 1
-    expected = expected_joint(target_dir) * NUM_SAMPLES
-    assert chi_square_p_value(observed, expected) > 1e-3
-
-    # The reported logprobs are the target's, whether a token was an accepted proposal or not.
-    p1 = target_probs(target_dir, [PROMPT])[0]
-    for result in results[:20]:
-        t1, t2, t3 = result.output_token_ids[:3]
-        p2 = target_probs(target_dir, [[*PROMPT, t1]])[0]
-        p3 = target_probs(target_dir, [[*PROMPT, t1, t2]])[0]
-        want = [p1[t1].log(), p2[t2].log(), p3[t3].log()]
-        assert result.logprobs[:3] == pytest.approx([float(x) for x in want], abs=1e-4)
+    check_first_three_tokens_follow_the_target(target_dir, results)
     assert engine.block_manager.num_used_blocks == 0
     assert engine.speculation is not None and engine.speculation.draft is not None
     assert engine.speculation.draft.blocks.num_used_blocks == 0

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from regional_node.engine import LLMEngine, SamplingParams
+from regional_node.engine import LLMEngine, RequestOutput, SamplingParams
 from tests.engine.checkpoints import hf_model, write_checkpoint
 
 VOCAB = 8
@@ -60,6 +60,36 @@ def chi_square_p_value(observed: torch.Tensor, expected: torch.Tensor) -> float:
     return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), stat / 2))
 
 
+def sample_prompt(engine: LLMEngine, max_tokens: int) -> list[RequestOutput]:
+    """NUM_SAMPLES generations after PROMPT with the tests' temperature and top-k, seeds 0, 1, ..."""
+    params = [
+        SamplingParams(
+            max_tokens=max_tokens, temperature=TEMPERATURE, top_k=TOP_K, seed=seed, ignore_eos=True
+        )
+        for seed in range(NUM_SAMPLES)
+    ]
+    return engine.generate([PROMPT] * NUM_SAMPLES, params)
+
+
+def check_first_three_tokens_follow_the_target(path: Path, results: list[RequestOutput]) -> None:
+    """The joint distribution of the results' first three tokens (t1, t2, t3) is the target's
+    (a chi-square test against transformers'), and their reported logprobs are the target's, whether
+    a token was an accepted proposal or not."""
+    observed = torch.zeros(VOCAB, VOCAB, VOCAB)
+    for result in results:
+        observed[tuple(result.output_token_ids[:3])] += 1
+    expected = expected_joint(path) * len(results)
+    assert chi_square_p_value(observed, expected) > 1e-3
+
+    p1 = target_probs(path, [PROMPT])[0]
+    for result in results[:20]:
+        t1, t2, t3 = result.output_token_ids[:3]
+        p2 = target_probs(path, [[*PROMPT, t1]])[0]
+        p3 = target_probs(path, [[*PROMPT, t1, t2]])[0]
+        want = [p1[t1].log(), p2[t2].log(), p3[t3].log()]
+        assert result.logprobs[:3] == pytest.approx([float(x) for x in want], abs=1e-4)
+
+
 @pytest.mark.slow
 def test_speculative_sampling_keeps_the_target_distribution(small_vocab_dir: Path) -> None:
     engine = LLMEngine.from_pretrained(
@@ -73,27 +103,11 @@ def test_speculative_sampling_keeps_the_target_distribution(small_vocab_dir: Pat
             "min_acceptance_rate": 0.0,
         },
     )
-    params = [
-        SamplingParams(max_tokens=3, temperature=TEMPERATURE, top_k=TOP_K, seed=seed, ignore_eos=True)
-        for seed in range(NUM_SAMPLES)
-    ]
-    results = engine.generate([PROMPT] * NUM_SAMPLES, params)
+    results = sample_prompt(engine, max_tokens=3)
     stats = engine.stats()
     # Every sequence verified a proposal after its first token, and both outcomes were frequent.
     assert stats["spec_decode_num_drafts"] >= NUM_SAMPLES
     assert 0.05 < stats["spec_decode_acceptance_rate"] < 0.9
 
-    observed = torch.zeros(VOCAB, VOCAB, VOCAB)
-    for result in results:
-        observed[tuple(result.output_token_ids)] += 1
-    expected = expected_joint(small_vocab_dir) * NUM_SAMPLES
-    assert chi_square_p_value(observed, expected) > 1e-3
-
-    # The reported logprobs are the target's, whether a token was an accepted proposal or not.
-    p1 = target_probs(small_vocab_dir, [PROMPT])[0]
-    for result in results[:20]:
-        t1, t2, t3 = result.output_token_ids
-        p2 = target_probs(small_vocab_dir, [[*PROMPT, t1]])[0]
-        p3 = target_probs(small_vocab_dir, [[*PROMPT, t1, t2]])[0]
-        want = [p1[t1].log(), p2[t2].log(), p3[t3].log()]
-        assert result.logprobs == pytest.approx([float(x) for x in want], abs=1e-4)
+    assert all(len(result.output_token_ids) == 3 for result in results)
+    check_first_three_tokens_follow_the_target(small_vocab_dir, results)

@@ -21,11 +21,10 @@ import httpx
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
-from safetensors.torch import load_file, save_file
 
 from gateway.upstreams.providers.openai_adapter import provider_body
 from tests.gateway.conftest import GLOBAL_KEY, NODE_TOKEN, RunningGateway, gateway_config, run_gateway
-from tests.support.checkpoints import make_checkpoint
+from tests.support.checkpoints import make_checkpoint, scale_attention_output
 from tests.support.otlp import OTLPReceiver, ReceivedSpan, otlp_receiver, tracing_env
 from tests.support.processes import free_port, python_command, start_process
 
@@ -47,12 +46,7 @@ def cyclic(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny Llama with every attention output projection zeroed: each next token depends on
     the current one only, so greedy text cycles."""
     path = make_checkpoint(tmp_path_factory.mktemp("cyclic"), "llama", "tiny")
-    weights = load_file(path / "model.safetensors")
-    for name in weights:
-        if "o_proj" in name:
-            weights[name] *= 0.0
-    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
-    return path
+    return scale_attention_output(path, 0.0)
 
 
 @pytest.fixture(scope="module")

@@ -10,11 +10,10 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from safetensors.torch import load_file, save_file
 
 from regional_node.engine import LLMEngine, SamplingParams
 from regional_node.server.generation import SpecTally
-from tests.support.checkpoints import make_checkpoint
+from tests.support.checkpoints import make_checkpoint, scale_attention_output
 
 TOTALS = ("spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens")
 
@@ -24,12 +23,7 @@ def damped(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny Llama with attention output scaled down: greedy text partly cycles, so prompt
     lookup's proposals are partly accepted and partly rejected."""
     path = make_checkpoint(tmp_path_factory.mktemp("damped"), "llama", "tiny")
-    weights = load_file(path / "model.safetensors")
-    for name in weights:
-        if "o_proj" in name:
-            weights[name] *= 0.02
-    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
-    return path
+    return scale_attention_output(path, 0.02)
 
 
 @pytest.fixture(scope="module")

@@ -76,25 +76,23 @@ models:
     return config
 
 
-def _start(folder: Path, checkpoint: Path, engine: str) -> Iterator[Node]:
-    port = free_port()
+def start_node(config: Path, port: int) -> Iterator[Node]:
+    """Run a node process on `config` (which serves on `port`) with this package's token, until
+    the caller's fixture ends."""
     url = f"http://127.0.0.1:{port}"
     with start_process(
-        python_command(
-            "-m",
-            "regional_node",
-            "node",
-            "--config",
-            str(_config(folder, checkpoint, port, engine)),
-            "--log-level",
-            "warning",
-        ),
+        python_command("-m", "regional_node", "node", "--config", str(config), "--log-level", "warning"),
         env={"MERIDIAN_NODE_TOKEN": TOKEN, "OMP_NUM_THREADS": "1"},
         ready_url=f"{url}/ready",
         ready_headers={"authorization": f"Bearer {TOKEN}"},
         timeout=300,
     ) as process:
         yield Node(url=url, token=TOKEN, process=process)
+
+
+def _start(folder: Path, checkpoint: Path, engine: str) -> Iterator[Node]:
+    port = free_port()
+    yield from start_node(_config(folder, checkpoint, port, engine), port)
 
 
 @pytest.fixture(scope="package")

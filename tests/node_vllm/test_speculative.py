@@ -18,13 +18,12 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from safetensors.torch import load_file, save_file
 
 from regional_node.engine import LLMEngine, SamplingParams
 from tests.node.conftest import Node
-from tests.node_vllm.conftest import BLOCK_SIZE, MODEL, TOKEN, needs_vllm
-from tests.support.checkpoints import make_checkpoint
-from tests.support.processes import free_port, python_command, start_process
+from tests.node_vllm.conftest import BLOCK_SIZE, MODEL, needs_vllm, start_node
+from tests.support.checkpoints import make_checkpoint, scale_attention_output
+from tests.support.processes import free_port
 
 pytestmark = [needs_vllm, pytest.mark.slow]
 
@@ -44,12 +43,7 @@ def cyclic32(tmp_path_factory: pytest.TempPathFactory) -> Path:
         num_key_value_heads=1,
         max_position_embeddings=MAX_MODEL_LEN,
     )
-    weights = load_file(path / "model.safetensors")
-    for name in weights:
-        if "o_proj" in name:
-            weights[name] *= 0.0
-    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
-    return path
+    return scale_attention_output(path, 0.0)
 
 
 @pytest.fixture(scope="module")
@@ -76,15 +70,7 @@ models:
 """,
         encoding="utf-8",
     )
-    url = f"http://127.0.0.1:{port}"
-    with start_process(
-        python_command("-m", "regional_node", "node", "--config", str(config), "--log-level", "warning"),
-        env={"MERIDIAN_NODE_TOKEN": TOKEN, "OMP_NUM_THREADS": "1"},
-        ready_url=f"{url}/ready",
-        ready_headers={"authorization": f"Bearer {TOKEN}"},
-        timeout=300,
-    ) as process:
-        yield Node(url=url, token=TOKEN, process=process)
+    yield from start_node(config, port)
 
 
 def spec_counters(node: Node) -> dict[str, float]:

@@ -45,6 +45,20 @@ def endless_checkpoint(tmp_dir: Path) -> Path:
     return path
 
 
+def scale_attention_output(path: Path, factor: float) -> Path:
+    """Scale every attention output projection (`o_proj`) of the checkpoint at `path` in place and
+    return `path`: the model's next token then depends mostly on the current one, so greedy text
+    falls into cycles that prompt lookup predicts. At 0 the output is a pure cycle (long accepted
+    runs); at 0.02 attention still decides many tokens (proposals partly accepted, partly rejected).
+    """
+    weights = load_file(path / "model.safetensors")
+    for name in weights:
+        if "o_proj" in name:
+            weights[name] *= factor
+    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
+    return path
+
+
 @pytest.fixture(scope="session")
 def llama_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Tiny Llama (hidden 64, 2 layers, 4 heads / 2 kv heads, vocab 2048, untied lm_head)."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from regional_node.engine.config import SpeculativeConfig
 from regional_node.engine.model_runner import SamplingRequest
@@ -59,6 +60,18 @@ class SpecDecodeStats:
     def mean_acceptance_length(self) -> float:
         """Tokens emitted per verification (accepted proposals + the target's own token)."""
         return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
+
+    def counters(self) -> dict[str, Any]:
+        """The spec_decode_* keys of a node's stats(), named as vLLM's counters
+        (vllm:spec_decode_*) so dashboards carry over, whichever engine the node runs."""
+        return {
+            "spec_decode_num_drafts": self.num_drafts,
+            "spec_decode_num_draft_tokens": self.num_draft_tokens,
+            "spec_decode_num_accepted_tokens": self.num_accepted_tokens,
+            "spec_decode_num_accepted_tokens_per_pos": list(self.num_accepted_tokens_per_pos),
+            "spec_decode_acceptance_rate": self.acceptance_rate,
+            "spec_decode_mean_acceptance_length": self.mean_acceptance_length,
+        }
 
 
 class SpeculationPolicy:

@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 
 from regional_node.engine import LLMEngine, SamplingParams
-from tests.engine.checkpoints import hf_greedy, random_prompts, write_checkpoint
-from tests.engine.test_speculative import SPEC, _damp_attention
+from tests.engine.checkpoints import random_prompts, write_checkpoint
+from tests.engine.speculative_support import check_speculation_gives_transformers_tokens
+from tests.engine.test_speculative import SPEC
 from tests.engine.triton_backend.conftest import needs_triton
+from tests.support.checkpoints import scale_attention_output
 
 pytestmark = needs_triton
 
@@ -20,7 +22,7 @@ GREEDY = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def local_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _damp_attention(write_checkpoint(tmp_path_factory.mktemp("local"), arch="llama"), 0.02)
+    return scale_attention_output(write_checkpoint(tmp_path_factory.mktemp("local"), arch="llama"), 0.02)
 
 
 @pytest.mark.slow
@@ -30,26 +32,18 @@ def test_speculating_on_triton_gives_transformers_tokens(local_dir: Path, graph_
     if graph_buffers:
         engine.runner.use_decode_graphs(max_num_seqs=16, max_blocks_per_seq=64, capture=False)
     prompts = random_prompts([5, 20, 40, 3, 9, 12, 33])
-    for prompt, result in zip(prompts, engine.generate(prompts, GREEDY), strict=True):
-        assert result.output_token_ids == hf_greedy(local_dir, prompt, GREEDY.max_tokens)
-    assert engine.stats()["spec_decode_num_accepted_tokens"] > 0
-    assert engine.stats()["kv_blocks_used"] == 0
+    check_speculation_gives_transformers_tokens(engine, local_dir, prompts, GREEDY)
 
 
 @pytest.mark.slow
 def test_a_draft_model_on_triton_gives_transformers_tokens(local_dir: Path, tmp_path: Path) -> None:
     """The draft's catch-up chunks and decode rounds, and the target's verification, all on the
     triton backend (the draft: the target's weights with attention damped further)."""
-    draft = _damp_attention(write_checkpoint(tmp_path / "draft", arch="llama"), 0.01)
+    draft = scale_attention_output(write_checkpoint(tmp_path / "draft", arch="llama"), 0.01)
     spec = {"method": "draft", "draft_model": str(draft), "num_speculative_tokens": 3, "max_batch_size": 64}
     engine = LLMEngine.from_pretrained(
         local_dir, attention_backend="triton", block_size=8, speculative={**spec, "min_acceptance_rate": 0.0}
     )
     prompts = random_prompts([5, 20, 12], seed=2)
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
-    for prompt, result in zip(prompts, engine.generate(prompts, params), strict=True):
-        assert result.output_token_ids == hf_greedy(local_dir, prompt, params.max_tokens)
-    assert engine.stats()["spec_decode_num_accepted_tokens"] > 0
-    assert engine.stats()["kv_blocks_used"] == 0
-    assert engine.speculation is not None and engine.speculation.draft is not None
-    assert engine.speculation.draft.blocks.num_used_blocks == 0
+    check_speculation_gives_transformers_tokens(engine, local_dir, prompts, params)
