@@ -148,7 +148,11 @@ class Router:
             rank = {i: r for r, i in enumerate(rendezvous_rank(key, [n.node_id for n in nodes]))}
             return min(
                 nodes,
-                key=lambda n: (is_saturated(n.load, DEFAULT_PARAMS), load_band(n.load, DEFAULT_PARAMS), rank[n.node_id]),
+                key=lambda n: (
+                    is_saturated(n.load, DEFAULT_PARAMS),
+                    load_band(n.load, DEFAULT_PARAMS),
+                    rank[n.node_id],
+                ),
             ), ""
         assert policy == "cost"
         request = RouteRequest(
@@ -253,7 +257,9 @@ class Runner:
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         return results
 
-    async def chats(self, policy: str, rng: random.Random, chats: int, turns: int, at_once: int) -> list[Result]:
+    async def chats(
+        self, policy: str, rng: random.Random, chats: int, turns: int, at_once: int
+    ) -> list[Result]:
         results: list[Result] = []
         system = "You are a patient assistant who answers in full sentences."
         pending = list(range(chats))
@@ -291,7 +297,11 @@ def many_tenants(rng: random.Random, tenants: int, per_tenant: int) -> list[Requ
 def hot_prefix(rng: random.Random, count: int) -> list[Request]:
     prompt = f"Hot {rng.random():.6f}. " + text(rng, 780)
     return [
-        Request("hot", f"hot/{i}", [{"role": "system", "content": prompt}, {"role": "user", "content": text(rng, 10)}])
+        Request(
+            "hot",
+            f"hot/{i}",
+            [{"role": "system", "content": prompt}, {"role": "user", "content": text(rng, 10)}],
+        )
         for i in range(count)
     ]
 
@@ -327,7 +337,10 @@ def summarize(results: Sequence[Result], wall_s: float) -> dict[str, Any]:
         "output_tok_s": round(sum(r.completion_tokens for r in results) / wall_s, 1),
         "hit_rate": round(sum(r.cached_tokens for r in results) / prompt, 3) if prompt else 0.0,
         "per_node": {
-            node: {"requests": v["requests"], "hit_rate": round(v["cached"] / v["prompt"], 3) if v["prompt"] else 0.0}
+            node: {
+                "requests": v["requests"],
+                "hit_rate": round(v["cached"] / v["prompt"], 3) if v["prompt"] else 0.0,
+            }
             for node, v in sorted(per_node.items())
         },
         "wall_s": round(wall_s, 1),
@@ -372,17 +385,30 @@ def start_fleet(work: Path, args: argparse.Namespace) -> tuple[list[Server], lis
         cmd += ["--model", f"{MODEL}={checkpoint}:small", "--interactive-max-wait-s", "600"]
         servers.append(start_server(node_id, cmd, log_dir=work, env=env, cwd=REPO))
         nodes.append(
-            NodeInfo(node_id=node_id, url=f"http://127.0.0.1:{port}", region="eu-west", jurisdiction="eu",
-                     models=frozenset({MODEL}))
+            NodeInfo(
+                node_id=node_id,
+                url=f"http://127.0.0.1:{port}",
+                region="eu-west",
+                jurisdiction="eu",
+                models=frozenset({MODEL}),
+            )
         )
     for server, node in zip(servers, nodes, strict=True):
-        wait_until(server, lambda u=node.url: _ok(f"{u}/ready", {"authorization": f"Bearer {NODE_TOKEN}"}), 300)
+        wait_until(
+            server, lambda u=node.url: _ok(f"{u}/ready", {"authorization": f"Bearer {NODE_TOKEN}"}), 300
+        )
     (work / "policies").mkdir()
     tenant = {"id": "bench", "api_keys": [hash_api_key(API_KEY)], "models": "*", "tier": "interactive"}
     (work / "policies" / "bench.yaml").write_text(yaml.safe_dump({"tenants": [tenant]}))
     directory = {
         "nodes": [
-            {"node_id": n.node_id, "url": n.url, "region": n.region, "jurisdiction": n.jurisdiction, "models": [MODEL]}
+            {
+                "node_id": n.node_id,
+                "url": n.url,
+                "region": n.region,
+                "jurisdiction": n.jurisdiction,
+                "models": [MODEL],
+            }
             for n in nodes
         ]
     }
@@ -399,8 +425,11 @@ def start_fleet(work: Path, args: argparse.Namespace) -> tuple[list[Server], lis
     }
     (work / "gateway.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     gateway = start_server(
-        "gateway", [sys.executable, "-m", "meridian.cli", "gateway", "--config", str(work / "gateway.yaml")],
-        log_dir=work, env=env, cwd=REPO,
+        "gateway",
+        [sys.executable, "-m", "meridian.cli", "gateway", "--config", str(work / "gateway.yaml")],
+        log_dir=work,
+        env=env,
+        cwd=REPO,
     )
     servers.append(gateway)
     url = f"http://127.0.0.1:{port}"
@@ -425,7 +454,10 @@ class _Directory:
 
 async def measure(nodes: list[NodeInfo], gateway_url: str, args: argparse.Namespace) -> dict[str, Any]:
     prober = NodeProber(
-        _Directory(nodes), ConnectionPool(connect_timeout_s=2.0), interval_s=0.25, timeout_s=2.0,
+        _Directory(nodes),
+        ConnectionPool(connect_timeout_s=2.0),
+        interval_s=0.25,
+        timeout_s=2.0,
         headers={"authorization": f"Bearer {NODE_TOKEN}"},
     )
     await prober.start()
@@ -477,8 +509,16 @@ async def one_round(
         # prompt tokens, cached tokens, sent at (s from the run's first), route reason(s).
         "requests": {
             policy: [
-                [r.position, r.node, r.status, r.ttft_s and round(r.ttft_s, 4), r.prompt_tokens,
-                 r.cached_tokens, round(r.sent_at - first_sent, 3), r.route]
+                [
+                    r.position,
+                    r.node,
+                    r.status,
+                    r.ttft_s and round(r.ttft_s, 4),
+                    r.prompt_tokens,
+                    r.cached_tokens,
+                    round(r.sent_at - first_sent, 3),
+                    r.route,
+                ]
                 for first_sent in [min((r.sent_at for r in results), default=0.0)]
                 for r in results
             ]
@@ -519,21 +559,34 @@ def goals(report: dict[str, Any]) -> dict[str, Any]:
         if policy in many.get("policies", {}) and "random" in many["policies"]:
             ratios = _ratios(many, "random", policy)
             ratio = statistics.median(ratios)
-            out[f"many-tenants p90 random/{policy} >= 3"] = {"value": ratio, "rounds": ratios, "met": ratio >= 3}
+            out[f"many-tenants p90 random/{policy} >= 3"] = {
+                "value": ratio,
+                "rounds": ratios,
+                "met": ratio >= 3,
+            }
             of_ideal = many["policies"][policy]["hit_rate_of_ideal"]
-            out[f"many-tenants {policy} hit rate >= 0.8 of ideal"] = {"value": of_ideal, "met": of_ideal >= 0.8}
+            out[f"many-tenants {policy} hit rate >= 0.8 of ideal"] = {
+                "value": of_ideal,
+                "met": of_ideal >= 0.8,
+            }
     hot = report.get("hot-prefix", {})
     for policy in ("cost", "gateway"):
         if policy in hot.get("policies", {}) and "round-robin" in hot["policies"]:
             ratios = _ratios(hot, policy, "round-robin")
             ratio = statistics.median(ratios)
-            out[f"hot-prefix p90 {policy}/spread <= 1.5"] = {"value": ratio, "rounds": ratios, "met": ratio <= 1.5}
+            out[f"hot-prefix p90 {policy}/spread <= 1.5"] = {
+                "value": ratio,
+                "rounds": ratios,
+                "met": ratio <= 1.5,
+            }
     return out
 
 
 def table(report: dict[str, Any]) -> str:
-    lines = ["| workload | policy | TTFT p50 ms | TTFT p90 ms | out tok/s | hit rate (of ideal) | requests per node |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| workload | policy | TTFT p50 ms | TTFT p90 ms | out tok/s | hit rate (of ideal) | requests per node |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, block in report["workloads"].items():
         for policy, row in block["policies"].items():
             per_node = " / ".join(str(v["requests"]) for v in row["per_node"].values())
@@ -570,10 +623,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--seed", type=int, default=35)
     parser.add_argument(
-        "--cost-params", nargs="*", default=[], metavar="NAME=VALUE",
+        "--cost-params",
+        nargs="*",
+        default=[],
+        metavar="NAME=VALUE",
         help="RoutingParams for the client-side `cost` policy only (to compare a setting with the gateway's defaults in one run)",
     )
-    parser.add_argument("--rounds", type=int, default=1, help="alternating rounds of every policy (fresh tenants each)")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="alternating rounds of every policy (fresh tenants each)"
+    )
     parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     parser.add_argument("--out-dir", type=Path, default=REPO / "benchmarks" / "results" / "fleet_routing")
@@ -586,8 +644,15 @@ def main(argv: list[str] | None = None) -> int:
             workloads = asyncio.run(measure(nodes, gateway_url, args))
             # What the nodes fitted (fleet_sim.py's --calibration reads them).
             step_costs = [
-                next(iter(httpx.get(f"{n.url}/load", headers={"authorization": f"Bearer {NODE_TOKEN}"}, timeout=10)
-                          .json()["per_model"].values()))["step_cost"]
+                next(
+                    iter(
+                        httpx.get(
+                            f"{n.url}/load", headers={"authorization": f"Bearer {NODE_TOKEN}"}, timeout=10
+                        )
+                        .json()["per_model"]
+                        .values()
+                    )
+                )["step_cost"]
                 for n in nodes
             ]
         finally:

@@ -205,8 +205,16 @@ class Sim:
         user = self.rng.randint(20, 200)
         conversation = (("system", self.system_text[tenant]), ("user", text(f"q {next(self.turn)}", user)))
         chat = (next(self.chat_ids), self.rng.randint(1, 4)) if self.rng.random() < 0.3 else None
-        return Req(0, tenant, self.tenant_region[tenant], conversation, [system, system + user],
-                   self.rng.randint(32, 256), t, chat)
+        return Req(
+            0,
+            tenant,
+            self.tenant_region[tenant],
+            conversation,
+            [system, system + user],
+            self.rng.randint(32, 256),
+            t,
+            chat,
+        )
 
     def _bisect(self, x: float) -> int:
         lo, hi = 0, len(self.popularity)
@@ -240,10 +248,17 @@ class Sim:
             rank = {i: r for r, i in enumerate(rendezvous_rank(key, [n.node_id for n in pool]))}
             chosen = min(pool, key=lambda n: (load_band(n.load, DEFAULT_PARAMS), rank[n.node_id])).node_id
         else:
-            request = RouteRequest(MODEL, home_region=req.region, affinity_key=key,
-                                   conversation=req.conversation, prompt_tokens=req.tokens[-1])
+            request = RouteRequest(
+                MODEL,
+                home_region=req.region,
+                affinity_key=key,
+                conversation=req.conversation,
+                prompt_tokens=req.tokens[-1],
+            )
             overlay = policy == "cost"
-            decision = route(request, POLICY, self.overlaid(now) if overlay else self.snapshot, params=self.params)
+            decision = route(
+                request, POLICY, self.overlaid(now) if overlay else self.snapshot, params=self.params
+            )
             chosen = decision.targets[0].target_id
             if overlay and decision.prefill is not None:
                 self.routed.setdefault(chosen, deque()).append(Routed(decision.prefill, now))
@@ -319,8 +334,16 @@ class Sim:
                 ("user", text(f"u {chat_id}/{turn}", user)),
             )
             tokens = [*req.tokens, req.tokens[-1] + answer, req.tokens[-1] + answer + user]
-            follow = Req(0, req.tenant, req.region, conversation, tokens, self.rng.randint(32, 256),
-                         t + self.rng.expovariate(1 / 20.0), (chat_id, left - 1))
+            follow = Req(
+                0,
+                req.tenant,
+                req.region,
+                conversation,
+                tokens,
+                self.rng.randint(32, 256),
+                t + self.rng.expovariate(1 / 20.0),
+                (chat_id, left - 1),
+            )
             self.push(follow.arrival, "arrive", follow)
 
     def probe(self, t: float) -> None:
@@ -340,7 +363,11 @@ class Sim:
         while probe < a.day_s + 120:
             self.push(probe, "probe")
             probe += a.probe_s
-        handlers = {"prefilled": self.prefilled, "finished": self.finished, "probe": lambda t, _: self.probe(t)}
+        handlers = {
+            "prefilled": self.prefilled,
+            "finished": self.finished,
+            "probe": lambda t, _: self.probe(t),
+        }
         while self.events:
             now, _, kind, payload = heapq.heappop(self.events)
             if kind == "arrive":
@@ -353,8 +380,11 @@ class Sim:
         a = self.args
         spike_at = 0.6 * a.day_s
         ttft = sorted(r.first_token - r.arrival for r in self.done if r.first_token is not None)
-        spike = sorted(r.first_token - r.arrival for r in self.done
-                       if r.first_token is not None and spike_at <= r.arrival < spike_at + a.spike_s)
+        spike = sorted(
+            r.first_token - r.arrival
+            for r in self.done
+            if r.first_token is not None and spike_at <= r.arrival < spike_at + a.spike_s
+        )
         per_node = [0] * len(self.nodes)
         for r in self.done:
             per_node[r.node] += 1
@@ -362,8 +392,12 @@ class Sim:
         decision = sorted(self.decision_s)
         return {
             "requests": len(self.done),
-            "ttft_p50_s": _q(ttft, 0.5), "ttft_p90_s": _q(ttft, 0.9), "ttft_p99_s": _q(ttft, 0.99),
-            "spike_requests": len(spike), "spike_ttft_p50_s": _q(spike, 0.5), "spike_ttft_p90_s": _q(spike, 0.9),
+            "ttft_p50_s": _q(ttft, 0.5),
+            "ttft_p90_s": _q(ttft, 0.9),
+            "ttft_p99_s": _q(ttft, 0.99),
+            "spike_requests": len(spike),
+            "spike_ttft_p50_s": _q(spike, 0.5),
+            "spike_ttft_p90_s": _q(spike, 0.9),
             "hit_rate": round(sum(r.cached for r in self.done) / prompt, 3) if prompt else 0.0,
             "busiest_node_share": round(max(per_node) / max(len(self.done), 1), 4),
             "decision_ms_p50": round(_q(decision, 0.5) * 1000, 3) if decision else None,
@@ -403,8 +437,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=35)
     parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
     parser.add_argument("--calibration", type=Path, default=None)
-    parser.add_argument("--params", nargs="*", default=[], metavar="NAME=VALUE", help="RoutingParams for the cost policies")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "fleet_routing" / "fleet_sim.json")
+    parser.add_argument(
+        "--params", nargs="*", default=[], metavar="NAME=VALUE", help="RoutingParams for the cost policies"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=Path(__file__).parent / "results" / "fleet_routing" / "fleet_sim.json"
+    )
     args = parser.parse_args(argv)
     args.params = {k: float(v) for k, v in (p.split("=", 1) for p in args.params)}
     if args.quick:
@@ -416,15 +454,22 @@ def main(argv: list[str] | None = None) -> int:
         results[policy] = Sim(args, policy, step).run()
         results[policy]["sim_wall_s"] = round(time.perf_counter() - start, 1)
         print(policy, json.dumps(results[policy]), flush=True)
-    report = {"args": {k: str(v) for k, v in vars(args).items()},
-              "step_cost": {"base_s": step.base_s, "per_token_s": step.per_token_s}, "policies": results}
+    report = {
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "step_cost": {"base_s": step.base_s, "per_token_s": step.per_token_s},
+        "policies": results,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
-    print("| policy | TTFT p50 s | p90 s | p99 s | spike p90 s | hit rate | busiest node | decision p50/p99 ms |")
+    print(
+        "| policy | TTFT p50 s | p90 s | p99 s | spike p90 s | hit rate | busiest node | decision p50/p99 ms |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for policy, r in results.items():
-        print(f"| {policy} | {r['ttft_p50_s']} | {r['ttft_p90_s']} | {r['ttft_p99_s']} | {r['spike_ttft_p90_s']} | "
-              f"{r['hit_rate']} | {r['busiest_node_share']} | {r['decision_ms_p50']}/{r['decision_ms_p99']} |")
+        print(
+            f"| {policy} | {r['ttft_p50_s']} | {r['ttft_p90_s']} | {r['ttft_p99_s']} | {r['spike_ttft_p90_s']} | "
+            f"{r['hit_rate']} | {r['busiest_node_share']} | {r['decision_ms_p50']}/{r['decision_ms_p99']} |"
+        )
     return 0
 
 

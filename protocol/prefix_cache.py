@@ -47,9 +47,7 @@ def conversation_of(messages: Iterable[Mapping[str, object]]) -> Conversation:
     for message in messages:
         content = message.get("content")
         if isinstance(content, list):
-            text = "".join(
-                str(part.get("text") or "") for part in content if isinstance(part, Mapping)
-            )
+            text = "".join(str(part.get("text") or "") for part in content if isinstance(part, Mapping))
         else:
             text = content if isinstance(content, str) else ""
         role = str(message.get("role", ""))

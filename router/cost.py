@@ -159,9 +159,7 @@ def fallback_prefill_s(nodes: Sequence[NodeInfo], model: str, params: RoutingPar
     rates = [
         q.step_cost.per_token_s
         for n in nodes
-        if n.load is not None
-        and (q := n.load.models.get(model)) is not None
-        and q.step_cost.per_token_s > 0
+        if n.load is not None and (q := n.load.models.get(model)) is not None and q.step_cost.per_token_s > 0
     ]
     return statistics.median(rates) if rates else params.prefill_s_per_token
 

@@ -117,7 +117,9 @@ class AsyncEngine:
         """The prefix-cache names of the whole blocks of `token_ids`, as the engine hashes them."""
         size, hashes = self.kv_block_size, []
         for start in range(0, len(token_ids) - size + 1, size):
-            hashes.append(hash_block(hashes[-1] if hashes else None, token_ids[start : start + size], cache_salt))
+            hashes.append(
+                hash_block(hashes[-1] if hashes else None, token_ids[start : start + size], cache_salt)
+            )
         return hashes
 
     def holds_prefix_block(self, block_hash: bytes) -> bool:

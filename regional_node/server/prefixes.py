@@ -121,7 +121,11 @@ class PrefixDirectory:
                     removed.discard(name)
                     added[name] = tokens
             return PrefixCacheState(
-                epoch=self.epoch, version=self.version, full=False, added=list(added.items()), removed=sorted(removed)
+                epoch=self.epoch,
+                version=self.version,
+                full=False,
+                added=list(added.items()),
+                removed=sorted(removed),
             )
         table = [(name, e.tokens) for name, e in self._entries.items() if e.held]
         return PrefixCacheState(epoch=self.epoch, version=self.version, full=True, added=table)

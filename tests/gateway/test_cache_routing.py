@@ -28,9 +28,10 @@ def gateway(llama_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) ->
     logs = tmp_path_factory.mktemp("cache-routing")
     placements = [(f"n{i}", "eu-west", "eu") for i in range(3)]
     fleet: list[NodeProcess]
-    with running_fleet(placements, {MODEL: (llama_checkpoint, "small")}, logs) as fleet, gateway_over(
-        fleet, logs
-    ) as running:
+    with (
+        running_fleet(placements, {MODEL: (llama_checkpoint, "small")}, logs) as fleet,
+        gateway_over(fleet, logs) as running,
+    ):
         yield running
 
 
@@ -93,7 +94,9 @@ def _prefill(tokens: int) -> Prefill:
     return Prefill(prefixes={"p": tokens}, uncached_tokens=tokens)
 
 
-@given(st.lists(st.tuples(st.sampled_from(["a", "b"]), st.floats(0.0, 10.0)), max_size=40), st.floats(0.0, 12.0))
+@given(
+    st.lists(st.tuples(st.sampled_from(["a", "b"]), st.floats(0.0, 10.0)), max_size=40), st.floats(0.0, 12.0)
+)
 def test_the_overlay_holds_exactly_the_requests_routed_within_its_window(
     sent: list[tuple[str, float]], now: float
 ) -> None:

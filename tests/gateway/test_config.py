@@ -86,10 +86,22 @@ providers:
 @pytest.mark.parametrize(
     ("change", "field", "typo"),
     [
-        (("quota: {}", "quota: {redis_ulr: redis://127.0.0.1:6379/0}"), "$.quota.redis_ulr", "did you mean 'redis_url'"),
+        (
+            ("quota: {}", "quota: {redis_ulr: redis://127.0.0.1:6379/0}"),
+            "$.quota.redis_ulr",
+            "did you mean 'redis_url'",
+        ),
         (("quota: {}", "quota: {timeout_ms: 0}"), "$.quota.timeout_ms", ">= 1"),
-        (("quota: {}", PROVIDER.replace("endpoints:", "endpoint:")), "$.providers.endpoint", "did you mean 'endpoints'"),
-        (("quota: {}", PROVIDER.replace("region:", "regoin:")), "$.providers.endpoints[0].regoin", "did you mean 'region'"),
+        (
+            ("quota: {}", PROVIDER.replace("endpoints:", "endpoint:")),
+            "$.providers.endpoint",
+            "did you mean 'endpoints'",
+        ),
+        (
+            ("quota: {}", PROVIDER.replace("region:", "regoin:")),
+            "$.providers.endpoints[0].regoin",
+            "did you mean 'region'",
+        ),
         (
             ("quota: {}", PROVIDER.replace("kind: openai", "kind: gemini")),
             "$.providers.endpoints[0].kind",

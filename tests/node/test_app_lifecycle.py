@@ -16,7 +16,9 @@ COMPLETION = {"model": "fake", "prompt": [1, 2, 3], "max_tokens": 4}
 
 
 def _config() -> NodeConfig:
-    return NodeConfig(node_id="fake-node", models=[ServedModelConfig(name="fake", path="/nowhere")], warmup=False)
+    return NodeConfig(
+        node_id="fake-node", models=[ServedModelConfig(name="fake", path="/nowhere")], warmup=False
+    )
 
 
 def _app(script: str = "ok", loader: Callable[[ServedModelConfig], FakeLLMEngine] | None = None):  # type: ignore[no-untyped-def]

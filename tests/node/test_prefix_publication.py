@@ -87,11 +87,16 @@ async def test_two_gateway_replicas_read_the_same_table_and_route_alike(node: No
         node_id="test-node", url=node.url, region="eu-west", jurisdiction="eu", models=frozenset({CHAT_MODEL})
     )
     # A second node that holds nothing: the request's cached prefix must decide, on both replicas.
-    cold = NodeInfo(node_id="cold", url="", region="eu-west", jurisdiction="eu", models=frozenset({CHAT_MODEL}))
+    cold = NodeInfo(
+        node_id="cold", url="", region="eu-west", jurisdiction="eu", models=frozenset({CHAT_MODEL})
+    )
     replicas = []
     for _ in range(2):
         prober = NodeProber(
-            _Directory([info]), ConnectionPool(connect_timeout_s=5.0), interval_s=1.0, timeout_s=5.0,
+            _Directory([info]),
+            ConnectionPool(connect_timeout_s=5.0),
+            interval_s=1.0,
+            timeout_s=5.0,
             headers=node.headers,
         )
         await prober.probe_all()
@@ -105,7 +110,9 @@ async def test_two_gateway_replicas_read_the_same_table_and_route_alike(node: No
         CHAT_MODEL, home_region="eu-west", conversation=(("system", system), ("user", "hi again"))
     )
     firsts = {
-        route(request, ANYWHERE, FleetSnapshot(nodes=(cold, NodeInfo(**{**vars(info), "load": load})))).targets[0]
+        route(
+            request, ANYWHERE, FleetSnapshot(nodes=(cold, NodeInfo(**{**vars(info), "load": load})))
+        ).targets[0]
         for load in replicas
     }
     assert len(firsts) == 1

@@ -69,8 +69,9 @@ def test_every_replica_holds_exactly_the_nodes_table_at_the_version_it_read(
         elif op == "pressure":
             engine.pressure()
         elif op == "restart":  # a new process: empty cache, new epoch
-            engine, directory = _Engine(), PrefixDirectory(
-                max_entries=max_entries, log_size=log_size, pending_s=0.0
+            engine, directory = (
+                _Engine(),
+                PrefixDirectory(max_entries=max_entries, log_size=log_size, pending_s=0.0),
             )
         else:
             mirror = replicas[arg]
@@ -113,7 +114,10 @@ def test_a_prefix_is_published_while_its_first_request_computes_it() -> None:
 
 def test_the_gateway_and_the_node_name_a_conversation_alike() -> None:
     body_messages = [
-        {"role": "developer", "content": [{"type": "text", "text": "Be "}, {"type": "text", "text": "brief."}]},
+        {
+            "role": "developer",
+            "content": [{"type": "text", "text": "Be "}, {"type": "text", "text": "brief."}],
+        },
         {"role": "user", "content": "hi"},
     ]
     conversation = conversation_of(body_messages)

@@ -95,10 +95,20 @@ def test_the_cost_is_the_admission_estimate_plus_uncached_prefill() -> None:
     warm = busy("warm", cached={name: 960}, waiting=512, waiting_requests=1)
     demand = Demand(prompt_tokens=1000, conversation=CHAT)
 
-    cost = node_cost(warm, model=LARGE, tier="interactive", request=sized(demand, LARGE, [warm.load]),
-                     fallback_s_per_token=1.0)
-    cold = node_cost(warm, model=LARGE, tier="interactive", request=sized(Demand(prompt_tokens=1000), LARGE, []),
-                     fallback_s_per_token=1.0)
+    cost = node_cost(
+        warm,
+        model=LARGE,
+        tier="interactive",
+        request=sized(demand, LARGE, [warm.load]),
+        fallback_s_per_token=1.0,
+    )
+    cold = node_cost(
+        warm,
+        model=LARGE,
+        tier="interactive",
+        request=sized(Demand(prompt_tokens=1000), LARGE, []),
+        fallback_s_per_token=1.0,
+    )
 
     assert cost.cached_tokens == 960 and cold.cached_tokens == 0
     assert cost.wait_s == cold.wait_s > 0  # the queue ahead is the same whatever is cached
@@ -108,8 +118,10 @@ def test_the_cost_is_the_admission_estimate_plus_uncached_prefill() -> None:
 
 def test_nodes_whose_fitted_step_costs_differ_a_little_still_share_new_prompts() -> None:
     # Identical nodes fit their step cost on their own recent steps: never exactly alike.
-    nodes = [busy(f"n{i}", step=StepCost(base_s=0.01 * (1 + i / 10), per_token_s=0.001 * (1 + i / 20)))
-             for i in range(3)]
+    nodes = [
+        busy(f"n{i}", step=StepCost(base_s=0.01 * (1 + i / 10), per_token_s=0.001 * (1 + i / 20)))
+        for i in range(3)
+    ]
 
     firsts = {
         first(route(request(((SYSTEM[0], f"tenant {t}: {SYSTEM[1]}"), CHAT[1])), ANYWHERE, fleet(*nodes)))
@@ -139,7 +151,9 @@ def test_equal_costs_fall_back_to_rendezvous_order(key: str, count: int, kv: flo
     assert [t.target_id for t in decision.targets] == list(rendezvous_rank(key, ids))
 
     # A chat: the name of the prefix holding most of its prompt (the system prompt here).
-    chat = route(RouteRequest(LARGE, home_region="eu-west", affinity_key=key, conversation=CHAT), ANYWHERE, fleet_)
+    chat = route(
+        RouteRequest(LARGE, home_region="eu-west", affinity_key=key, conversation=CHAT), ANYWHERE, fleet_
+    )
     anchor = prefix_names(LARGE, None, CHAT)[0]
     assert [t.target_id for t in chat.targets] == list(rendezvous_rank(anchor, ids))
 
@@ -165,7 +179,9 @@ def test_the_first_node_has_the_lowest_cost_band(cached: list[int], waiting: lis
 
 
 @given(waiting=st.integers(0, 8000), cached=st.sampled_from([0, 256, 960]))
-def test_a_holder_keeps_a_prompt_until_its_queue_costs_twice_a_cold_prefill(waiting: int, cached: int) -> None:
+def test_a_holder_keeps_a_prompt_until_its_queue_costs_twice_a_cold_prefill(
+    waiting: int, cached: int
+) -> None:
     name = prefix_names(LARGE, None, CHAT)[0]
     holder = busy("holder", waiting=waiting, waiting_requests=1 if waiting else 0, cached={name: cached})
     decision = route(request(), ANYWHERE, fleet(holder, busy("spare")))

@@ -84,7 +84,12 @@ def test_a_decision_says_what_its_first_node_computes() -> None:
     assert cold.uncached_tokens == 1000 and set(cold.prefixes) == set(prefix_names(LARGE, None, chat(0)))
     assert warm.uncached_tokens == 10
     # A completion prompt names no prefixes: nothing for the overlay.
-    assert route(RouteRequest(LARGE, home_region="eu-west", affinity_key="x"), ANYWHERE, fleet(reported("a"))).prefill is None
+    assert (
+        route(
+            RouteRequest(LARGE, home_region="eu-west", affinity_key="x"), ANYWHERE, fleet(reported("a"))
+        ).prefill
+        is None
+    )
 
 
 def test_a_tenants_next_request_follows_its_first_before_the_node_publishes_it() -> None:
@@ -157,7 +162,9 @@ def test_two_replicas_send_every_request_of_a_prefix_to_one_node(
 
 
 @given(tenant=st.integers(0, 1000), count=st.integers(3, 12), data=st.data())
-def test_equal_cost_order_is_stable_when_another_node_leaves(tenant: int, count: int, data: st.DataObject) -> None:
+def test_equal_cost_order_is_stable_when_another_node_leaves(
+    tenant: int, count: int, data: st.DataObject
+) -> None:
     ids = [f"n{i}" for i in range(count)]
     nodes = [reported(i) for i in ids]
     chosen = first(chat(tenant), *nodes)
@@ -172,9 +179,13 @@ def test_the_overlay_only_adds_to_a_report(entries: list[tuple[int, float]], ask
     cached tokens it counts are at least those its table publishes."""
     name = prefix_names(LARGE, None, chat(0))[0]
     routed = tuple(sent(t, at) for t, at in entries)
-    plain = route(ask(chat(0)), ANYWHERE, fleet(reported("a", waiting=300, cached={name: 700}, asked_at=asked_at)))
+    plain = route(
+        ask(chat(0)), ANYWHERE, fleet(reported("a", waiting=300, cached={name: 700}, asked_at=asked_at))
+    )
     overlaid = route(
-        ask(chat(0)), ANYWHERE, fleet(reported("a", waiting=300, cached={name: 700}, routed=routed, asked_at=asked_at))
+        ask(chat(0)),
+        ANYWHERE,
+        fleet(reported("a", waiting=300, cached={name: 700}, routed=routed, asked_at=asked_at)),
     )
 
     def parts(reason: str) -> tuple[float, int]:
