@@ -97,7 +97,10 @@ class Sized:
         published = _longest(load.cached_prefixes, self.names)[1]
         if not load.routed:
             return published
-        return max(published, *(_longest(r.prefill.prefixes, self.names)[1] for r in load.routed))
+        # Within one routed request a longer prefix covers more tokens, so the most any of this
+        # request's names gets in the overlay is what its longest held prefix gets.
+        overlay = _overlay(load).prefixes
+        return max(published, *(overlay.get(name, 0) for name in self.names))
 
     def prefill(self, load: NodeLoad | None) -> Prefill:
         """What the node computes if the request goes there (the gateway's overlay keeps it)."""
@@ -124,6 +127,31 @@ def sized(demand: Demand, model: str, loads: Sequence[NodeLoad | None]) -> Sized
         if held:
             size = max(size, held + estimate - tokens[k])
     return Sized(names, tokens, size)
+
+
+@dataclass(frozen=True)
+class _Overlaid:
+    prefixes: Mapping[str, int]  # every recent request's prefixes: name -> the most tokens given
+    unreported: int  # the requests sent since the report was asked
+    unreported_tokens: int  # their uncached tokens
+
+
+def _overlay(load: NodeLoad) -> _Overlaid:
+    """The overlay summed once per report object, not once per node cost: a busy gateway keeps
+    hundreds of requests per node in it."""
+    summed = load.derived.get("overlay")
+    if summed is None:
+        prefixes: dict[str, int] = {}
+        unreported = tokens = 0
+        for r in load.routed:
+            for name, held in r.prefill.prefixes.items():
+                if held > prefixes.get(name, 0):
+                    prefixes[name] = held
+            if r.routed_at >= load.asked_at:
+                unreported += 1
+                tokens += r.prefill.uncached_tokens
+        summed = load.derived["overlay"] = _Overlaid(prefixes, unreported, tokens)
+    return summed
 
 
 def _longest(entries: Mapping[str, int], names: Sequence[str]) -> tuple[int, int]:
@@ -179,11 +207,9 @@ def node_cost(
     queue = load.models.get(model) if load is not None else None
     # The overlay's requests that the report cannot show (asked before they were sent).
     routed = routed_tokens = 0
-    if load is not None:
-        for r in load.routed:
-            if r.routed_at >= load.asked_at:
-                routed += 1
-                routed_tokens += r.prefill.uncached_tokens
+    if load is not None and load.routed:
+        overlay = _overlay(load)
+        routed, routed_tokens = overlay.unreported, overlay.unreported_tokens
     ahead = queue_ahead(queue, tier, requests=routed, tokens=routed_tokens)
     wait = _wait_s(queue, tier, ahead, overlaid=routed > 0)
     waiting = routed + (sum(queue.waiting_requests_by_tier.values()) if queue is not None else 0)
