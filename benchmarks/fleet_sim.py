@@ -46,9 +46,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gateway.health.probes import Overlay
 from protocol.first_token import StepCost
 from protocol.prefix_cache import prefix_names
-from router import FleetSnapshot, ModelQueue, NodeInfo, NodeLoad, Routed, RouteRequest, rendezvous_rank, route
+from router import FleetSnapshot, ModelQueue, NodeInfo, NodeLoad, RouteRequest, rendezvous_rank, route
 from router.load import is_saturated, load_band, load_score
 from router.params import DEFAULT_PARAMS
 from router.types import TenantPolicy
@@ -185,8 +186,9 @@ class Sim:
         # Texts as long as their tokens (the gateway's 4 bytes a token): the router shares a
         # request's estimate out over its messages by their bytes.
         self.system_text = [text(f"tenant {t}", n) for t, n in enumerate(self.system_tokens)]
-        # The gateway's overlay (cost policy): what it routed to each node, with when.
-        self.routed: dict[str, deque[Routed]] = {}
+        # The gateway's overlay (cost policy): what it routed to each node, with when, summed as
+        # the gateway's prober keeps it.
+        self.routed = Overlay(kept_s=OVERLAY_KEPT_S)
         self.chat_ids = itertools.count()
 
     def push(self, t: float, kind: str, payload: Any = None) -> None:
@@ -261,7 +263,7 @@ class Sim:
             )
             chosen = decision.targets[0].target_id
             if overlay and decision.prefill is not None:
-                self.routed.setdefault(chosen, deque()).append(Routed(decision.prefill, now))
+                self.routed.note(chosen, decision.prefill, now)
         self.decision_s.append(time.thread_time() - start)
         return self.by_id[chosen]
 
@@ -270,11 +272,9 @@ class Sim:
         node's requests routed in the last OVERLAY_KEPT_S (part of the decision's cost)."""
         nodes = []
         for n in self.snapshot.nodes:
-            routed = self.routed.get(n.node_id)
-            while routed and now - routed[0].routed_at > OVERLAY_KEPT_S:
-                routed.popleft()
-            if routed and n.load is not None:
-                n = dataclasses.replace(n, load=dataclasses.replace(n.load, routed=tuple(routed)))
+            overlay = self.routed.sums(n.node_id, now, n.load.asked_at) if n.load is not None else None
+            if overlay is not None and n.load is not None:
+                n = dataclasses.replace(n, load=dataclasses.replace(n.load, overlay=overlay))
             nodes.append(n)
         return FleetSnapshot(nodes=tuple(nodes), providers=self.snapshot.providers)
 

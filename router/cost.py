@@ -23,7 +23,7 @@ Two corrections keep the comparison fair (issue 35's cold prefills, benchmarks/f
   node publishes one of the request's prefixes, its tokens are the node's own count: the
   request's size is taken as that prefix's published tokens plus the estimate of the rest
   (`Demand.sized`), on every node alike.
-- **The gateway's overlay** (`NodeLoad.routed`, kept by gateway/health/probes.py): the requests
+- **The gateway's overlay** (`NodeLoad.overlay`, kept by gateway/health/probes.py): the requests
   this gateway sent to a node that the node's last report was asked too early to show. Each is
   put in the node's queue (its uncached tokens), as admission puts its pending requests, so a
   burst inside one probe interval does not pile onto the node that looked cheapest; and each
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from protocol.prefix_cache import prefix_names
 from router.overload import QueueAhead, queue_ahead
 from router.params import RoutingParams
-from router.types import ModelQueue, NodeInfo, NodeLoad, Prefill, TrafficTier
+from router.types import ModelQueue, NodeInfo, NodeLoad, Overlaid, Prefill, Routed, TrafficTier
 
 
 @dataclass(frozen=True)
@@ -95,12 +95,12 @@ class Sized:
         if load is None or not self.names:
             return 0
         published = _longest(load.cached_prefixes, self.names)[1]
-        if not load.routed:
+        if load.overlay is None or not load.overlay.prefixes:
             return published
         # Within one routed request a longer prefix covers more tokens, so the most any of this
         # request's names gets in the overlay is what its longest held prefix gets.
-        overlay = _overlay(load).prefixes
-        return max(published, *(overlay.get(name, 0) for name in self.names))
+        held = load.overlay.prefixes
+        return max(published, *(held.get(name, 0) for name in self.names))
 
     def prefill(self, load: NodeLoad | None) -> Prefill:
         """What the node computes if the request goes there (the gateway's overlay keeps it)."""
@@ -129,29 +129,20 @@ def sized(demand: Demand, model: str, loads: Sequence[NodeLoad | None]) -> Sized
     return Sized(names, tokens, size)
 
 
-@dataclass(frozen=True)
-class _Overlaid:
-    prefixes: Mapping[str, int]  # every recent request's prefixes: name -> the most tokens given
-    unreported: int  # the requests sent since the report was asked
-    unreported_tokens: int  # their uncached tokens
-
-
-def _overlay(load: NodeLoad) -> _Overlaid:
-    """The overlay summed once per report object, not once per node cost: a busy gateway keeps
-    hundreds of requests per node in it."""
-    summed = load.derived.get("overlay")
-    if summed is None:
-        prefixes: dict[str, int] = {}
-        unreported = tokens = 0
-        for r in load.routed:
-            for name, held in r.prefill.prefixes.items():
-                if held > prefixes.get(name, 0):
-                    prefixes[name] = held
-            if r.routed_at >= load.asked_at:
-                unreported += 1
-                tokens += r.prefill.uncached_tokens
-        summed = load.derived["overlay"] = _Overlaid(prefixes, unreported, tokens)
-    return summed
+def overlaid(routed: Sequence[Routed], asked_at: float) -> Overlaid:
+    """What routing reads of a node's overlay (`Overlaid`), from its requests (oldest first)
+    and when the node's report was asked. The gateway keeps these sums as it notes requests
+    (gateway/health/probes.py); this is what they must equal."""
+    prefixes: dict[str, int] = {}
+    unreported = tokens = 0
+    for r in routed:
+        for name, held in r.prefill.prefixes.items():
+            if held > prefixes.get(name, 0):
+                prefixes[name] = held
+        if r.routed_at >= asked_at:
+            unreported += 1
+            tokens += r.prefill.uncached_tokens
+    return Overlaid(prefixes, unreported, tokens)
 
 
 def _longest(entries: Mapping[str, int], names: Sequence[str]) -> tuple[int, int]:
@@ -207,9 +198,8 @@ def node_cost(
     queue = load.models.get(model) if load is not None else None
     # The overlay's requests that the report cannot show (asked before they were sent).
     routed = routed_tokens = 0
-    if load is not None and load.routed:
-        overlay = _overlay(load)
-        routed, routed_tokens = overlay.unreported, overlay.unreported_tokens
+    if load is not None and load.overlay is not None:
+        routed, routed_tokens = load.overlay.unreported, load.overlay.unreported_tokens
     ahead = queue_ahead(queue, tier, requests=routed, tokens=routed_tokens)
     wait = _wait_s(queue, tier, ahead, overlaid=routed > 0)
     waiting = routed + (sum(queue.waiting_requests_by_tier.values()) if queue is not None else 0)

@@ -168,9 +168,9 @@ class NodeLoad:
     # The node's published prefix table: message-prefix name -> tokens it holds cached
     # (protocol/prefix_cache.py); empty: nothing published. Read-only: readers share it.
     cached_prefixes: Mapping[str, int] = field(default_factory=dict)
-    # The requests this gateway sent to the node lately (its overlay, gateway/health/probes.py),
-    # oldest first: a supplement to the report, never a replacement (router/cost.py).
-    routed: tuple[Routed, ...] = ()
+    # The requests this gateway sent to the node lately, summed (its overlay, kept by
+    # gateway/health/probes.py): a supplement to the report, never a replacement (router/cost.py).
+    overlay: Overlaid | None = None
 
     @functools.cached_property
     def derived(self) -> dict[Any, Any]:
@@ -195,6 +195,19 @@ class Routed:
 
     prefill: Prefill
     routed_at: float
+
+
+@dataclass(frozen=True)
+class Overlaid:
+    """The requests a gateway routed to one node lately, as routing reads them (router/cost.py,
+    `overlaid` says exactly what they sum): every one's prefixes, each with the most tokens any of
+    them gave it, and how many were sent since the node's report was asked, with the tokens they
+    prefill. Sums, not the requests: a busy gateway keeps dozens per node, and routing reads them
+    on every request."""
+
+    prefixes: Mapping[str, int] = field(default_factory=dict)
+    unreported: int = 0
+    unreported_tokens: int = 0
 
 
 @dataclass(frozen=True)

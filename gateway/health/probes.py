@@ -10,7 +10,7 @@ forgotten, one that restarts answers in full under a new epoch. `NodeLoad.cached
 mirror's table, so every replica that read the same version routes on the same table.
 
 The gateway's overlay (router/cost.py): the requests this gateway routed to each node in the
-last `routed_kept_s`, handed to routing with the node's report (`NodeLoad.routed`) by `result`.
+last `routed_kept_s`, handed to routing with the node's report, summed (`NodeLoad.overlay`), by `result`.
 The report is the source; the overlay only covers what it cannot show yet: a request sent after
 the report was asked, whose prefill the node's queue did not hold and whose prefixes its table
 did not name. It is this replica's alone, so it only ever adds to what every replica shares.
@@ -25,8 +25,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -37,7 +38,7 @@ from gateway.http import ConnectionPool, TransportError
 from gateway.runtime.tasks import cancel_and_wait
 from protocol.load import LoadReport
 from protocol.prefix_cache import PrefixMirror
-from router.types import ModelQueue, ModelVersion, NodeInfo, NodeLoad, Prefill, Routed
+from router.types import ModelQueue, ModelVersion, NodeInfo, NodeLoad, Overlaid, Prefill, Routed
 
 logger = logging.getLogger(__name__)
 
@@ -50,11 +51,10 @@ _LOAD_KEPT_MIN_S = 3.0
 
 # How long a routed request stays in the overlay: the node publishes a request's prefixes from
 # its arrival, so the report of the round after it was sent normally shows them; a few rounds
-# more cover a busy node answering late. The bound caps a burst's memory per node, and the
-# router's work: it sums a node's overlay once per request (router/cost.py), about 0.2 µs per
-# entry. 64 cover the last probe interval (0.25 s) up to 256 requests/s to one node, beyond what
-# one LLM node serves; the oldest go first, and they are the ones its reports already show. (256
-# cost a gateway relaying 1,200 requests/s to a single fixed-answer upstream 16% of its CPU.)
+# more cover a busy node answering late. The bound caps a burst's memory per node and the sums'
+# size (routing reads a fresh copy of a node's prefix sums after every request routed there):
+# 64 cover the last probe interval (0.25 s) up to 256 requests/s to one node, beyond what one LLM
+# node serves; the oldest go first, and they are the ones its reports already show.
 _ROUTED_KEPT_ROUNDS = 8
 _ROUTED_KEPT_MIN_S = 2.0
 _ROUTED_MAX = 64
@@ -71,42 +71,107 @@ class ProbeResult:
 _load_decoder = msgspec.json.Decoder(LoadReport)
 
 
+class _NodeOverlay:
+    """One node's routed requests (oldest first) and their sums (`Overlaid`), kept as requests
+    are noted and leave, so routing never walks the requests: it reads the sums."""
+
+    def __init__(self, max_requests: int) -> None:
+        self.requests: deque[Routed] = deque()
+        self._max = max_requests
+        # Prefix name -> the token counts the live requests gave it -> how many gave each.
+        self._held: dict[str, Counter[int]] = {}
+        self._tokens = 0  # the live requests' uncached tokens
+        # The requests (and their tokens) routed before `_asked_at`, the report's ask: a prefix
+        # of the deque, since requests are noted in time order.
+        self._asked_at = -math.inf
+        self._before = 0
+        self._before_tokens = 0
+        self._sums: Overlaid | None = None  # until something changes
+
+    def add(self, routed: Routed) -> None:
+        if len(self.requests) >= self._max:
+            self.drop_oldest()
+        self.requests.append(routed)
+        self._tokens += routed.prefill.uncached_tokens
+        for name, tokens in routed.prefill.prefixes.items():
+            self._held.setdefault(name, Counter())[tokens] += 1
+        self._sums = None
+
+    def drop_oldest(self) -> None:
+        routed = self.requests.popleft()
+        self._tokens -= routed.prefill.uncached_tokens
+        if self._before:
+            self._before -= 1
+            self._before_tokens -= routed.prefill.uncached_tokens
+        for name, tokens in routed.prefill.prefixes.items():
+            counts = self._held[name]
+            counts[tokens] -= 1
+            if not counts[tokens]:
+                del counts[tokens]
+                if not counts:
+                    del self._held[name]
+        self._sums = None
+
+    def sums(self, asked_at: float) -> Overlaid:
+        """router.cost.overlaid(self.requests, asked_at), from the kept sums."""
+        if asked_at != self._asked_at:
+            if asked_at < self._asked_at:  # an older report than last time: count afresh
+                self._before = self._before_tokens = 0
+            self._asked_at = asked_at
+            requests = self.requests
+            while self._before < len(requests) and requests[self._before].routed_at < asked_at:
+                self._before_tokens += requests[self._before].prefill.uncached_tokens
+                self._before += 1
+            self._sums = None
+        if self._sums is None:
+            self._sums = Overlaid(
+                prefixes={name: max(counts) for name, counts in self._held.items()},
+                unreported=len(self.requests) - self._before,
+                unreported_tokens=self._tokens - self._before_tokens,
+            )
+        return self._sums
+
+
 class Overlay:
     """The requests this gateway routed to each node lately, oldest first (module docstring):
-    each kept for `kept_s`, at most `max_per_node` per node."""
+    each kept for `kept_s`, at most `max_per_node` per node, with their sums kept as they come
+    and go (routing reads the sums on every request)."""
 
     def __init__(self, *, kept_s: float, max_per_node: int = _ROUTED_MAX) -> None:
         self.kept_s = kept_s
         self._max = max_per_node
-        self._routed: dict[str, deque[Routed]] = {}
-        # The tuple last handed out per node, until a request is noted or one expires: routing
-        # asks for it twice per request (admission, route), and the same tuple lets the prober
-        # hand out the same report, whose overlay the router then sums once (router/cost.py).
-        self._recent: dict[str, tuple[Routed, ...]] = {}
+        self._nodes: dict[str, _NodeOverlay] = {}
 
     def note(self, node_id: str, prefill: Prefill, now: float) -> None:
-        self._routed.setdefault(node_id, deque(maxlen=self._max)).append(Routed(prefill, now))
-        self._recent.pop(node_id, None)
+        node = self._nodes.get(node_id)
+        if node is None:
+            node = self._nodes[node_id] = _NodeOverlay(self._max)
+        node.add(Routed(prefill, now))
+
+    def _current(self, node_id: str, now: float) -> _NodeOverlay | None:
+        node = self._nodes.get(node_id)
+        if node is None:
+            return None
+        requests = node.requests
+        while requests and now - requests[0].routed_at > self.kept_s:
+            node.drop_oldest()
+        return node if requests else None
 
     def recent(self, node_id: str, now: float) -> tuple[Routed, ...]:
         """The node's requests routed within `kept_s` of `now` (older ones are dropped)."""
-        routed = self._routed.get(node_id)
-        if not routed:
-            return ()
-        if now - routed[0].routed_at > self.kept_s:
-            while routed and now - routed[0].routed_at > self.kept_s:
-                routed.popleft()
-            self._recent.pop(node_id, None)
-        recent = self._recent.get(node_id)
-        if recent is None:
-            recent = self._recent[node_id] = tuple(routed)
-        return recent
+        node = self._current(node_id, now)
+        return tuple(node.requests) if node is not None else ()
+
+    def sums(self, node_id: str, now: float, asked_at: float) -> Overlaid | None:
+        """The node's recent requests summed for routing against a report asked at `asked_at`;
+        None when there are none."""
+        node = self._current(node_id, now)
+        return node.sums(asked_at) if node is not None else None
 
     def keep(self, node_ids: Iterable[str]) -> None:
         """Forget the nodes not in `node_ids` (they left the directory)."""
         kept = set(node_ids)
-        self._routed = {n: r for n, r in self._routed.items() if n in kept and r}
-        self._recent = {n: r for n, r in self._recent.items() if n in self._routed}
+        self._nodes = {n: o for n, o in self._nodes.items() if n in kept and o.requests}
 
 
 class NodeProber:
@@ -130,7 +195,7 @@ class NodeProber:
         self._mirrors: dict[str, PrefixMirror] = {}
         self._overlay = Overlay(kept_s=max(_ROUTED_KEPT_ROUNDS * interval_s, _ROUTED_KEPT_MIN_S))
         # By node: (its last probe, the overlay tuple, the probe with that overlay) last handed out.
-        self._overlaid: dict[str, tuple[ProbeResult, tuple[Routed, ...], ProbeResult]] = {}
+        self._overlaid: dict[str, tuple[ProbeResult, Overlaid, ProbeResult]] = {}
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -148,14 +213,14 @@ class NodeProber:
         result = self._results.get(node_id)
         if result is None or result.load is None:
             return result
-        routed = self._overlay.recent(node_id, time.monotonic() if now is None else now)
-        if not routed:
+        sums = self._overlay.sums(node_id, time.monotonic() if now is None else now, result.load.asked_at)
+        if sums is None:
             return result
         last = self._overlaid.get(node_id)
-        if last is not None and last[0] is result and last[1] is routed:
-            return last[2]  # the same report and overlay: the same object (its sums are kept)
-        overlaid = dataclasses.replace(result, load=dataclasses.replace(result.load, routed=routed))
-        self._overlaid[node_id] = (result, routed, overlaid)
+        if last is not None and last[0] is result and last[1] is sums:
+            return last[2]  # the same report and overlay: the same object
+        overlaid = dataclasses.replace(result, load=dataclasses.replace(result.load, overlay=sums))
+        self._overlaid[node_id] = (result, sums, overlaid)
         return overlaid
 
     def routed(self, node_id: str, prefill: Prefill, *, now: float | None = None) -> None:

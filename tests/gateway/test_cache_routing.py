@@ -11,12 +11,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.health.probes import Overlay
 from protocol.prefix_cache import prefix_names
 from router import Prefill
+from router.cost import overlaid
 from tests.gateway.conftest import GLOBAL_KEY, NodeProcess, RunningGateway, gateway_over, running_fleet
 
 MODEL = "meridian-small"
@@ -87,7 +88,7 @@ def test_the_gateway_keeps_each_request_it_routed_in_its_overlay(gateway: Runnin
     result = gateway.gateway.fleet.prober.result(node, now=before)
 
     assert result is not None and result.load is not None
-    assert any(name in r.prefill.prefixes for r in result.load.routed)
+    assert result.load.overlay is not None and name in result.load.overlay.prefixes
 
 
 def _prefill(tokens: int) -> Prefill:
@@ -121,3 +122,42 @@ def test_the_overlay_forgets_nodes_that_left_and_stays_bounded() -> None:
 
     assert [r.prefill.uncached_tokens for r in overlay.recent("a", 1.0)] == [6, 7, 8, 9]
     assert overlay.recent("b", 1.0) == ()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            # a request routed `gap` s after the one before, naming some of three prefixes
+            st.tuples(
+                st.just("note"),
+                st.floats(0.0, 1.5),
+                st.dictionaries(st.sampled_from("pqr"), st.integers(1, 50), max_size=3),
+                st.integers(1, 99),
+            ),
+            # routing reads the sums `gap` s later, against a report asked `back` s before then
+            st.tuples(st.just("read"), st.floats(0.0, 1.5), st.floats(0.0, 3.0), st.just(0)),
+        ),
+        max_size=60,
+    ),
+    st.integers(1, 6),
+)
+def test_the_kept_sums_are_the_routers_sums_over_the_kept_requests(
+    steps: list[tuple[str, float, object, int]], max_per_node: int
+) -> None:
+    """The prober keeps each node's overlay summed as requests are noted and leave (by age or
+    the bound), so routing never walks them; whenever read, the sums equal router.cost.overlaid
+    over the requests kept, against any report's ask."""
+    overlay = Overlay(kept_s=2.0, max_per_node=max_per_node)
+    now = 0.0
+    for kind, gap, what, tokens in steps:
+        now += gap
+        if kind == "note":
+            assert isinstance(what, dict)
+            overlay.note("a", Prefill(prefixes=what, uncached_tokens=tokens), now)
+            continue
+        assert isinstance(what, float)
+        asked_at = now - what
+        sums = overlay.sums("a", now, asked_at)
+        kept = overlay.recent("a", now)
+        assert sums == (overlaid(kept, asked_at) if kept else None)

@@ -22,6 +22,7 @@ from router import (
     rendezvous_rank,
     route,
 )
+from router.cost import overlaid
 from tests.router.builders import ANYWHERE, LARGE, fleet, node
 
 STEP = StepCost(base_s=0.01, per_token_s=0.001)  # ~1 ms a prompt token: 1,000 tokens ~ 1 s
@@ -55,7 +56,8 @@ def reported(
         max_num_batched_tokens=2048,
         step_cost=STEP,
     )
-    load = NodeLoad(models={LARGE: queue}, cached_prefixes=cached or {}, routed=routed, asked_at=asked_at)
+    overlay = overlaid(routed, asked_at) if routed else None
+    load = NodeLoad(models={LARGE: queue}, cached_prefixes=cached or {}, overlay=overlay, asked_at=asked_at)
     return dataclasses.replace(node(node_id), load=load)
 
 
