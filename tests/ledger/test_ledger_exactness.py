@@ -129,23 +129,24 @@ async def one(
 
 
 async def continued_streams(url: str, fleet: list[NodeProcess], got: Received) -> None:
-    """Three long streams; once each has its first chunk, the node serving the first is killed, so
-    that stream is continued on the other node."""
+    """Three long streams; the node serving the first is killed as soon as that stream's first
+    chunk is in, so it is continued on the other node. (Killing it only once all three had their
+    first chunk let a fast node finish the first stream before the kill: nothing to continue.)"""
     headers = {"authorization": f"Bearer {KEYS['acme']}"}
     async with httpx.AsyncClient(timeout=TIMEOUT) as client:
-        requests = [body(SMALL, stream=True, max_tokens=96, text=f"tell a long story {i}") for i in range(3)]
-        opened = [
-            await client.send(
+        requests = [body(SMALL, stream=True, max_tokens=400, text=f"tell a long story {i}") for i in range(3)]
+        opened, lines = [], []
+        for i, r in enumerate(requests):
+            response = await client.send(
                 client.build_request("POST", url + "/v1/chat/completions", json=r, headers=headers),
                 stream=True,
             )
-            for r in requests
-        ]
-        lines = [r.aiter_lines() for r in opened]
-        firsts = [await anext(it) for it in lines]
-        assert all(f.startswith("data: ") for f in firsts)
-        victim = opened[0].headers["x-meridian-node"]
-        next(n for n in fleet if n.node_id == victim).kill()
+            opened.append(response)
+            lines.append(response.aiter_lines())
+            assert (await anext(lines[-1])).startswith("data: ")
+            if i == 0:
+                victim = response.headers["x-meridian-node"]
+                next(n for n in fleet if n.node_id == victim).kill()
         for response, it in zip(opened, lines, strict=True):
             usage = None
             async for line in it:
