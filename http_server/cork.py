@@ -9,9 +9,8 @@ joined and written once when the turn ends (`call_soon`), the way a corked TCP s
 `cork()`/`uncork()` around a tick) batches them.
 
 What it changes, and what it does not:
-- the bytes and their order are the same; they leave at the end of the current loop turn, or at
-  once when the response is complete (the server flushes then), so a whole answer never waits
-  for the turn to end;
+- the bytes and their order are the same; they leave at the end of the current loop turn, which
+  adds no wait a client could measure;
 - flow control still works: the joined write reaches the real transport within the turn, which
   pauses the protocol past its high-water mark as before, and what is held here is at most one
   turn's output (what the app produced from data already in memory);

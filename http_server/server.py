@@ -148,8 +148,6 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             self.cycle.__class__ = _EarlyAnswerCycle
 
     def on_response_complete(self) -> None:
-        # The response is whole: send it now rather than at the end of the loop turn (cork.py).
-        self.transport.flush()  # type: ignore[attr-defined]
         cycle = self.cycle
         if (cycle.more_body or getattr(cycle, "closes_early", False)) and not self.transport.is_closing():
             # Answered before the request's body was read (401, 404, 413, 408, ...): the response
