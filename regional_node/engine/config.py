@@ -6,9 +6,10 @@ Both are built once at start-up and handed to every part of the engine (no globa
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from regional_node.engine.errors import CheckpointError, EngineConfigError, UnsupportedArchitectureError
 
@@ -198,13 +199,7 @@ class SpeculativeConfig:
             return value
         if not isinstance(value, dict):
             raise EngineConfigError(f"speculative must be a mapping of options, got {value!r}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise EngineConfigError(
-                f"unknown speculative option(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}"
-            )
-        return cls(**value)
+        return _built(cls, value, "speculative")
 
 
 @dataclass(frozen=True)
@@ -267,10 +262,18 @@ class EngineConfig:
 
     @classmethod
     def from_options(cls, **options: Any) -> EngineConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise EngineConfigError(
-                f"unknown engine option(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}"
-            )
-        return cls(**options)
+        return _built(cls, options, "engine")
+
+
+T = TypeVar("T")
+
+
+def _built(cls: type[T], options: Mapping[str, Any], what: str) -> T:
+    """`cls(**options)`, or EngineConfigError naming the options `cls` does not have."""
+    known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise EngineConfigError(
+            f"unknown {what} option(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+        )
+    return cls(**options)
