@@ -12,6 +12,11 @@ and vLLM's V1 scheduler alike) runs a request:
   running sequence first, then prompt tokens in arrival (priority) order. The request's first
   token comes with the step that finishes its prompt, after the prompts ahead of it. A burst of
   short prompts is one step, not one step per prompt;
+- partial prefills (`long_prefill_token_threshold`, our engine's scheduler): a prefill computes at
+  most that many tokens per step and one long prompt is prefilled at a time, so the prompts ahead
+  pass at that pace; a prompt no longer than the threshold does not wait for them, it starts in
+  the next step beside the long one's chunk. The prompts ahead include the one in progress (the
+  node reports its tokens still to compute as waiting);
 - a step's duration follows its batched tokens: `StepCost`, `base_s + per_token_s * tokens`,
   fitted by the node on its recent steps (drain.py). It is the cost of a batch shape, so it
   holds after an idle spell, when a throughput averaged over a window has nothing to go by.
@@ -53,6 +58,7 @@ class EngineQueue:
     max_num_batched_tokens: int  # 0: unknown (then one step takes every prompt)
     step_cost: StepCost
     finish_rate: float = 0.0  # requests finished per second while busy; 0: not measured
+    long_prefill_token_threshold: int = 0  # 0: none (a prefill takes the whole step budget)
 
 
 def first_token_s(
@@ -78,12 +84,22 @@ def first_token_s(
     cost = queue.step_cost
     if not cost.measured:
         return slot_s
-    prefill = max(queue.waiting_tokens + more_tokens, 0) + max(prompt_tokens, 1)
+    ahead = max(queue.waiting_tokens + more_tokens, 0)
+    own = max(prompt_tokens, 1)
+    prefill = ahead + own
     running = max(queue.running, 0)
     # An unknown step size: one step takes every prompt beside the running sequences' decodes.
     budget = queue.max_num_batched_tokens if queue.max_num_batched_tokens > 0 else prefill + running
     decode = min(running, budget - 1)
-    steps = math.ceil(prefill / (budget - decode))
+    chunk = budget - decode
+    threshold = queue.long_prefill_token_threshold
+    if 0 < own <= threshold:
+        # A short prompt waits for no prompt ahead: one step after the one in progress. Those two
+        # steps carry at most a long prompt's chunk each beside the decodes.
+        prefill = own + min(ahead, threshold + min(threshold, max(chunk - own, 0)))
+        steps = 1
+    else:
+        steps = math.ceil(prefill / (min(chunk, threshold) if threshold > 0 else chunk))
     # The step in progress (a busy engine is mid-step when the request arrives; its prompt tokens,
     # if any, are still counted as waiting), then the steps that prefill the prompts ahead and
     # this one, each with the running sequences' decode tokens.

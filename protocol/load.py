@@ -44,6 +44,7 @@ class ModelLoad(msgspec.Struct, kw_only=True):
     waiting_requests_by_tier: dict[str, int] = msgspec.field(default_factory=dict)
     max_num_seqs: int | None = None
     max_num_batched_tokens: int = 0
+    long_prefill_token_threshold: int = 0  # partial prefills (protocol/first_token.py); 0: none
     step_cost: StepCost = msgspec.field(default_factory=StepCost)
     finish_rate: float = 0.0
     # Estimated seconds to a new request's first token, per tier (the node's own admission

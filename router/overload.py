@@ -100,6 +100,7 @@ def _ahead(queue: ModelQueue | None, tier: TrafficTier) -> _Node:
         running=max(queue.num_running, 0),
         max_num_seqs=queue.max_num_seqs,
         max_num_batched_tokens=queue.max_num_batched_tokens,
+        long_prefill_token_threshold=queue.long_prefill_token_threshold,
         step_cost=queue.step_cost,
         finish_rate=queue.finish_rate,
     )

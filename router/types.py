@@ -137,6 +137,7 @@ class ModelQueue:
     num_running: int = 0
     max_num_seqs: int | None = None
     max_num_batched_tokens: int = 0
+    long_prefill_token_threshold: int = 0
     step_cost: StepCost = field(default_factory=StepCost)
     finish_rate: float = 0.0
     # Seconds the oldest waiting request has waited, per tier (absent: none waiting).

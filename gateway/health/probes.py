@@ -309,6 +309,7 @@ class NodeProber:
                     num_running=m.num_running,
                     max_num_seqs=m.max_num_seqs,
                     max_num_batched_tokens=m.max_num_batched_tokens,
+                    long_prefill_token_threshold=m.long_prefill_token_threshold,
                     step_cost=m.step_cost,
                     finish_rate=m.finish_rate,
                     queue_age_s_by_tier=m.queue_age_s_by_tier,

@@ -62,6 +62,7 @@ class QueueState:
     max_num_seqs: int | None = None  # None: not limited
     finish_rate: float = 0.0  # requests finished per second while busy (drain.py's slot_rate)
     running: int = 0  # sequences running now
+    long_prefill_token_threshold: int = 0  # the scheduler's partial prefills; 0: none
 
     def idle(self) -> bool:
         return (
@@ -81,6 +82,7 @@ class QueueState:
             max_num_batched_tokens=self.max_num_batched_tokens,
             step_cost=self.step_cost,
             finish_rate=self.finish_rate,
+            long_prefill_token_threshold=self.long_prefill_token_threshold,
         )
 
 
@@ -124,6 +126,7 @@ def report(state: QueueState, limits: QueueLimits) -> dict[str, Any]:
         "finish_rate": state.finish_rate,
         "max_num_seqs": state.max_num_seqs,
         "max_num_batched_tokens": state.max_num_batched_tokens,
+        "long_prefill_token_threshold": state.long_prefill_token_threshold,
         "first_token_s_by_tier": first,
         "queue_wait_s": max(first.values()),
     }

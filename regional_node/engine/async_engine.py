@@ -222,6 +222,7 @@ class AsyncEngine:
             max_num_seqs=None if max_seqs is None else int(max_seqs),
             finish_rate=drain.slot_rate(),
             running=int(published.get("num_running", 0)),
+            long_prefill_token_threshold=int(published.get("long_prefill_token_threshold", 0) or 0),
         )
 
     def _num_tokens(self, tokens: list[int] | str | None) -> int:

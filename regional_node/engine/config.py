@@ -218,6 +218,10 @@ class EngineConfig:
     num_kv_blocks: int | None = None
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
+    # A prefill computes at most this many tokens per step, and at most one prompt with more
+    # uncached tokens than that is prefilled at a time, so requests whose prompts are cached start
+    # beside a cold one instead of after it (scheduler.py). 0: off.
+    long_prefill_token_threshold: int = 256
     enable_prefix_caching: bool = True
     kv_cache_memory_bytes: int | None = None
     kv_cache_memory_fraction: float | None = None
@@ -242,6 +246,11 @@ class EngineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise EngineConfigError(f"{name} must be an integer >= 1, got {value!r}")
+        threshold = self.long_prefill_token_threshold
+        if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
+            raise EngineConfigError(
+                f"long_prefill_token_threshold must be an integer >= 0, got {threshold!r}"
+            )
         for name in ("num_kv_blocks", "kv_cache_memory_bytes", "max_model_len"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):

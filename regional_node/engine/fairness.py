@@ -10,7 +10,7 @@ time cannot be banked as credit and a newcomer cannot starve everyone else.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 
 from regional_node.engine.sequence import PRIORITY_RANK, Sequence
 
@@ -84,11 +84,19 @@ class WaitingQueue:
         self.num_tokens += seq.num_tokens
         self._tier_tokens[seq.rank] += seq.num_tokens
 
-    def peek(self) -> Sequence | None:
+    def peek(self, passed: Container[Sequence] = frozenset()) -> Sequence | None:
+        """The next to admit; `passed`: sequences to look past (each tenant's first other one
+        stands in its place)."""
         for tier in self._tiers:
-            if tier:
-                tenant = min(tier, key=lambda t: (self._vtc.counter(t), tier[t][0].arrival))
-                return tier[tenant][0]
+            if not passed:
+                if tier:
+                    tenant = min(tier, key=lambda t: (self._vtc.counter(t), tier[t][0].arrival))
+                    return tier[tenant][0]
+                continue
+            firsts = (next((seq for seq in queue if seq not in passed), None) for queue in tier.values())
+            heads = [seq for seq in firsts if seq is not None]
+            if heads:
+                return min(heads, key=lambda s: (self._vtc.counter(s.tenant), s.arrival))
         return None
 
     def remove(self, seq: Sequence) -> None:

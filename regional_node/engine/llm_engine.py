@@ -64,6 +64,7 @@ class LLMEngine:
             self.block_manager,
             max_num_seqs=engine_config.max_num_seqs,
             max_num_batched_tokens=engine_config.max_num_batched_tokens,
+            long_prefill_token_threshold=engine_config.long_prefill_token_threshold,
             fairness=VirtualTokenCounter(
                 engine_config.fairness_prompt_weight, engine_config.fairness_output_weight
             ),
@@ -323,6 +324,7 @@ class LLMEngine:
     def stats(self) -> dict[str, Any]:
         bm, sched = self.block_manager, self.scheduler
         query, hit = sched.stats.prefix_cache_query_tokens, sched.stats.prefix_cache_hit_tokens
+        prompt_tokens = sched.prompt_tokens_by_tier()
         return {
             "kv_blocks_total": bm.num_blocks,
             "kv_blocks_used": bm.num_used_blocks,
@@ -330,8 +332,9 @@ class LLMEngine:
             "kv_cache_usage": bm.num_used_blocks / bm.num_blocks,
             "num_running": len(sched.running),
             "num_waiting": len(sched.waiting),
-            "waiting_tokens": sched.waiting.num_tokens,
-            "waiting_tokens_by_tier": sched.waiting.tokens_by_tier(),
+            "waiting_tokens": sum(prompt_tokens.values()),
+            # Prefills in progress count as waiting: the estimate queues new prompts behind them.
+            "waiting_tokens_by_tier": prompt_tokens,
             "waiting_requests_by_tier": sched.waiting.requests_by_tier(),
             # time.monotonic() of the oldest waiting request's arrival per tier: readers turn it
             # into an age at read time, so a stalled step loop shows an age that keeps growing.
@@ -341,6 +344,7 @@ class LLMEngine:
             "max_num_seqs": self.engine_config.max_num_seqs,
             "block_size": self.engine_config.block_size,
             "max_num_batched_tokens": self.engine_config.max_num_batched_tokens,
+            "long_prefill_token_threshold": self.engine_config.long_prefill_token_threshold,
             "num_preemptions": sched.stats.num_preemptions,
             "prefix_cache_query_tokens": query,
             "prefix_cache_hit_tokens": hit,

@@ -11,6 +11,14 @@ Each step has one token budget (max_num_batched_tokens) shared by decodes and pr
   3. then waiting requests are admitted in fairness order (fairness.py) while the budget, the
      sequence limit and the free blocks allow. Admission reserves blocks for all known tokens.
 A request that could not fit even alone in the pool is refused when added, so nothing deadlocks.
+
+Partial prefills (vLLM's `long_prefill_token_threshold`): with a threshold, a prefill computes at
+most that many tokens per step, and a prompt with more uncached tokens than that is *long*. At most
+one long prefill is in progress; a long request waits while one is, and the short ones behind it
+(a prompt mostly served from the prefix cache, a short question) are admitted beside it. Without
+this a cold 2,000-token prompt is one step of the whole budget, and a request whose prompt is
+cached waits for all of it before its own first token: the time cache-aware routing saved is spent
+queueing behind another tenant's prompt. Steps stay short, so decodes also keep their pace.
 """
 
 from __future__ import annotations
@@ -64,10 +72,13 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         fairness: VirtualTokenCounter | None = None,
+        long_prefill_token_threshold: int = 0,
     ) -> None:
         self.blocks = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        # 0: off (a prefill takes all the budget left; one request admitted after another).
+        self.long_prefill_token_threshold = long_prefill_token_threshold
         self.fairness = fairness or VirtualTokenCounter()
         self.waiting = WaitingQueue(self.fairness)
         # Sorted by (tier, admission order): the head is served first, the tail preempted first.
@@ -102,6 +113,15 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         self.fairness.depart(seq.tenant)
 
+    def prompt_tokens_by_tier(self) -> dict[str, int]:
+        """Prompt tokens still to prefill per tier: the waiting requests' and what is left of the
+        prefills in progress (with partial prefills, a long one lasts many steps)."""
+        tokens = self.waiting.tokens_by_tier()
+        for seq in self.running:
+            if seq.num_uncomputed_tokens > 1:
+                tokens[seq.priority] += seq.num_uncomputed_tokens
+        return tokens
+
     def has_unfinished(self) -> bool:
         return bool(self.running) or len(self.waiting) > 0
 
@@ -134,18 +154,28 @@ class Scheduler:
             i += 1
         if proposals:
             budget = self._add_drafts(out, proposals, budget)
+        long_in_progress = False
         for seq in running:
-            if budget == 0:
-                break
             if seq.num_uncomputed_tokens > 1:
-                n = min(seq.num_uncomputed_tokens, budget)
+                long_in_progress = long_in_progress or self._is_long(seq.num_uncomputed_tokens)
+                if budget == 0:
+                    continue
+                n = self._chunk(seq.num_uncomputed_tokens, budget)
                 # Admission reserved blocks for every known token, so a prefill chunk never allocates.
                 assert self.blocks.blocks_needed(seq, seq.num_computed_tokens + n) == 0
                 self._take(out, seq, n)
                 budget -= n
         if not out.preempted:
-            self._admit(out, budget)
+            self._admit(out, budget, long_in_progress)
         return out
+
+    def _is_long(self, uncomputed: int) -> bool:
+        """More prompt than one step's chunk: it stays in progress after this step."""
+        return 0 < self.long_prefill_token_threshold < uncomputed
+
+    def _chunk(self, uncomputed: int, budget: int) -> int:
+        n = min(uncomputed, budget)
+        return min(n, self.long_prefill_token_threshold) if self.long_prefill_token_threshold else n
 
     def _add_drafts(self, out: SchedulerOutput, proposals: Mapping[Sequence, list[int]], budget: int) -> int:
         for chunk in out.chunks:
@@ -166,13 +196,18 @@ class Scheduler:
             budget -= k
         return budget
 
-    def _admit(self, out: SchedulerOutput, budget: int) -> None:
+    def _admit(self, out: SchedulerOutput, budget: int, long_in_progress: bool) -> None:
         bs = self.blocks.block_size
+        passed: set[Sequence] = set()  # long requests waiting for the long prefill in progress
         while budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting.peek()
+            seq = self.waiting.peek(passed)
             if seq is None:
                 break
             hit = self.blocks.prefix_hit(seq)
+            long = self._is_long(seq.num_tokens - len(hit) * bs)
+            if long and long_in_progress:
+                passed.add(seq)
+                continue
             reserve = self._watermark if self.running else 0
             if self.blocks.admission_cost(seq, hit) + reserve > self.blocks.num_free_blocks:
                 break  # head-of-line waits: skipping it could starve large requests
@@ -188,9 +223,10 @@ class Scheduler:
             seq.admitted_order = self._admissions
             self._admissions += 1
             bisect.insort(self.running, seq, key=lambda s: (s.rank, s.admitted_order))
-            n = min(seq.num_uncomputed_tokens, budget)
+            n = self._chunk(seq.num_uncomputed_tokens, budget)
             self._take(out, seq, n)
             budget -= n
+            long_in_progress = long_in_progress or long
 
     def _take(self, out: SchedulerOutput, seq: Sequence, n: int) -> None:
         start = seq.num_computed_tokens

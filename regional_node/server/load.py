@@ -109,6 +109,7 @@ def _model_load(
         },
         max_num_seqs=stats.get("max_num_seqs"),
         max_num_batched_tokens=_int(stats, "max_num_batched_tokens"),
+        long_prefill_token_threshold=_int(stats, "long_prefill_token_threshold"),
         step_cost=stats.get("step_cost") or StepCost(),
         finish_rate=float(stats.get("finish_rate", 0.0) or 0.0),
         spec_decode_acceptance_rate=stats.get("spec_decode_acceptance_rate"),

@@ -131,6 +131,48 @@ def test_the_time_to_first_token_is_the_step_in_progress_plus_the_prefill_steps_
     assert first_token_s(idle, "interactive", 40, 60) == pytest.approx(0.5)
 
 
+def test_with_partial_prefills_a_short_prompt_skips_the_long_ones_and_a_long_one_waits_at_their_pace() -> (
+    None
+):
+    cost = StepCost(base_s=0.05, per_token_s=0.001)
+
+    def state(threshold: int, waiting: int) -> QueueState:
+        return QueueState(
+            {"interactive": waiting, "batch": 0},
+            step_cost=cost,
+            max_num_batched_tokens=2048,
+            max_num_seqs=8,
+            running=1,
+            long_prefill_token_threshold=threshold,
+        )
+
+    # Without the threshold a 20-token prompt waits behind 4,000 queued tokens: two 2,047-token
+    # steps after the one in progress.
+    assert first_token_s(state(0, 4000), "interactive", 20, 60) == pytest.approx(0.051 * 3 + 4.02)
+    # With it, one step after the one in progress, with two long chunks in those steps.
+    assert first_token_s(state(256, 4000), "interactive", 20, 60) == pytest.approx(0.051 * 2 + 0.532)
+    # ...and the queue's size no longer matters to it.
+    assert first_token_s(state(256, 40_000), "interactive", 20, 60) == first_token_s(
+        state(256, 4000), "interactive", 20, 60
+    )
+    # A long prompt waits for the prompts ahead at 256 tokens a step: 4,000 + 1,000 in 20 steps.
+    assert first_token_s(state(256, 4000), "interactive", 1000, 60) == pytest.approx(0.051 * 21 + 5.0)
+
+
+def test_the_waiting_tokens_count_a_prefill_in_progress_until_its_last_chunk() -> None:
+    scheduler = Scheduler(
+        BlockManager(64, 4), max_num_seqs=4, max_num_batched_tokens=64, long_prefill_token_threshold=16
+    )
+    scheduler.add(Sequence("long", list(range(60)), 60, 1))
+    assert scheduler.prompt_tokens_by_tier()["interactive"] == 60
+    out = scheduler.schedule()
+    scheduler.step_done(out)
+    assert scheduler.prompt_tokens_by_tier()["interactive"] == 44  # running now, 44 still to compute
+    for _ in range(3):
+        scheduler.step_done(scheduler.schedule())
+    assert scheduler.prompt_tokens_by_tier()["interactive"] == 0
+
+
 def test_without_a_free_slot_a_request_also_waits_for_running_ones_to_finish() -> None:
     base = {
         "waiting_tokens": {"interactive": 10, "batch": 10},

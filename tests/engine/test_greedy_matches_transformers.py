@@ -83,6 +83,37 @@ def test_requests_arriving_while_others_decode(llama_dir: Path) -> None:
         assert tokens[f"r{i}"] == hf_greedy(llama_dir, prompt, GREEDY.max_tokens)
 
 
+def test_partial_prefills_start_a_cached_prompt_beside_a_cold_one_with_tokens_unchanged(
+    llama_dir: Path,
+) -> None:
+    """long_prefill_token_threshold=8: the cold 120-token prompt is prefilled 8 tokens a step; a
+    request whose 64-token prefix is cached arrives after its first chunk and has its first token
+    long before the cold prompt has its own. Every output still equals transformers'."""
+    engine = LLMEngine.from_pretrained(llama_dir, block_size=4, long_prefill_token_threshold=8)
+    shared, cold, tails = (
+        random_prompts([64], seed=7)[0],
+        random_prompts([120], seed=8)[0],
+        random_prompts([3], seed=9),
+    )
+    engine.generate([shared + tails[0]], GREEDY)
+    engine.add_request("cold", cold, GREEDY)
+    first_token_step: dict[str, int] = {}
+    tokens: dict[str, list[int]] = {"cold": [], "warm": []}
+    for step in range(200):
+        if step == 1:
+            engine.add_request("warm", shared + tails[0][:2], GREEDY)
+        for delta in engine.step():
+            if delta.new_token_ids:
+                first_token_step.setdefault(delta.request_id, step)
+            tokens[delta.request_id] += delta.new_token_ids
+        if not engine.has_unfinished_requests():
+            break
+    assert first_token_step["warm"] <= 3 < 14 <= first_token_step["cold"]
+    assert tokens["cold"] == hf_greedy(llama_dir, cold, GREEDY.max_tokens)
+    assert tokens["warm"] == hf_greedy(llama_dir, shared + tails[0][:2], GREEDY.max_tokens)
+    assert engine.stats()["kv_blocks_used"] == 0
+
+
 def test_prefix_cache_hits_keep_tokens_identical(model_dir: Path) -> None:
     engine = LLMEngine.from_pretrained(model_dir, block_size=8)
     shared = random_prompts([64], seed=4)[0]

@@ -242,3 +242,105 @@ def test_budget_respected_no_deadlock_and_no_leak(
     assert all(q.num_output_tokens == q.max_tokens for q in finished)
     assert s.blocks.num_used_blocks == 0
     assert all(r == 0 for r in s.blocks.ref_counts)
+
+
+def _threshold_scheduler(threshold: int, budget: int = 64, num_blocks: int = 128) -> Scheduler:
+    return Scheduler(
+        BlockManager(num_blocks, 4, enable_prefix_caching=True),
+        max_num_seqs=16,
+        max_num_batched_tokens=budget,
+        long_prefill_token_threshold=threshold,
+    )
+
+
+def test_a_cached_prompt_starts_beside_a_long_prefill_not_after_it() -> None:
+    """Partial prefills: a request whose prompt is mostly cached gets its first token while
+    another tenant's cold prompt is still being prefilled, where it used to wait for all of it."""
+    s = _threshold_scheduler(threshold=16)
+    warm_first = make_seq(40, max_tokens=1, tenant="warm")
+    s.add(warm_first)
+    run_to_completion(s)  # its 40 tokens are cached now (9 full blocks)
+    cold = make_seq(120, max_tokens=1, tenant="cold")
+    s.add(cold)
+    out, _ = fake_step(s)
+    assert [(c.seq, c.num_tokens) for c in out.chunks] == [(cold, 16)]  # capped at the threshold
+    warm = Sequence("w2", [*warm_first.token_ids[:40], 5, 6], 42, 1, tenant="warm", arrival=10_000)
+    s.add(warm)
+    sampled: list[Sequence] = []
+    fake_step(s, sampled)
+    assert warm in sampled  # its 6 uncached tokens went beside the cold chunk
+    assert cold.num_uncomputed_tokens > 16
+
+
+def test_one_long_prefill_at_a_time_and_the_next_starts_when_it_is_done() -> None:
+    s = _threshold_scheduler(threshold=16)
+    first, second = make_seq(60, max_tokens=1, tenant="a"), make_seq(60, max_tokens=1, tenant="b")
+    s.add(first)
+    s.add(second)
+    steps_with_second = []
+    for step in range(10):
+        out, _ = fake_step(s)
+        assert all(c.num_tokens <= 16 for c in out.chunks)
+        assert sum(seq.num_uncomputed_tokens > 1 for seq in s.running) <= 1  # one prompt in progress
+        if any(c.seq is second for c in out.chunks):
+            steps_with_second.append(step)
+    # first: 16 + 16 + 16 + 12 (steps 0-3; its last chunk leaves room, so second starts in step 3)
+    assert steps_with_second[0] == 3
+
+
+def test_without_a_threshold_a_prefill_takes_the_whole_budget() -> None:
+    s = _threshold_scheduler(threshold=0)
+    cold, short = make_seq(120, max_tokens=1, tenant="a"), make_seq(4, max_tokens=1, tenant="b")
+    s.add(cold)
+    s.add(short)
+    out, _ = fake_step(s)
+    assert [(c.seq, c.num_tokens) for c in out.chunks] == [(cold, 64)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    requests=st.lists(
+        st.tuples(st.integers(1, 60), st.integers(1, 6), st.sampled_from("abc"), st.booleans()),
+        min_size=1,
+        max_size=20,
+    ),
+    threshold=st.integers(1, 24),
+    budget=st.integers(1, 48),
+    num_blocks=st.integers(20, 60),
+)
+def test_partial_prefills_respect_the_threshold_and_drain(
+    requests: list[tuple[int, int, str, bool]], threshold: int, budget: int, num_blocks: int
+) -> None:
+    """Whatever arrives: no prefill chunk over the threshold, at most one sequence with more than
+    a threshold of prompt left, every request finished, no block leaked (prefix hits included:
+    `shared` requests start with one common 24-token prefix)."""
+    s = Scheduler(
+        BlockManager(num_blocks, 4, enable_prefix_caching=True),
+        max_num_seqs=8,
+        max_num_batched_tokens=budget,
+        long_prefill_token_threshold=threshold,
+    )
+    common = [900 + i for i in range(24)]
+    pending = []
+    for i, (prompt, max_tokens, tenant, shared) in enumerate(requests):
+        tokens = (common if shared else []) + [(i * 37 + j) % 800 for j in range(prompt)]
+        pending.append(Sequence(f"p{i}", tokens, len(tokens), max_tokens, tenant=tenant, arrival=i))
+    finished: list[Sequence] = []
+    for step in range(20_000):
+        if pending and step % 2 == 0:
+            seq = pending.pop(0)
+            try:
+                s.add(seq)
+            except RequestTooLargeError:
+                assert s.blocks.blocks_for(seq.max_total_tokens) > num_blocks
+        if not pending and not s.has_unfinished():
+            break
+        out, done = fake_step(s)
+        finished += done
+        assert out.num_batched_tokens <= budget
+        assert all(c.num_tokens <= threshold for c in out.chunks)
+        assert sum(seq.num_uncomputed_tokens > threshold for seq in s.running) <= 1
+    else:
+        raise AssertionError("did not drain")
+    assert all(q.num_output_tokens == q.max_tokens for q in finished)
+    assert s.blocks.num_used_blocks == 0
