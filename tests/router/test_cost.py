@@ -194,3 +194,26 @@ def test_a_holder_keeps_a_prompt_until_its_queue_costs_twice_a_cold_prefill(
         assert decision.targets[0].target_id == "spare"
     elif costs["holder"] < limit - 0.01 and cached:
         assert decision.targets[0].target_id == "holder"
+
+
+def test_only_the_group_a_request_goes_to_is_costed_and_failover_is_ordered_by_load() -> None:
+    """The first (saturated, preference class) group is costed; the other regions' nodes are
+    failover, ordered by load band and affinity, and say no cost. When the home region is
+    saturated, the next class is the one costed."""
+    name = prefix_names(LARGE, None, CHAT)[0]
+    home = [busy("home-a"), busy("home-b", cached={name: 960})]
+    away = [
+        dataclasses.replace(busy("away-hot", kv=0.7, cached={name: 960}), region="eu-central"),
+        dataclasses.replace(busy("away-cold", kv=0.0), region="eu-central"),
+    ]
+    decision = route(request(), ANYWHERE, fleet(*home, *away))
+    order = [t.target_id for t in decision.targets]
+    assert order[:2] == ["home-b", "home-a"]
+    assert order[2:] == ["away-cold", "away-hot"]  # load band, not the cache
+    assert all("cost=" in t.reason for t in decision.targets[:2])
+    assert not any("cost=" in t.reason for t in decision.targets[2:])
+
+    saturated = [dataclasses.replace(n, load=dataclasses.replace(n.load, kv_cache_usage=1.0)) for n in home]
+    decision = route(request(), ANYWHERE, fleet(*saturated, *away))
+    assert [t.target_id for t in decision.targets][:2] == ["away-hot", "away-cold"]  # costed: the cache wins
+    assert all("cost=" in t.reason for t in decision.targets[:2])
