@@ -12,7 +12,9 @@
 
 So a cached prefix wins exactly while the prefill it saves is worth more than the extra queue
 it waits behind: a hot prefix's node, once its queue costs more than a cold prefill elsewhere,
-sends the overflow to a second node, whose table then holds the prefix too.
+sends the overflow to a second node, whose table then holds the prefix too. (On a node with
+partial prefills a warm request waits behind no queued prompt, so what sends it elsewhere is a
+node out of sequence slots, or decodes slowing every step.)
 
 Two corrections keep the comparison fair (issue 35's cold prefills, benchmarks/fleet_routing.py):
 

@@ -217,3 +217,28 @@ def test_only_the_group_a_request_goes_to_is_costed_and_failover_is_ordered_by_l
     decision = route(request(), ANYWHERE, fleet(*saturated, *away))
     assert [t.target_id for t in decision.targets][:2] == ["away-hot", "away-cold"]  # costed: the cache wins
     assert all("cost=" in t.reason for t in decision.targets[:2])
+
+
+def test_with_partial_prefills_a_holder_keeps_warm_requests_until_its_slots_run_out() -> None:
+    """A node with partial prefills starts a request whose prompt it holds beside its queued cold
+    prompts, so queued tokens no longer push a warm request away; a node out of sequence slots
+    does (the hot prefix overflows once its holder is saturated)."""
+    name = prefix_names(LARGE, None, CHAT)[0]
+
+    def holder(running: int) -> NodeInfo:
+        queue = ModelQueue(
+            waiting_tokens=4000,
+            waiting_tokens_by_tier={"interactive": 4000},
+            waiting_requests_by_tier={"interactive": 2},
+            num_running=running,
+            max_num_seqs=8,
+            max_num_batched_tokens=512,
+            long_prefill_token_threshold=256,
+            step_cost=STEP,
+            finish_rate=0.5,
+        )
+        load = NodeLoad(kv_cache_usage=0.1, models={LARGE: queue}, cached_prefixes={name: 960})
+        return dataclasses.replace(node("hot"), load=load)
+
+    assert first(route(request(), ANYWHERE, fleet(holder(running=3), busy("spare")))) == "hot"
+    assert first(route(request(), ANYWHERE, fleet(holder(running=8), busy("spare")))) == "spare"
