@@ -421,7 +421,9 @@ def start_fleet(work: Path, args: argparse.Namespace) -> tuple[list[Server], lis
         "directory": {"type": "static", "file": str(work / "regions.yaml")},
         "listen": {"host": "127.0.0.1", "port": port},
         "ledger": {"enabled": False},
-        "admission": {"enabled": False},  # as the nodes: nothing shed, only routed
+        # As the nodes: nothing shed, only routed; --gateway-admission keeps the gateway's
+        # default admission (an interactive target of 0.5 s), as a deployment would run it.
+        **({} if args.gateway_admission else {"admission": {"enabled": False}}),
     }
     (work / "gateway.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     gateway = start_server(
@@ -635,6 +637,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     parser.add_argument("--out-dir", type=Path, default=REPO / "benchmarks" / "results" / "fleet_routing")
+    parser.add_argument(
+        "--gateway-admission",
+        action="store_true",
+        help="run the gateway with its default admission control (refused requests count as failed)",
+    )
     args = parser.parse_args(argv)
     args.cost_params = {k: float(v) for k, v in (p.split("=", 1) for p in args.cost_params)}
     with tempfile.TemporaryDirectory(prefix="fleet-routing-") as tmp:

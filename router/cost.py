@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from protocol.prefix_cache import prefix_names
 from router.overload import QueueAhead, queue_ahead
 from router.params import RoutingParams
-from router.types import ModelQueue, NodeInfo, NodeLoad, Overlaid, Prefill, Routed, TrafficTier
+from router.types import ModelQueue, NodeInfo, NodeLoad, Overlaid, Prefill, Routed, TenantPolicy, TrafficTier
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,22 @@ class Demand:
     prompt_tokens: int = 1
     conversation: tuple[tuple[str, str], ...] = ()
     salt: str | None = None  # the node's cache salt for this tenant (isolated tenants)
+
+    @classmethod
+    def of(
+        cls, policy: TenantPolicy, prompt_tokens: int, conversation: tuple[tuple[str, str], ...]
+    ) -> Demand:
+        """A tenant's request: `prompt_tokens` is the gateway's estimate (<= 0: 4 bytes a token
+        and 4 per message, the gateway's own rule)."""
+        if prompt_tokens <= 0:
+            prompt_tokens = sum(len(text.encode()) // 4 + 4 for _, text in conversation)
+        return cls(
+            tier=policy.traffic_tier,
+            prompt_tokens=max(prompt_tokens, 1),
+            conversation=conversation,
+            # The node salts an isolated tenant's cache with its id (the gateway's cache-salt header).
+            salt=policy.tenant_id if policy.prefix_cache == "isolated" else None,
+        )
 
     def names(self, model: str) -> tuple[str, ...]:
         return prefix_names(model, self.salt, self.conversation) if self.conversation else ()
@@ -129,6 +145,17 @@ def sized(demand: Demand, model: str, loads: Sequence[NodeLoad | None]) -> Sized
         if held:
             size = max(size, held + estimate - tokens[k])
     return Sized(names, tokens, size)
+
+
+def held(demand: Demand, model: str, nodes: Sequence[NodeInfo]) -> tuple[int, dict[str, int]]:
+    """The request's size in the nodes' tokens (`sized`), and per node holding part of it (its
+    published table or the gateway's overlay), the tokens it holds: what admission's estimate
+    (router.overload.pool_wait) needs to count only the prompt a node would compute."""
+    size = sized(demand, model, [n.load for n in nodes])
+    if not size.names:
+        return size.prompt_tokens, {}
+    cached = ((n.node_id, size.cached(n.load)) for n in nodes)
+    return size.prompt_tokens, {node_id: tokens for node_id, tokens in cached if tokens}
 
 
 def overlaid(routed: Sequence[Routed], asked_at: float) -> Overlaid:

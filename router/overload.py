@@ -27,7 +27,7 @@ at a node the request could not go to).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -54,6 +54,8 @@ class PoolWait:
     # Nothing is ahead of the request on the node it would go to (no request running, waiting or
     # pending there): no pool could start it sooner, so no target should refuse it.
     idle: bool = False
+    # The request's tokens to prefill on that node (its prompt less what the node holds).
+    tokens: int = 1
 
 
 @dataclass(frozen=True)
@@ -164,10 +166,14 @@ def pool_wait(
     tier: TrafficTier,
     prompt_tokens: int = 1,
     pending: Sequence[PendingRequest] = (),
+    cached: Mapping[str, int] | None = None,
 ) -> PoolWait | None:
     """The pool's estimate for a new request of `prompt_tokens` (module docstring); None when no
     node may serve the request, in which case routing, not admission, has the answer (a 503 that
-    says why). `pending`: the gateway's admitted requests for this model without a first token."""
+    says why). `pending`: the gateway's admitted requests for this model without a first token.
+    `cached`: per node id, the request's tokens that node holds in its prefix cache (router.cost
+    finds them), so only the rest is prefilled there: on a node that starts short prompts beside
+    long ones, a cached prompt's wait is one step, where counting it whole would refuse it."""
     nodes = screen_nodes(fleet.nodes, model=model, residency=residency, exclude=frozenset()).admitted
     if not nodes:
         return None
@@ -191,7 +197,14 @@ def pool_wait(
         )
         placed[best] += 1
         placed_tokens[best] += request.tokens
+    own = [max(prompt_tokens - cached.get(n.node_id, 0), 1) for n in nodes] if cached else None
     wait_s, best = min(
-        (node.estimate(prompt_tokens, placed[i], placed_tokens[i]), i) for i, node in enumerate(ahead)
+        (node.estimate(own[i] if own else prompt_tokens, placed[i], placed_tokens[i]), i)
+        for i, node in enumerate(ahead)
     )
-    return PoolWait(wait_s=wait_s, nodes=len(nodes), idle=ahead[best].idle and placed[best] == 0)
+    return PoolWait(
+        wait_s=wait_s,
+        nodes=len(nodes),
+        idle=ahead[best].idle and placed[best] == 0,
+        tokens=own[best] if own else prompt_tokens,
+    )

@@ -167,16 +167,7 @@ def _described(model: str, version: str | None) -> str:
 
 
 def _demand(request: RouteRequest, policy: TenantPolicy) -> Demand:
-    prompt_tokens = request.prompt_tokens
-    if prompt_tokens <= 0:  # the gateway's own estimate's rule: 4 bytes a token, 4 per message
-        prompt_tokens = sum(len(text.encode()) // 4 + 4 for _, text in request.conversation)
-    return Demand(
-        tier=policy.traffic_tier,
-        prompt_tokens=max(prompt_tokens, 1),
-        conversation=request.conversation,
-        # The node salts an isolated tenant's cache with its id (the gateway's cache-salt header).
-        salt=policy.tenant_id if policy.prefix_cache == "isolated" else None,
-    )
+    return Demand.of(policy, request.prompt_tokens, request.conversation)
 
 
 def _affinity_key(request: RouteRequest, policy: TenantPolicy) -> str:

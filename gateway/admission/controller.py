@@ -47,6 +47,7 @@ from gateway.admission.queue import FairQueue, Waiter
 from gateway.config import AdmissionConfig
 from gateway.metrics import GatewayMetrics
 from router import PendingRequest, PoolWait, degrade_model, pool_wait
+from router.cost import Demand, held
 from router.types import CatalogModel, FleetSnapshot, Residency, TenantPolicy, TrafficTier
 
 TIERS: tuple[TrafficTier, ...] = ("interactive", "batch")
@@ -119,15 +120,24 @@ class AdmissionController:
 
     # -- the request path ---------------------------------------------------------------------
 
-    async def admit(self, tenant: TenantPolicy, model: CatalogModel, prompt_tokens: int) -> Admitted:
-        """Admitted (maybe degraded) once the request may go upstream; raises Overloaded."""
+    async def admit(
+        self,
+        tenant: TenantPolicy,
+        model: CatalogModel,
+        prompt_tokens: int,
+        conversation: tuple[tuple[str, str], ...] = (),
+    ) -> Admitted:
+        """Admitted (maybe degraded) once the request may go upstream; raises Overloaded.
+        `conversation`: a chat's messages (protocol.prefix_cache.conversation_of), so the estimate
+        counts only the prompt a node does not hold cached."""
         if not self._config.enabled:
             request = PendingRequest(prompt_tokens, tenant.traffic_tier, self._clock())
             return Admitted(model, None, Ticket(None, model.name, request))
+        demand = Demand.of(tenant, prompt_tokens, conversation)
         tier = tenant.traffic_tier
         queue = self._queues[tier]
         if not queue:
-            admitted = self._decide(tenant, model, prompt_tokens)
+            admitted = self._decide(tenant, model, demand)
             if admitted is not None:
                 return admitted
         settings = self._config.tier(tier)
@@ -141,7 +151,7 @@ class AdmissionController:
         # A waiter is admitted only while it can still start within its target (the wait counts),
         # so it waits no longer than the target either.
         patience = min(settings.queue_deadline_s, settings.target_ttft_s)
-        waiter = Waiter(tenant, model, prompt_tokens, enqueued_at=now, deadline=now + patience)
+        waiter = Waiter(tenant, model, demand, enqueued_at=now, deadline=now + patience)
         queue.push(waiter)
         try:
             self.pump()
@@ -184,7 +194,7 @@ class AdmissionController:
                     if tier == "batch" and self._queues["interactive"]:
                         return
                     waited = now - waiter.enqueued_at
-                    admitted = self._decide(waiter.tenant, waiter.model, waiter.tokens, waited_s=waited)
+                    admitted = self._decide(waiter.tenant, waiter.model, waiter.demand, waited_s=waited)
                     if admitted is None:
                         continue
                     queue.remove(waiter)
@@ -196,7 +206,7 @@ class AdmissionController:
     # -- decisions ------------------------------------------------------------------------------
 
     def _decide(
-        self, tenant: TenantPolicy, model: CatalogModel, tokens: int, *, waited_s: float = 0.0
+        self, tenant: TenantPolicy, model: CatalogModel, demand: Demand, *, waited_s: float = 0.0
     ) -> Admitted | None:
         """Admitted now (maybe degraded), or None: the request must wait. `waited_s`: how long it
         has waited in the gateway queue, which its time to first token includes."""
@@ -204,25 +214,25 @@ class AdmissionController:
         interactive = self._config.interactive.target_ttft_s
         if tenant.traffic_tier == "interactive":
             left = interactive - waited_s
-            estimate = self._estimate(fleet, model.name, tenant.residency, "interactive", tokens)
+            estimate = self._estimate(fleet, model.name, tenant.residency, "interactive", demand)
             if self._within(estimate, model.name, "interactive", left):
-                return self._admitted(tenant, model, tokens, estimate, degraded_from=None)
+                return self._admitted(tenant, model, demand, estimate, degraded_from=None)
             small = degrade_model(model.name, tenant, self._catalog)
             if small is not None:
-                estimate = self._estimate(fleet, small.name, tenant.residency, "interactive", tokens)
+                estimate = self._estimate(fleet, small.name, tenant.residency, "interactive", demand)
                 if estimate is not None and self._within(estimate, small.name, "interactive", left):
-                    return self._admitted(tenant, small, tokens, estimate, degraded_from=model.name)
+                    return self._admitted(tenant, small, demand, estimate, degraded_from=model.name)
             return None
         if self._queues["interactive"] or self._clock() < self._batch_held_until:
             return None
         # Batch goes only where interactive load leaves room.
-        interactive_now = self._estimate(fleet, model.name, tenant.residency, "interactive", tokens)
+        interactive_now = self._estimate(fleet, model.name, tenant.residency, "interactive", demand)
         if not self._within(interactive_now, model.name, "interactive", interactive):
             return None
-        estimate = self._estimate(fleet, model.name, tenant.residency, "batch", tokens)
+        estimate = self._estimate(fleet, model.name, tenant.residency, "batch", demand)
         if not self._within(estimate, model.name, "batch", self._config.batch.target_ttft_s - waited_s):
             return None
-        return self._admitted(tenant, model, tokens, estimate, degraded_from=None)
+        return self._admitted(tenant, model, demand, estimate, degraded_from=None)
 
     def _within(self, estimate: PoolWait | None, model: str, tier: TrafficTier, budget_s: float) -> bool:
         """May a request start: no pool at all is routing's to answer (a 503 that says why), not
@@ -240,13 +250,14 @@ class AdmissionController:
         self,
         tenant: TenantPolicy,
         model: CatalogModel,
-        tokens: int,
+        demand: Demand,
         estimate: PoolWait | None,
         *,
         degraded_from: str | None,
     ) -> Admitted:
         now, tier = self._clock(), tenant.traffic_tier
-        request = PendingRequest(tokens, tier, now)
+        # Pending on the pool with what it will prefill where it starts soonest (cache hits off).
+        request = PendingRequest(estimate.tokens if estimate is not None else demand.prompt_tokens, tier, now)
         self._pending[model.name][id(request)] = request
         if degraded_from is not None:
             self._metrics.labelled(self._metrics.degraded, tenant.tenant_id, tier).inc()
@@ -274,20 +285,22 @@ class AdmissionController:
             self.pump()
 
     def _estimate(
-        self, fleet: FleetSnapshot, model: str, residency: Residency, tier: TrafficTier, tokens: int
+        self, fleet: FleetSnapshot, model: str, residency: Residency, tier: TrafficTier, demand: Demand
     ) -> PoolWait | None:
         pending = self._pending.get(model)
+        prompt_tokens, cached = held(demand, model, fleet.nodes)
         return pool_wait(
             fleet,
             model=model,
             residency=residency,
             tier=tier,
-            prompt_tokens=tokens,
+            prompt_tokens=prompt_tokens,
             pending=tuple(pending.values()) if pending else (),
+            cached=cached,
         )
 
     def _fleet_wait(self, model: str, tier: TrafficTier) -> float:
-        estimate = self._estimate(self._fleet(), model, Residency(), tier, 1)
+        estimate = self._estimate(self._fleet(), model, Residency(), tier, Demand())
         return estimate.wait_s if estimate is not None else math.nan
 
     def _shed(
@@ -304,7 +317,7 @@ class AdmissionController:
     def _retry_after(self, tenant: TenantPolicy, model: CatalogModel) -> int:
         """The seconds the pool's estimate is over the tier's target: [1, max]."""
         tier = tenant.traffic_tier
-        estimate = self._estimate(self._fleet(), model.name, tenant.residency, tier, 1)
+        estimate = self._estimate(self._fleet(), model.name, tenant.residency, tier, Demand())
         target = self._config.tier(tier).target_ttft_s
         over = self._corrected_s(estimate, model.name, tier) - target if estimate is not None else 0.0
         cap = self._config.max_retry_after_s

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from router.cost import Demand
 from router.types import CatalogModel, TenantPolicy
 
 if TYPE_CHECKING:
@@ -20,7 +21,7 @@ class Waiter:
 
     tenant: TenantPolicy
     model: CatalogModel
-    tokens: int
+    demand: Demand  # what the request asks of a node (its prompt and the prefixes it shares)
     enqueued_at: float
     deadline: float
     decided: asyncio.Future[Admitted] = field(

@@ -61,7 +61,6 @@ from gateway.upstreams.failover import Forwarder, OpenedStream
 from gateway.upstreams.fleet import Fleet
 from protocol import AuthenticationError, ChatCompletionRequest, CompletionRequest
 from protocol.chunk import Chunk, Completion, Streamed, StreamFailed, Usage, usage_of
-from protocol.prefix_cache import conversation_of
 from protocol.timing import timing_from_wire
 from router import AUTO_MODEL, auto_family, escalation_model, judge, route, rule_for
 from router.types import CatalogModel, RouteRequest, Target, TenantPolicy
@@ -374,7 +373,9 @@ class RequestPipeline:
         """The escalated request's stream: admitted on the large pool (a degraded admission means
         the large tier is over its target: no escalation), routed with the tenant's residency."""
         assert ctx.tenant is not None
-        admitted = await self.admission.admit(ctx.tenant, plan.model, plan.prompt_tokens_estimate)
+        admitted = await self.admission.admit(
+            ctx.tenant, plan.model, plan.prompt_tokens_estimate, plan.conversation
+        )
         try:
             if admitted.degraded_from is not None:
                 raise Overloaded(
@@ -443,7 +444,9 @@ class RequestPipeline:
         A degraded request is planned for the small tier from here on, continuations included."""
         assert ctx.tenant is not None
         with ctx.observed.stage("admission"):
-            admitted = await self.admission.admit(ctx.tenant, plan.model, plan.prompt_tokens_estimate)
+            admitted = await self.admission.admit(
+                ctx.tenant, plan.model, plan.prompt_tokens_estimate, plan.conversation
+            )
         if admitted.degraded_from is not None:
             plan = dataclasses.replace(plan, model=admitted.model, degraded_from=admitted.degraded_from)
             ctx.model = plan.model.name
@@ -497,7 +500,7 @@ class RequestPipeline:
             session_key=ctx.session_key or (user if isinstance(user, str) else ""),
             version=version,
             # What the cost-aware router needs to find the nodes holding this prompt's prefixes.
-            conversation=conversation_of(plan.base_body.get("messages") or ()),
+            conversation=plan.conversation,
             prompt_tokens=plan.prompt_tokens_estimate,
         )
         decision = route(

@@ -13,6 +13,7 @@ for quota reservations, "auto" tiering and the context cap; settlement uses the 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from protocol import (
     NotFoundError,
     PermissionDeniedError,
 )
+from protocol.prefix_cache import conversation_of
 from router import (
     AUTO_MODEL,
     DEFAULT_AUTO,
@@ -81,6 +83,12 @@ class RequestPlan:
 
     def noted(self, *notes: str) -> RequestPlan:
         return dataclasses.replace(self, route_notes=(*self.route_notes, *notes))
+
+    @functools.cached_property
+    def conversation(self) -> tuple[tuple[str, str], ...]:
+        """A chat's messages as (role, text): the names of the prefixes nodes cache (routing's
+        cost and admission's estimate look them up); () for a completion prompt."""
+        return conversation_of(self.base_body.get("messages") or ())
 
     @property
     def route_prefix(self) -> str:

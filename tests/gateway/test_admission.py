@@ -17,6 +17,7 @@ from gateway.admission import AdmissionController, Admitted, Overloaded
 from gateway.config import AdmissionConfig
 from gateway.metrics import GatewayMetrics
 from protocol.first_token import StepCost
+from protocol.prefix_cache import prefix_names
 from router.types import (
     CatalogModel,
     FleetSnapshot,
@@ -60,6 +61,8 @@ class Fleet:
         self.cost = StepCost(per_token_s=0.001)
         self.budget = 0  # max_num_batched_tokens; 0: a step takes every waiting token
         self.max_num_seqs: int | None = None
+        self.threshold = 0  # long_prefill_token_threshold; 0: no partial prefills
+        self.cached: dict[str, int] = {}  # the prefixes every node publishes, with their tokens
 
     def __call__(self) -> FleetSnapshot:
         nodes = []
@@ -70,8 +73,9 @@ class Fleet:
                 step_cost=self.cost,
                 max_num_batched_tokens=self.budget,
                 max_num_seqs=self.max_num_seqs,
+                long_prefill_token_threshold=self.threshold,
             )
-            load = NodeLoad(waiting_tokens=waiting, models={model: queue})
+            load = NodeLoad(waiting_tokens=waiting, models={model: queue}, cached_prefixes=self.cached)
             jurisdiction = "eu" if region.startswith("eu") else "us"
             nodes.append(
                 NodeInfo(f"{model}@{region}", "http://x", region, jurisdiction, frozenset({model}), load=load)
@@ -394,3 +398,38 @@ async def test_estimates_that_ran_short_are_corrected_by_what_followed() -> None
     # A quiet minute later the model is trusted again.
     s.clock.now += 60
     assert (await s.controller.admit(tenant("b"), LARGE, 10)).model == LARGE
+
+
+async def test_a_prompt_the_node_holds_starts_beside_a_queue_that_holds_a_cold_one_back() -> None:
+    """Admission counts only what a node would compute: on a node with partial prefills and 3,000
+    tokens of cold prompts queued, a chat whose system prompt it holds starts in one step and is
+    admitted at once; the same chat cold, or on a node without partial prefills, must wait."""
+    s = setup()
+    chat = (("system", "You answer questions about invoices. " * 120), ("user", "Is VAT due?"))
+    tokens = sum(len(text) // 4 + 4 for _, text in chat)
+    s.fleet.waiting[(LARGE.name, "eu-west")] = 3000
+    s.fleet.budget, s.fleet.threshold = 2048, 256
+    cold = asyncio.create_task(s.controller.admit(tenant("a"), LARGE, tokens, chat))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not cold.done()  # ~4.1 s of prompts ahead of it against a 1 s target
+
+    s.fleet.cached = {prefix_names(LARGE.name, None, chat)[0]: 1136}
+    warm = await asyncio.wait_for(s.controller.admit(tenant("b"), LARGE, tokens, chat), 5)
+    assert warm.model == LARGE
+    warm.ticket.release()
+
+    s.fleet.threshold = 0  # one prompt after another: the cached chat waits behind the queue too
+    await queued_chat(s, tenant("c"), chat, tokens)
+    cold.cancel()
+
+
+async def queued_chat(
+    s: Setup, policy: TenantPolicy, chat: tuple[tuple[str, str], ...], tokens: int
+) -> asyncio.Task[Admitted]:
+    task = asyncio.create_task(s.controller.admit(policy, LARGE, tokens, chat))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not task.done(), "expected the request to wait in the queue"
+    task.cancel()
+    return task
