@@ -68,13 +68,15 @@ def first_token_s(
     unknown_s: float,
     more_requests: int = 0,
     more_tokens: int = 0,
+    behind_queue: bool = False,
 ) -> float:
     """Estimated seconds from now to the first token of a new request of `prompt_tokens` tokens
     (module docstring). `unknown_s` stands for a wait nothing measured can bound (no slot free and
     no finish rate yet): 0 to treat it as no wait (admit, let the engine's own bounds judge), a
     large number to treat it as long. `more_requests` and `more_tokens`: waiting work the queue
     does not count yet (the gateway's requests sent since the node's report), as if added to
-    `waiting_requests` and `waiting_tokens`."""
+    `waiting_requests` and `waiting_tokens`. `behind_queue`: a prompt that waits for the prompts
+    ahead however short it is (its cached prefix is still being computed by one of them)."""
     waiting = queue.waiting_requests + more_requests
     slot_s = 0.0
     if queue.max_num_seqs is not None:
@@ -93,7 +95,7 @@ def first_token_s(
     decode = min(running, budget - 1)
     chunk = budget - decode
     threshold = queue.long_prefill_token_threshold
-    if 0 < own <= threshold:
+    if 0 < own <= threshold and not behind_queue:
         # A short prompt waits for no prompt ahead: one step after the one in progress. Those two
         # steps carry at most a long prompt's chunk each beside the decodes.
         prefill = own + min(ahead, threshold + min(threshold, max(chunk - own, 0)))

@@ -84,6 +84,9 @@ class PrefixCacheState(msgspec.Struct, kw_only=True, array_like=False):
     # (name, tokens cached) added or re-sized, in order; names removed (evicted or dropped).
     added: list[tuple[str, int]] = msgspec.field(default_factory=list)
     removed: list[str] = msgspec.field(default_factory=list)
+    # The published names a request is still computing (not in the engine's cache yet), in full
+    # on every answer: a request sharing one waits for that prefill before it can start short.
+    computing: list[str] = msgspec.field(default_factory=list)
 
 
 def since_param(epoch: str, version: int) -> str:
@@ -113,6 +116,7 @@ class PrefixMirror:
     epoch: str = ""
     version: int = 0
     entries: Mapping[str, int] = field(default_factory=dict)
+    computing: frozenset[str] = frozenset()  # the node's latest answer's (replaced, never edited)
 
     def since(self) -> str | None:
         """The query value for the next ask; None before the first answer (asks in full)."""
@@ -129,10 +133,13 @@ class PrefixMirror:
                 table[name] = tokens
         self.entries = table
         self.epoch, self.version = state.epoch, state.version
+        computing = frozenset(name for name in state.computing if name in table)
+        if computing != self.computing:
+            self.computing = computing
 
     def reset(self) -> None:
         """Forget the node (it left the directory or stopped answering): its next answer is full."""
-        self.epoch, self.version, self.entries = "", 0, {}
+        self.epoch, self.version, self.entries, self.computing = "", 0, {}, frozenset()
 
 
 def cached_tokens(entries: Mapping[str, int], names: Sequence[str]) -> int:

@@ -110,15 +110,27 @@ class Sized:
     def cached(self, load: NodeLoad | None) -> int:
         """The tokens of the request the node holds or will hold: its published table, else a
         request of this gateway's overlay that computes one of the prefixes."""
+        return self.held(load)[0]
+
+    def held(self, load: NodeLoad | None) -> tuple[int, bool]:
+        """`cached`, and whether those tokens are in the node's cache now. They are not when the
+        node says a request is still computing that prefix, or when only this gateway's overlay
+        knows of it (a request it sent, which the node's table does not show yet): the request
+        then waits for that prefill before it can start short."""
         if load is None or not self.names:
-            return 0
-        published = _longest(load.cached_prefixes, self.names)[1]
+            return 0, True
+        k, published = _longest(load.cached_prefixes, self.names)
+        ready = published == 0 or self.names[k] not in load.computing_prefixes
         if load.overlay is None or not load.overlay.prefixes:
-            return published
+            return published, ready
         # Within one routed request a longer prefix covers more tokens, so the most any of this
-        # request's names gets in the overlay is what its longest held prefix gets.
-        held = load.overlay.prefixes
-        return max(published, *(held.get(name, 0) for name in self.names))
+        # request's names gets in the overlay is what its longest held prefix gets. Compared by
+        # position, not tokens: the overlay counts in the gateway's estimate, the table in the
+        # node's tokens.
+        routed = _longest(load.overlay.prefixes, self.names)
+        if routed[0] > k:
+            return max(published, *(load.overlay.prefixes.get(name, 0) for name in self.names)), False
+        return published, ready
 
     def prefill(self, load: NodeLoad | None) -> Prefill:
         """What the node computes if the request goes there (the gateway's overlay keeps it)."""
@@ -147,15 +159,30 @@ def sized(demand: Demand, model: str, loads: Sequence[NodeLoad | None]) -> Sized
     return Sized(names, tokens, size)
 
 
-def held(demand: Demand, model: str, nodes: Sequence[NodeInfo]) -> tuple[int, dict[str, int]]:
-    """The request's size in the nodes' tokens (`sized`), and per node holding part of it (its
-    published table or the gateway's overlay), the tokens it holds: what admission's estimate
-    (router.overload.pool_wait) needs to count only the prompt a node would compute."""
+@dataclass(frozen=True)
+class Held:
+    """What admission's estimate (router.overload.pool_wait) needs to count only the prompt each
+    node would compute: the request's size in the nodes' tokens (`sized`), per node holding part
+    of it the tokens it holds, and the nodes where that part is still being computed."""
+
+    prompt_tokens: int
+    cached: Mapping[str, int]
+    not_ready: frozenset[str]
+
+
+def held(demand: Demand, model: str, nodes: Sequence[NodeInfo]) -> Held:
     size = sized(demand, model, [n.load for n in nodes])
     if not size.names:
-        return size.prompt_tokens, {}
-    cached = ((n.node_id, size.cached(n.load)) for n in nodes)
-    return size.prompt_tokens, {node_id: tokens for node_id, tokens in cached if tokens}
+        return Held(size.prompt_tokens, {}, frozenset())
+    cached: dict[str, int] = {}
+    not_ready: set[str] = set()
+    for n in nodes:
+        tokens, ready = size.held(n.load)
+        if tokens:
+            cached[n.node_id] = tokens
+            if not ready:
+                not_ready.add(n.node_id)
+    return Held(size.prompt_tokens, cached, frozenset(not_ready))
 
 
 def overlaid(routed: Sequence[Routed], asked_at: float) -> Overlaid:
@@ -221,7 +248,7 @@ def node_cost(
     fallback_s_per_token: float,
 ) -> NodeCost:
     load = node.load
-    cached = request.cached(load)
+    cached, ready = request.held(load)
     # The node's block rounding can make a cached prefix cover more than the request's size.
     uncached = max(request.prompt_tokens - cached, 1)
     queue = load.models.get(model) if load is not None else None
@@ -235,7 +262,7 @@ def node_cost(
     if math.isinf(wait):
         return NodeCost(cached, math.inf, 0.0, routed, waiting)
     if queue is not None and queue.step_cost.measured:
-        prefill = max(ahead.estimate(uncached) - wait, 0.0)
+        prefill = max(ahead.estimate(uncached, behind=not ready) - wait, 0.0)
     else:
         prefill = uncached * fallback_s_per_token
         # Without a fitted step the estimate cannot place the overlay's requests: they prefill

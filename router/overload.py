@@ -51,11 +51,16 @@ class PoolWait:
 
     wait_s: float  # may be math.inf: every node's queue for the tier is at its bound
     nodes: int  # the pool's nodes (at least one)
-    # Nothing is ahead of the request on the node it would go to (no request running, waiting or
-    # pending there): no pool could start it sooner, so no target should refuse it.
+    # Nothing is ahead of the request on the node it would go to (no prompt waiting or pending
+    # there, and a free sequence slot): it starts with that node's next step, so no pool could
+    # start it sooner and no target should refuse it. Sequences decoding there do not hold it
+    # back (they only lengthen each step), so they do not count.
     idle: bool = False
     # The request's tokens to prefill on that node (its prompt less what the node holds).
     tokens: int = 1
+    # Those tokens are few enough for that node to start them beside the prompts queued there
+    # (partial prefills): such an estimate is one step, and misses differently from a long one.
+    short: bool = False
 
 
 @dataclass(frozen=True)
@@ -66,8 +71,11 @@ class _Node:
     reported_s: float
     bounded: bool  # the tier's queue is at its bound
 
-    def estimate(self, prompt_tokens: int, more_requests: int = 0, more_tokens: int = 0) -> float:
-        """`more_requests` of `more_tokens` in all: pending requests placed on this node."""
+    def estimate(
+        self, prompt_tokens: int, more_requests: int = 0, more_tokens: int = 0, *, behind: bool = False
+    ) -> float:
+        """`more_requests` of `more_tokens` in all: pending requests placed on this node. `behind`:
+        the prompt waits for the prompts queued ahead even if short (its prefix is in one of them)."""
         if self.bounded:
             return math.inf
         if self.queue is None:
@@ -75,14 +83,27 @@ class _Node:
             # without a step cost, only a slot limit could (and none is known).
             return self.reported_s
         wait_s = first_token_s(
-            self.queue, prompt_tokens, unknown_s=0.0, more_requests=more_requests, more_tokens=more_tokens
+            self.queue,
+            prompt_tokens,
+            unknown_s=0.0,
+            more_requests=more_requests,
+            more_tokens=more_tokens,
+            behind_queue=behind,
         )
         return wait_s if self.queue.step_cost.measured else self.reported_s + wait_s
 
     @property
     def idle(self) -> bool:
+        """No prompt queued ahead and a free slot: a request starts with the next step."""
         q = self.queue
-        return q is None or (q.running == 0 and q.waiting_requests == 0 and q.waiting_tokens == 0)
+        if q is None:
+            return True
+        free_slot = q.max_num_seqs is None or q.running < q.max_num_seqs
+        return free_slot and q.waiting_requests == 0 and q.waiting_tokens == 0
+
+    def short(self, prompt_tokens: int) -> bool:
+        q = self.queue
+        return q is not None and 0 < prompt_tokens <= q.long_prefill_token_threshold
 
 
 def _ahead(queue: ModelQueue | None, tier: TrafficTier) -> _Node:
@@ -113,7 +134,7 @@ def _ahead(queue: ModelQueue | None, tier: TrafficTier) -> _Node:
 class QueueAhead(Protocol):
     """A node's queue in front of a new request (`queue_ahead`)."""
 
-    def estimate(self, prompt_tokens: int) -> float: ...
+    def estimate(self, prompt_tokens: int, *, behind: bool = False) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -124,8 +145,8 @@ class _More:
     requests: int
     tokens: int
 
-    def estimate(self, prompt_tokens: int) -> float:
-        return self.node.estimate(prompt_tokens, self.requests, self.tokens)
+    def estimate(self, prompt_tokens: int, *, behind: bool = False) -> float:
+        return self.node.estimate(prompt_tokens, self.requests, self.tokens, behind=behind)
 
 
 def queue_ahead(
@@ -167,13 +188,16 @@ def pool_wait(
     prompt_tokens: int = 1,
     pending: Sequence[PendingRequest] = (),
     cached: Mapping[str, int] | None = None,
+    not_ready: frozenset[str] = frozenset(),
 ) -> PoolWait | None:
     """The pool's estimate for a new request of `prompt_tokens` (module docstring); None when no
     node may serve the request, in which case routing, not admission, has the answer (a 503 that
     says why). `pending`: the gateway's admitted requests for this model without a first token.
     `cached`: per node id, the request's tokens that node holds in its prefix cache (router.cost
     finds them), so only the rest is prefilled there: on a node that starts short prompts beside
-    long ones, a cached prompt's wait is one step, where counting it whole would refuse it."""
+    long ones, a cached prompt's wait is one step, where counting it whole would refuse it.
+    `not_ready`: the node ids whose cached part is still being computed by a request queued there:
+    the request waits for the prompts ahead first."""
     nodes = screen_nodes(fleet.nodes, model=model, residency=residency, exclude=frozenset()).admitted
     if not nodes:
         return None
@@ -198,13 +222,16 @@ def pool_wait(
         placed[best] += 1
         placed_tokens[best] += request.tokens
     own = [max(prompt_tokens - cached.get(n.node_id, 0), 1) for n in nodes] if cached else None
+    behind = [n.node_id in not_ready for n in nodes]
     wait_s, best = min(
-        (node.estimate(own[i] if own else prompt_tokens, placed[i], placed_tokens[i]), i)
+        (node.estimate(own[i] if own else prompt_tokens, placed[i], placed_tokens[i], behind=behind[i]), i)
         for i, node in enumerate(ahead)
     )
+    tokens = own[best] if own else prompt_tokens
     return PoolWait(
         wait_s=wait_s,
         nodes=len(nodes),
         idle=ahead[best].idle and placed[best] == 0,
-        tokens=own[best] if own else prompt_tokens,
+        tokens=tokens,
+        short=ahead[best].short(tokens) and not behind[best],
     )

@@ -169,6 +169,8 @@ class NodeLoad:
     # The node's published prefix table: message-prefix name -> tokens it holds cached
     # (protocol/prefix_cache.py); empty: nothing published. Read-only: readers share it.
     cached_prefixes: Mapping[str, int] = field(default_factory=dict)
+    # Of those, the ones a request on the node is still computing (not in its cache yet).
+    computing_prefixes: frozenset[str] = frozenset()
     # The requests this gateway sent to the node lately, summed (its overlay, kept by
     # gateway/health/probes.py): a supplement to the report, never a replacement (router/cost.py).
     overlay: Overlaid | None = None

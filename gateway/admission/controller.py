@@ -244,7 +244,8 @@ class AdmissionController:
         return self._corrected_s(estimate, model, tier) <= budget_s
 
     def _corrected_s(self, estimate: PoolWait, model: str, tier: TrafficTier) -> float:
-        return max(estimate.wait_s + self._feedback.correction_s(model, tier, self._clock()), 0.0)
+        correction = self._feedback.correction_s(model, tier, self._clock(), short=estimate.short)
+        return max(estimate.wait_s + correction, 0.0)
 
     def _admitted(
         self,
@@ -261,7 +262,8 @@ class AdmissionController:
         self._pending[model.name][id(request)] = request
         if degraded_from is not None:
             self._metrics.labelled(self._metrics.degraded, tenant.tenant_id, tier).inc()
-        correction = self._feedback.correction_s(model.name, tier, now)
+        short = estimate is not None and estimate.short
+        correction = self._feedback.correction_s(model.name, tier, now, short=short)
         return Admitted(model, degraded_from, Ticket(self, model.name, request, estimate, correction))
 
     def _started(
@@ -273,7 +275,7 @@ class AdmissionController:
             observed = now - request.admitted_at
             decided = max(estimate.wait_s + correction_s, 0.0)
             self._metrics.admission_estimate_error.labels(model, request.tier).observe(observed - decided)
-            self._feedback.observe(model, request.tier, observed - estimate.wait_s, now)
+            self._feedback.observe(model, request.tier, observed - estimate.wait_s, now, short=estimate.short)
         self._release(model, request)
 
     def _release(self, model: str, request: PendingRequest) -> None:
@@ -288,15 +290,16 @@ class AdmissionController:
         self, fleet: FleetSnapshot, model: str, residency: Residency, tier: TrafficTier, demand: Demand
     ) -> PoolWait | None:
         pending = self._pending.get(model)
-        prompt_tokens, cached = held(demand, model, fleet.nodes)
+        prompt = held(demand, model, fleet.nodes)
         return pool_wait(
             fleet,
             model=model,
             residency=residency,
             tier=tier,
-            prompt_tokens=prompt_tokens,
+            prompt_tokens=prompt.prompt_tokens,
             pending=tuple(pending.values()) if pending else (),
-            cached=cached,
+            cached=prompt.cached,
+            not_ready=prompt.not_ready,
         )
 
     def _fleet_wait(self, model: str, tier: TrafficTier) -> float:

@@ -10,7 +10,12 @@ estimates, filled the pool up to the target and half of what it let in missed it
 
 So each pool (model, tier) keeps the errors of its recent estimates (observed TTFT minus the raw
 estimate, at each first token; the last MAX_ERRORS within `window_s`), and admission adds their
-QUANTILE to the raw estimate: a request is let in when it would start within its target even if
+QUANTILE to the raw estimate. Short estimates are kept apart from long ones (`short`: a prompt the
+node starts beside its queue, router.overload.PoolWait.short): a cached prompt's one-step
+estimate misses by tens of milliseconds where a cold 2,000-token prompt's misses by a share of a
+second on a busy node, and one correction for both held every cached request back by the cold
+prompts' misses (on three CPU nodes with 12 tenants, more than half the requests refused). Each
+class's correction is thus: a request is let in when it would start within its target even if
 this estimate misses like the worst tenth of the recent ones did. On a quiet pool the errors are
 a few milliseconds either way, so the correction is too; with fewer than MIN_ERRORS recent errors
 there is none. The corrected estimate never goes below zero.
@@ -35,18 +40,18 @@ class EstimateFeedback:
         assert window_s > 0 and 0 < quantile <= 1
         self._window_s = window_s
         self._quantile = quantile
-        self._errors: dict[tuple[str, str], deque[tuple[float, float]]] = {}
+        self._errors: dict[tuple[str, str, bool], deque[tuple[float, float]]] = {}
         # Each admission asks for the correction (twice); it changes only when an error is
         # observed or the oldest one leaves the window: (correction, until when it holds).
-        self._cached: dict[tuple[str, str], tuple[float, float]] = {}
+        self._cached: dict[tuple[str, str, bool], tuple[float, float]] = {}
 
-    def correction_s(self, model: str, tier: str, now: float) -> float:
+    def correction_s(self, model: str, tier: str, now: float, *, short: bool = False) -> float:
         """Seconds to add to the pool's raw estimates now (0 without enough recent errors)."""
-        key = (model, tier)
+        key = (model, tier, short)
         cached = self._cached.get(key)
         if cached is not None and now < cached[1]:
             return cached[0]
-        errors = self._recent(model, tier, now)
+        errors = self._recent(key, now)
         if len(errors) < MIN_ERRORS:
             correction = 0.0
         else:
@@ -56,14 +61,15 @@ class EstimateFeedback:
         self._cached[key] = (correction, kept[0][0] + self._window_s if kept else math.inf)
         return correction
 
-    def observe(self, model: str, tier: str, error_s: float, now: float) -> None:
+    def observe(self, model: str, tier: str, error_s: float, now: float, *, short: bool = False) -> None:
         """One first token came `error_s` after (negative: before) its raw estimate."""
         if math.isfinite(error_s):
-            self._errors.setdefault((model, tier), deque(maxlen=MAX_ERRORS)).append((now, error_s))
-            self._cached.pop((model, tier), None)
+            key = (model, tier, short)
+            self._errors.setdefault(key, deque(maxlen=MAX_ERRORS)).append((now, error_s))
+            self._cached.pop(key, None)
 
-    def _recent(self, model: str, tier: str, now: float) -> list[float]:
-        errors = self._errors.get((model, tier))
+    def _recent(self, key: tuple[str, str, bool], now: float) -> list[float]:
+        errors = self._errors.get(key)
         if errors is None:
             return []
         while errors and errors[0][0] < now - self._window_s:

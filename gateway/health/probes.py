@@ -327,4 +327,5 @@ class NodeProber:
                 name for name, m in report.per_model.items() if m.probe in ("pending", "failed")
             ),
             cached_prefixes=mirror.entries,
+            computing_prefixes=mirror.computing,
         )

@@ -126,9 +126,16 @@ class PrefixDirectory:
                 full=False,
                 added=list(added.items()),
                 removed=sorted(removed),
+                computing=self.computing(),
             )
         table = [(name, e.tokens) for name, e in self._entries.items() if e.held]
-        return PrefixCacheState(epoch=self.epoch, version=self.version, full=True, added=table)
+        return PrefixCacheState(
+            epoch=self.epoch, version=self.version, full=True, added=table, computing=self.computing()
+        )
+
+    def computing(self) -> list[str]:
+        """The published entries a request is still computing: the engine has not held them yet."""
+        return [name for name, e in self._entries.items() if e.held and not e.computed]
 
     def published(self) -> dict[str, int]:
         return {name: e.tokens for name, e in self._entries.items() if e.held}

@@ -79,3 +79,14 @@ def test_the_remembered_correction_is_always_the_one_computed_afresh(
             feedback.observe("m", "interactive", error, now)
             seen.append((now, error))
         assert feedback.correction_s("m", "interactive", now) == _reference(seen, now)
+
+
+def test_short_and_long_estimates_are_corrected_apart() -> None:
+    """A cold prompt's estimate missing by half a second must not hold back cached prompts,
+    whose one-step estimates miss by milliseconds (router.overload.PoolWait.short)."""
+    feedback = EstimateFeedback()
+    for i in range(20):
+        feedback.observe("m", "interactive", 0.5, i * 0.1)
+        feedback.observe("m", "interactive", 0.01, i * 0.1, short=True)
+    assert feedback.correction_s("m", "interactive", 2.0) == 0.5
+    assert feedback.correction_s("m", "interactive", 2.0, short=True) == 0.01

@@ -112,6 +112,30 @@ def test_a_prefix_is_published_while_its_first_request_computes_it() -> None:
     assert directory.published() == {}
 
 
+def test_a_prefix_being_computed_is_marked_so_until_the_engine_holds_it() -> None:
+    """Readers learn which published prefixes are still being computed (a request sharing one
+    must wait for that prefill), on full answers and deltas alike, and when that ends."""
+    engine, directory, mirror = _Engine(), PrefixDirectory(pending_s=5.0), PrefixMirror()
+    directory.record("m", [("a", 4, _anchor(1))], now=100.0)
+    directory.refresh({"m": engine}, now=100.1)
+    mirror.apply(directory.state(None))
+    assert dict(mirror.entries) == {"a": 4} and mirror.computing == {"a"}
+
+    engine.cache(_anchor(1))  # its request computed it
+    directory.refresh({"m": engine}, now=100.5)
+    mirror.apply(directory.state(parse_since(mirror.since())))
+    assert dict(mirror.entries) == {"a": 4} and mirror.computing == frozenset()
+
+    directory.record("m", [("b", 8, _anchor(2))], now=101.0)
+    directory.refresh({"m": engine}, now=101.0)
+    answer = directory.state(parse_since(mirror.since()))
+    assert not answer.full
+    mirror.apply(answer)
+    assert mirror.computing == {"b"}
+    mirror.reset()
+    assert mirror.computing == frozenset()
+
+
 def test_the_gateway_and_the_node_name_a_conversation_alike() -> None:
     body_messages = [
         {

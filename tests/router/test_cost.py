@@ -242,3 +242,39 @@ def test_with_partial_prefills_a_holder_keeps_warm_requests_until_its_slots_run_
 
     assert first(route(request(), ANYWHERE, fleet(holder(running=3), busy("spare")))) == "hot"
     assert first(route(request(), ANYWHERE, fleet(holder(running=8), busy("spare")))) == "spare"
+
+
+def test_a_prefix_still_being_computed_costs_the_wait_for_that_prefill() -> None:
+    """A node that publishes the request's system prompt as still computing (another request
+    is prefilling it) is costed as waiting behind its queue, not as a one-step start; it still
+    wins when that wait is shorter than a cold prefill elsewhere."""
+    name = prefix_names(LARGE, None, CHAT)[0]
+
+    def holder(computing: bool, waiting: int) -> NodeInfo:
+        queue = ModelQueue(
+            waiting_tokens=waiting,
+            waiting_tokens_by_tier={"interactive": waiting},
+            waiting_requests_by_tier={"interactive": 1},
+            num_running=1,
+            max_num_seqs=8,
+            max_num_batched_tokens=512,
+            long_prefill_token_threshold=256,
+            step_cost=STEP,
+        )
+        load = NodeLoad(
+            kv_cache_usage=0.1,
+            models={LARGE: queue},
+            cached_prefixes={name: 960},
+            computing_prefixes=frozenset({name}) if computing else frozenset(),
+        )
+        return dataclasses.replace(node("holder"), load=load)
+
+    ready = route(request(), ANYWHERE, fleet(holder(False, 600), busy("spare")))
+    computing = route(request(), ANYWHERE, fleet(holder(True, 600), busy("spare")))
+    assert first(ready) == first(computing) == "holder"
+    cost = {t.target_id: float(t.reason.split("cost=")[1].split(";")[0]) for t in computing.targets}
+    ready_cost = float(ready.targets[0].reason.split("cost=")[1].split(";")[0])
+    # The 600 tokens ahead and its own at 1 ms each in 256-token steps, against one step beside them.
+    assert cost["holder"] > ready_cost + 0.08
+    # A long queue ahead of the computing prefix: a cold prefill elsewhere starts sooner.
+    assert first(route(request(), ANYWHERE, fleet(holder(True, 6000), busy("spare")))) == "spare"

@@ -44,6 +44,7 @@ def queued(
     first_token: dict[str, float] | None = None,
     asked_at: float = 0.0,
     healthy: bool = True,
+    threshold: int = 0,
 ) -> NodeInfo:
     queue = ModelQueue(
         waiting_tokens=waiting,
@@ -56,6 +57,7 @@ def queued(
         max_num_batched_tokens=budget,
         step_cost=cost,
         finish_rate=finish_rate,
+        long_prefill_token_threshold=threshold,
     )
     return NodeInfo(
         node_id=node_id,
@@ -202,6 +204,7 @@ queues = st.builds(
     max_num_batched_tokens=st.integers(0, 4096),
     step_cost=st.builds(StepCost, base_s=st.floats(0, 0.5), per_token_s=st.floats(0, 0.01)),
     finish_rate=st.one_of(st.just(0.0), st.floats(0.01, 100)),
+    long_prefill_token_threshold=st.sampled_from([0, 1, 16, 256]),
 )
 
 
@@ -215,6 +218,9 @@ def test_more_work_ahead_never_shortens_the_estimate(queue: EngineQueue, prompt:
     assert first_token_s(more_tokens, prompt, unknown_s=0.0) >= base - 1e-12
     assert first_token_s(more_requests, prompt, unknown_s=0.0) >= base - 1e-12
     assert first_token_s(queue, prompt + extra, unknown_s=0.0) >= base - 1e-12
+    # A prompt whose cached prefix is still being computed waits at least as long as one that
+    # is ready (partial prefills start the ready one beside the queue).
+    assert first_token_s(queue, prompt, unknown_s=0.0, behind_queue=True) >= base - 1e-12
 
 
 @settings(max_examples=200, deadline=None)
@@ -225,6 +231,7 @@ def test_more_work_ahead_never_shortens_the_estimate(queue: EngineQueue, prompt:
     finish_rate=st.floats(0.1, 50),
     prompt=st.integers(1, 2000),
     tier=st.sampled_from(["interactive", "batch"]),
+    threshold=st.sampled_from([0, 64]),
 )
 def test_the_gateway_estimates_a_node_exactly_as_the_node_estimates_itself(
     interactive: tuple[int, int],
@@ -233,6 +240,7 @@ def test_the_gateway_estimates_a_node_exactly_as_the_node_estimates_itself(
     finish_rate: float,
     prompt: int,
     tier: str,
+    threshold: int,
 ) -> None:
     # One mechanism: with nothing pending, the gateway's estimate from a node's /load report is the
     # node's own admission estimate for the same queue.
@@ -245,6 +253,7 @@ def test_the_gateway_estimates_a_node_exactly_as_the_node_estimates_itself(
         max_num_seqs=16,
         finish_rate=finish_rate,
         running=running,
+        long_prefill_token_threshold=threshold,
     )
     node = queued(
         "a",
@@ -254,6 +263,7 @@ def test_the_gateway_estimates_a_node_exactly_as_the_node_estimates_itself(
         running=running,
         max_num_seqs=16,
         finish_rate=finish_rate,
+        threshold=threshold,
     )
     assert wait(fleet(node), tier, tokens=prompt) == pytest.approx(
         node_first_token_s(state, tier, prompt, unknown_s=0.0)
@@ -273,3 +283,25 @@ def test_a_degraded_request_is_routed_to_the_small_tier_marked_degraded() -> Non
     assert [(t.target_id, t.model) for t in decision.targets] == [("small-eu", SMALL)]
     assert decision.targets[0].reason.startswith("degraded;")
     assert f"degraded from {LARGE}" in decision.reason
+
+
+def test_decoding_sequences_do_not_hold_back_a_request_with_nothing_queued_ahead() -> None:
+    """Admission always lets in a request that starts with the next step (`idle`): sequences
+    decoding there only lengthen the steps. A prompt queued ahead, or no free slot, does not."""
+    assert estimate(fleet(queued("a", running=6)), tokens=2000).idle
+    assert not estimate(fleet(queued("a", running=8)), tokens=2000).idle  # every slot taken
+    assert not estimate(fleet(queued("a", running=2, waiting=300, requests={"interactive": 1}))).idle
+
+
+def test_a_cached_prompt_is_estimated_short_unless_its_prefix_is_still_being_computed() -> None:
+    node = queued(
+        "a", waiting=4000, by_tier={"interactive": 4000}, requests={"interactive": 2}, running=1, threshold=64
+    )
+    common = {"model": LARGE, "residency": tenant().residency, "tier": "interactive", "prompt_tokens": 2000}
+    ready = pool_wait(fleet(node), cached={"a": 1990}, **common)  # type: ignore[arg-type]
+    computing = pool_wait(fleet(node), cached={"a": 1990}, not_ready=frozenset({"a"}), **common)  # type: ignore[arg-type]
+    cold = pool_wait(fleet(node), **common)  # type: ignore[arg-type]
+    assert ready is not None and computing is not None and cold is not None
+    assert ready.short and ready.tokens == 10 and ready.wait_s < 0.1
+    assert not computing.short and computing.wait_s > 10 * ready.wait_s  # behind the 4,000 tokens
+    assert cold.wait_s > computing.wait_s
