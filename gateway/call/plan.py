@@ -87,8 +87,9 @@ class RequestPlan:
     @functools.cached_property
     def conversation(self) -> tuple[tuple[str, str], ...]:
         """A chat's messages as (role, text): the names of the prefixes nodes cache (routing's
-        cost and admission's estimate look them up); () for a completion prompt."""
-        return conversation_of(self.base_body.get("messages") or ())
+        cost and admission's estimate look them up); () for a completion prompt (whose body may
+        carry any unknown field, `messages` included, unvalidated)."""
+        return conversation_of(self.base_body.get("messages") or ()) if self.endpoint == "chat" else ()
 
     @property
     def route_prefix(self) -> str:
