@@ -205,7 +205,8 @@ async def _stream(
         result.route = response.headers.get("x-meridian-route", "")
         result.status = response.status_code
         if response.status_code != 200:
-            await response.aread()
+            # A refusal's reason, where the route would be: which stage refused it, and why.
+            result.route = (await response.aread()).decode(errors="replace")[:300]
             return result
         async for line in response.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
