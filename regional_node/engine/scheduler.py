@@ -64,6 +64,10 @@ class SchedulerStats:
     prefix_cache_hit_tokens: int = 0
 
 
+# How many waiting long prompts one step looks past for short ones behind them.
+_MAX_PASSED = 32
+
+
 class Scheduler:
     def __init__(
         self,
@@ -206,6 +210,8 @@ class Scheduler:
             hit = self.blocks.prefix_hit(seq)
             long = self._is_long(seq.num_tokens - len(hit) * bs)
             if long and long_in_progress:
+                if len(passed) == _MAX_PASSED:
+                    break  # a step's admission stays cheap however many long prompts queue
                 passed.add(seq)
                 continue
             reserve = self._watermark if self.running else 0

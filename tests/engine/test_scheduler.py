@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import given, settings
@@ -56,6 +57,27 @@ def fake_step(s: Scheduler, sampled: list[Sequence] | None = None) -> tuple[Sche
                 s.finish(chunk.seq)
                 finished.append(chunk.seq)
     return out, finished
+
+
+def drive(
+    s: Scheduler, pending: list[Sequence], arrive_every: int, finished: list[Sequence]
+) -> Iterator[SchedulerOutput]:
+    """Add `pending` one every `arrive_every` steps (0: one a step) and step until every request
+    finished (appended to `finished`); yields each step's output. A request too large for the
+    pool must be refused when added, and only such a one."""
+    for step in range(20_000):
+        if pending and (arrive_every == 0 or step % arrive_every == 0):
+            seq = pending.pop(0)
+            try:
+                s.add(seq)
+            except RequestTooLargeError:
+                assert s.blocks.blocks_for(seq.max_total_tokens) > s.blocks.num_blocks
+        if not pending and not s.has_unfinished():
+            return
+        out, done = fake_step(s)
+        finished += done
+        yield out
+    raise AssertionError("did not drain")
 
 
 def run_to_completion(s: Scheduler, max_steps: int = 10_000) -> int:
@@ -221,24 +243,12 @@ def test_budget_respected_no_deadlock_and_no_leak(
     s = make_scheduler(num_blocks=num_blocks, block_size=4, budget=budget, max_seqs=max_seqs)
     pending = [make_seq(p, m, tenant=t, priority=pr) for p, m, pr, t in requests]
     finished: list[Sequence] = []
-    for step in range(20_000):
-        if pending and (arrive_every == 0 or step % arrive_every == 0):
-            seq = pending.pop(0)
-            try:
-                s.add(seq)
-            except RequestTooLargeError:
-                assert s.blocks.blocks_for(seq.max_total_tokens) > num_blocks
-        if not pending and not s.has_unfinished():
-            break
-        out, done = fake_step(s)
-        finished += done
+    for out in drive(s, pending, arrive_every, finished):
         assert out.num_batched_tokens <= budget
         assert len(s.running) <= max_seqs
         assert len({c.seq.request_id for c in out.chunks}) == len(out.chunks)
         for seq in s.running:  # every running sequence's KV fits in its own block table
             assert len(seq.block_table) * 4 >= seq.num_computed_tokens
-    else:
-        raise AssertionError("did not drain")
     assert all(q.num_output_tokens == q.max_tokens for q in finished)
     assert s.blocks.num_used_blocks == 0
     assert all(r == 0 for r in s.blocks.ref_counts)
@@ -326,21 +336,9 @@ def test_partial_prefills_respect_the_threshold_and_drain(
         tokens = (common if shared else []) + [(i * 37 + j) % 800 for j in range(prompt)]
         pending.append(Sequence(f"p{i}", tokens, len(tokens), max_tokens, tenant=tenant, arrival=i))
     finished: list[Sequence] = []
-    for step in range(20_000):
-        if pending and step % 2 == 0:
-            seq = pending.pop(0)
-            try:
-                s.add(seq)
-            except RequestTooLargeError:
-                assert s.blocks.blocks_for(seq.max_total_tokens) > num_blocks
-        if not pending and not s.has_unfinished():
-            break
-        out, done = fake_step(s)
-        finished += done
+    for out in drive(s, pending, 2, finished):
         assert out.num_batched_tokens <= budget
         assert all(c.num_tokens <= threshold for c in out.chunks)
         assert sum(seq.num_uncomputed_tokens > threshold for seq in s.running) <= 1
-    else:
-        raise AssertionError("did not drain")
     assert all(q.num_output_tokens == q.max_tokens for q in finished)
     assert s.blocks.num_used_blocks == 0
