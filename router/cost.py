@@ -37,6 +37,7 @@ Two corrections keep the comparison fair (issue 35's cold prefills, benchmarks/f
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -74,7 +75,7 @@ class Demand:
         )
 
     def names(self, model: str) -> tuple[str, ...]:
-        return prefix_names(model, self.salt, self.conversation) if self.conversation else ()
+        return _prefix_names(model, self.salt, self.conversation) if self.conversation else ()
 
     def prefix_tokens(self) -> tuple[int, ...]:
         """The estimated tokens of each message prefix: the prompt's estimate shared out by the
@@ -97,6 +98,14 @@ class Demand:
             return ""
         half = self.prompt_tokens / 2
         return next((n for n, t in zip(names, self.prefix_tokens(), strict=True) if t >= half), names[-1])
+
+
+@functools.lru_cache(maxsize=64)
+def _prefix_names(model: str, salt: str | None, conversation: tuple[tuple[str, str], ...]) -> tuple[str, ...]:
+    """`prefix_names`, hashed once per request: admission, sizing and the anchor each ask for a
+    request's names (BLAKE2b over every message, ~10 µs a time). Only recent conversations are
+    kept, so their texts are held briefly."""
+    return prefix_names(model, salt, conversation)
 
 
 @dataclass(frozen=True)
