@@ -58,7 +58,7 @@ from protocol.prefix_cache import prefix_names
 from router import FleetSnapshot, ModelQueue, NodeInfo, NodeLoad, RouteRequest, rendezvous_rank, route
 from router.load import is_saturated, load_band, load_score
 from router.params import DEFAULT_PARAMS
-from router.types import TenantPolicy
+from router.types import Overlaid, TenantPolicy
 
 MODEL = "m"
 REGIONS = ("eu-west", "eu-central", "us-east", "us-west")
@@ -199,6 +199,9 @@ class Sim:
         # The gateway's overlay (cost policy): what it routed to each node, with when, summed as
         # the gateway's prober keeps it.
         self.routed = Overlay(kept_s=OVERLAY_KEPT_S)
+        # By node id: (its report entry, its overlay, the entry with it), reused while both are
+        # the same objects, as the gateway's fleet snapshot does (gateway/upstreams/fleet.py).
+        self._with_overlay: dict[str, tuple[NodeInfo, Overlaid, NodeInfo]] = {}
         self.chat_ids = itertools.count()
 
     def push(self, t: float, kind: str, payload: Any = None) -> None:
@@ -284,7 +287,11 @@ class Sim:
         for n in self.snapshot.nodes:
             overlay = self.routed.sums(n.node_id, now, n.load.asked_at) if n.load is not None else None
             if overlay is not None and n.load is not None:
-                n = dataclasses.replace(n, load=dataclasses.replace(n.load, overlay=overlay))
+                last = self._with_overlay.get(n.node_id)
+                if last is None or last[0] is not n or last[1] is not overlay:
+                    last = (n, overlay, dataclasses.replace(n, load=n.load.with_overlay(overlay)))
+                    self._with_overlay[n.node_id] = last
+                n = last[2]
             nodes.append(n)
         return FleetSnapshot(nodes=tuple(nodes), providers=self.snapshot.providers)
 

@@ -84,7 +84,10 @@ def to_api_error(exc: BaseException, *, request_id: str = "-") -> APIError:
     if isinstance(exc, ValidationException):
         return InvalidRequestError(str(exc.detail or "Invalid request"))
     if isinstance(exc, HTTPException):
-        return error_for_status(exc.status_code, str(exc.detail or "HTTP error"))
+        error = error_for_status(exc.status_code, str(exc.detail or "HTTP error"))
+        # The framework's own headers: a 405's `allow` lists the path's methods (RFC 9110 requires it).
+        error.headers.update(exc.headers or {})
+        return error
     logger.error("request %s failed with an unexpected error", request_id, exc_info=exc)
     return InternalServerError("The gateway had an error while processing your request.")
 

@@ -7,7 +7,7 @@ them. Unknown top-level fields are accepted and ignored, as the SDKs send option
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -28,8 +28,8 @@ class Metadata(msgspec.Struct, kw_only=True):
 
 class MessagesRequest(msgspec.Struct, kw_only=True):
     model: str
-    max_tokens: int
-    messages: list[InputMessage]
+    max_tokens: Annotated[int, msgspec.Meta(ge=1)]
+    messages: Annotated[list[InputMessage], msgspec.Meta(min_length=1)]
     system: str | list[ContentBlock] | None = None
     stop_sequences: list[str] | None = None
     temperature: float | None = None

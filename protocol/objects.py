@@ -65,17 +65,37 @@ class AnthropicMessage(msgspec.Struct, kw_only=True):
     usage: AnthropicUsage
 
 
-class ResponsesRequest(msgspec.Struct, kw_only=True):
-    """The Responses API's text subset (gateway/README.md)."""
+class ResponsesInputText(msgspec.Struct, kw_only=True):
+    type: Literal["input_text", "output_text"]
+    text: str
 
-    model: str
+
+class ResponsesInputMessage(msgspec.Struct, kw_only=True):
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[ResponsesInputText]
+
+
+class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The Responses API's text subset (gateway/README.md), as gateway/responses/translate.py
+    checks it: any other field is refused. `background` cannot be streamed, and must be stored."""
+
+    model: Annotated[str, msgspec.Meta(min_length=1)]
     input: Annotated[
-        Any, msgspec.Meta(description="A string, or messages with string or input_text content.")
+        str | Annotated[list[ResponsesInputMessage], msgspec.Meta(min_length=1)],
+        msgspec.Meta(
+            description="A string (one user message), or messages with string or text-part content."
+        ),
     ]
     instructions: str | None = None
-    max_output_tokens: int | None = None
+    max_output_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    temperature: Annotated[float, msgspec.Meta(ge=0, le=2)] | None = None
+    top_p: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
     stream: bool | None = None
     background: bool | None = None
+    store: bool | None = None
+    metadata: Annotated[dict[str, str], msgspec.Meta(max_length=16)] | None = None
+    user: str | None = None
 
 
 class ResponseObject(msgspec.Struct, kw_only=True):
@@ -120,14 +140,33 @@ class FileDeleted(msgspec.Struct, kw_only=True):
     deleted: bool
 
 
-class CreateBatch(msgspec.Struct, kw_only=True):
+# A batch's metadata, as OpenAI limits it: keys, each key's and each value's characters.
+METADATA_KEYS, METADATA_KEY_LEN, METADATA_VALUE_LEN = 16, 64, 512
+
+
+class CreateBatch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     input_file_id: str
     endpoint: Literal["/v1/chat/completions", "/v1/completions"]
     completion_window: Literal["24h"]
-    metadata: dict[str, str] | None = None
-    callback_url: Annotated[
-        str | None, msgspec.Meta(description="Meridian extension: POSTed the batch when it ends.")
-    ] = None
+    metadata: (
+        Annotated[
+            dict[
+                Annotated[str, msgspec.Meta(max_length=METADATA_KEY_LEN)],
+                Annotated[str, msgspec.Meta(max_length=METADATA_VALUE_LEN)],
+            ],
+            msgspec.Meta(max_length=METADATA_KEYS),
+        ]
+        | None
+    ) = None
+    callback_url: (
+        Annotated[
+            str,
+            msgspec.Meta(
+                pattern="^https?://", description="Meridian extension: POSTed the batch when it ends."
+            ),
+        ]
+        | None
+    ) = None
 
 
 class BatchErrors(msgspec.Struct, kw_only=True):

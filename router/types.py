@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from protocol.first_token import StepCost
@@ -177,8 +177,17 @@ class NodeLoad:
 
     @functools.cached_property
     def derived(self) -> dict[Any, Any]:
-        """What routing derives from this report, once per report (router/load.py)."""
+        """What routing derives from this report, once per report (router/load.py). Nothing in
+        it reads `overlay`: copies of one report with other overlays share it (`with_overlay`)."""
         return {}
+
+    def with_overlay(self, overlay: Overlaid | None) -> NodeLoad:
+        """This report with another overlay. The gateway makes one per request routed to the node
+        (its overlay changed); sharing `derived` keeps what routing derives from the report
+        derived once per report, not once per request."""
+        copy = replace(self, overlay=overlay)
+        copy.__dict__["derived"] = self.derived  # where cached_property keeps it
+        return copy
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,10 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 import msgspec
-from litestar import Controller, Request, Response, post
+from litestar import Controller, Request, post
+from litestar.types import ASGIApp
 
+from gateway.api.answer import Answer
 from gateway.api.body import request_body
 from gateway.api.doors import ANTHROPIC_DEPENDENCIES, DEPENDENCIES, Call, Tenant, anthropic_errors
 from gateway.api.sse import SSEResponse
@@ -74,7 +76,7 @@ class AnthropicController(Controller):
     @post("/messages", status_code=200)
     async def messages(
         self, request: Request[Any, Any, Any], pipeline: RequestPipeline, call: Call, tenant: Tenant
-    ) -> Response[Any]:
+    ) -> ASGIApp:
         messages, body, parsed = _chat_request(await request_body(request))
         if parsed.stream:
             stream = await pipeline.stream(call, "chat", parsed, body)
@@ -85,4 +87,4 @@ class AnthropicController(Controller):
         result = await pipeline.complete(call, "chat", parsed, body)
         message = chat_response_to_message(to_builtins(result), stop_sequences=messages.stop_sequences)
         message["id"] = message_id(call)
-        return Response(message, headers=call.headers, status_code=200)
+        return Answer.json(message, call.headers)

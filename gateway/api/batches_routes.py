@@ -10,12 +10,14 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 import msgspec
-from litestar import Controller, Request, Response, delete, get, post
+from litestar import Controller, Request, delete, get, post
 from litestar._multipart import parse_multipart_form
 from litestar.datastructures import UploadFile
+from litestar.types import ASGIApp
 
+from gateway.api.answer import Answer
 from gateway.api.body import request_body
-from gateway.api.doors import DEPENDENCIES, Call, Tenant, openai_errors
+from gateway.api.doors import DEPENDENCIES, Call, Tenant, every_method_in_allow, openai_errors
 from gateway.batches import BatchInputError
 from gateway.batches.batches import Batches
 from gateway.batches.objects import batch_list, batch_object, file_object
@@ -42,7 +44,7 @@ async def _serve(
     work: Work,
     *,
     media_type: str | None = None,
-) -> Response[Any]:
+) -> ASGIApp:
     """Every route's frame: run `work` for the caller's tenant (the call and tenant are the
     door's dependencies, its errors the door's handler's); the answer carries the call's headers."""
     ctx = call
@@ -50,8 +52,8 @@ async def _serve(
         raise NotFoundError("The Files and Batches APIs are not enabled on this gateway.", code="not_enabled")
     answer = await work(ctx, tenant, batches)
     if media_type is not None:
-        return Response(answer, headers=ctx.headers, media_type=media_type)
-    return Response(answer, headers=ctx.headers)
+        return Answer(answer, ctx.headers, media_type=media_type)
+    return Answer.json(answer, ctx.headers)
 
 
 async def _one_chunk(data: bytes) -> AsyncGenerator[bytes, None]:
@@ -96,11 +98,12 @@ class FilesController(Controller):
     path = "/v1/files"
     dependencies = DEPENDENCIES
     exception_handlers = {Exception: openai_errors}
+    before_request = every_method_in_allow
 
     @post("/", status_code=200)
     async def upload(
         self, request: Request[Any, Any, Any], call: Call, tenant: Tenant, batches: Batches | None
-    ) -> Response[Any]:
+    ) -> ASGIApp:
         async def work(ctx: CallContext, tenant: TenantPolicy, found: Batches) -> Any:
             filename, purpose, data = await _upload_form(request)
             return file_object(await found.upload(tenant.tenant_id, filename, purpose, data))
@@ -115,7 +118,7 @@ class FilesController(Controller):
         call: Call,
         tenant: Tenant,
         batches: Batches | None,
-    ) -> Response[Any]:
+    ) -> ASGIApp:
         async def work(ctx: CallContext, tenant: TenantPolicy, found: Batches) -> Any:
             return file_object(await found.file(file_id, tenant.tenant_id))
 
@@ -129,7 +132,7 @@ class FilesController(Controller):
         call: Call,
         tenant: Tenant,
         batches: Batches | None,
-    ) -> Response[Any]:
+    ) -> ASGIApp:
         async def work(ctx: CallContext, tenant: TenantPolicy, found: Batches) -> Any:
             return await found.content(file_id, tenant.tenant_id)
 
@@ -143,7 +146,7 @@ class FilesController(Controller):
         call: Call,
         tenant: Tenant,
         batches: Batches | None,
-    ) -> Response[Any]:
+    ) -> ASGIApp:
         async def work(ctx: CallContext, tenant: TenantPolicy, found: Batches) -> Any:
             await found.delete_file(file_id, tenant.tenant_id)
             return {"id": file_id, "object": "file", "deleted": True}
@@ -155,11 +158,12 @@ class BatchesController(Controller):
     path = "/v1/batches"
     dependencies = DEPENDENCIES
     exception_handlers = {Exception: openai_errors}
+    before_request = every_method_in_allow
 
     @post("/", status_code=200)
     async def create(
         self, request: Request[Any, Any, Any], call: Call, tenant: Tenant, batches: Batches | None
-    ) -> Response[Any]:
+    ) -> ASGIApp:
         async def work(ctx: CallContext, tenant: TenantPolicy, found: Batches) -> Any:
             try:
                 wanted = msgspec.json.decode(await request_body(request), type=_CreateBatch)
@@ -181,7 +185,7 @@ class BatchesController(Controller):
     @get("/")
     async def page(
         self, request: Request[Any, Any, Any], call: Call, tenant: Tenant, batches: Batches | None
-    ) -> Response[Any]:
+    ) -> ASGIApp:
         async def work(ctx: CallContext, tenant: TenantPolicy, found: Batches) -> Any:
             raw_limit = request.query_params.get("limit", "20")
             if not raw_limit.isdigit():
@@ -201,7 +205,7 @@ class BatchesController(Controller):
         call: Call,
         tenant: Tenant,
         batches: Batches | None,
-    ) -> Response[Any]:
+    ) -> ASGIApp:
         async def work(ctx: CallContext, tenant: TenantPolicy, found: Batches) -> Any:
             return batch_object(await found.batch(batch_id, tenant.tenant_id))
 
@@ -215,7 +219,7 @@ class BatchesController(Controller):
         call: Call,
         tenant: Tenant,
         batches: Batches | None,
-    ) -> Response[Any]:
+    ) -> ASGIApp:
         async def work(ctx: CallContext, tenant: TenantPolicy, found: Batches) -> Any:
             return batch_object(await found.cancel(batch_id, tenant.tenant_id))
 

@@ -21,6 +21,7 @@ from typing import Annotated, Any
 from litestar import Request, Response
 from litestar.di import Provide
 from litestar.params import Dependency
+from litestar.routes import HTTPRoute
 
 from gateway.call.context import CallContext
 from gateway.call.pipeline import RequestPipeline
@@ -54,6 +55,23 @@ async def _anthropic_tenant(
     api_key = request.headers.get("x-api-key")
     authorization = f"Bearer {api_key}" if api_key else request.headers.get("authorization")
     return pipeline.authenticate(call, authorization)
+
+
+async def every_method_in_allow(request: Request[Any, Any, Any]) -> Response[None] | None:
+    """A `before_request` hook for the doors with paths served by several handlers (GET and
+    DELETE of a file, say): answers OPTIONS with every method of the path. Litestar 2's own
+    answer lists only the first handler's (litestar#4169, fixed in Litestar 3); 405s list them
+    all already (errors.py)."""
+    if request.method != "OPTIONS":
+        return None
+    template = request.scope.get("path_template")
+    methods = {
+        m
+        for r in request.app.routes
+        if isinstance(r, HTTPRoute) and r.path_format == template
+        for m in r.methods
+    }
+    return Response(None, status_code=204, headers={"allow": ", ".join(sorted(methods))})
 
 
 CALL = Provide(_start_call)

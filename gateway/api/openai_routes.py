@@ -10,8 +10,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from litestar import Controller, Request, Response, get, post
+from litestar import Controller, Request, get, post
+from litestar.types import ASGIApp
 
+from gateway.api.answer import Answer
 from gateway.api.body import request_body
 from gateway.api.doors import DEPENDENCIES, Call, Tenant, openai_errors
 from gateway.api.sse import SSEResponse
@@ -30,12 +32,11 @@ _CREATED = int(time.time())
 
 async def _serve(
     pipeline: RequestPipeline, call: Call, request: Request[Any, Any, Any], endpoint: Endpoint
-) -> Response[Any]:
+) -> ASGIApp:
     parsed, body = decode_request_and_object(await request_body(request), _REQUEST_TYPES[endpoint])
     if parsed.stream:
         return SSEResponse(await pipeline.stream(call, endpoint, parsed, body))
-    result = await pipeline.complete(call, endpoint, parsed, body)
-    return Response(result, headers=call.headers, status_code=200)
+    return Answer.json(await pipeline.complete(call, endpoint, parsed, body), call.headers)
 
 
 class OpenAIController(Controller):
@@ -46,16 +47,16 @@ class OpenAIController(Controller):
     @post("/chat/completions", status_code=200)
     async def chat_completions(
         self, request: Request[Any, Any, Any], pipeline: RequestPipeline, call: Call, tenant: Tenant
-    ) -> Response[Any]:
+    ) -> ASGIApp:
         return await _serve(pipeline, call, request, "chat")
 
     @post("/completions", status_code=200)
     async def completions(
         self, request: Request[Any, Any, Any], pipeline: RequestPipeline, call: Call, tenant: Tenant
-    ) -> Response[Any]:
+    ) -> ASGIApp:
         return await _serve(pipeline, call, request, "completions")
 
     @get("/models")
-    async def models(self, pipeline: RequestPipeline, call: Call, tenant: Tenant) -> Response[ModelList]:
+    async def models(self, pipeline: RequestPipeline, call: Call, tenant: Tenant) -> ASGIApp:
         cards = [ModelCard(id=m.name, created=_CREATED) for m in pipeline.allowed_models(tenant)]
-        return Response(ModelList(data=cards), headers=call.headers)
+        return Answer.json(ModelList(data=cards), call.headers)

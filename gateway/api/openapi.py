@@ -154,9 +154,9 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("GET", "/v1/usage"): Operation(
         "getUsage",
         "Token usage from the ledger, in time buckets (OpenAI's organization usage shape), or one "
-        "day's totals with ?date=YYYY-MM-DD. Parameters: start_time, end_time, bucket_width (1m, 1h, "
-        "1d), group_by (model, region, api_key_id, tenant_id), limit, page, tenant, date; a bad one "
-        "is a 400 naming it.",
+        "day's totals with ?date=YYYY-MM-DD. Parameters: start_time (default: `limit` buckets before "
+        "end_time), end_time (default: now), bucket_width (1m, 1h, 1d), group_by (model, region, "
+        "api_key_id, tenant_id), limit, page, tenant, date; a bad one is a 400 naming it.",
         dict,
         (400, 401, 403, 503),
         tenant_query=True,
@@ -199,6 +199,28 @@ _EXTENSIONS = {
         "serving node's policy decides). The tokens do not depend on it."
     ),
     "token_ids": "Meridian extension: the generated token ids, when the request set return_token_ids.",
+}
+# Rules a door checks after decoding, so that its 400 can name what it does not serve (a struct
+# constraint would refuse with the decoder's words): stated here so the document keeps them too.
+# (struct, field) -> what the field's schema adds; field "": the struct's schema.
+_CHECKED_AFTER_DECODING: dict[tuple[str, str], dict[str, Any]] = {
+    # gateway/translate/anthropic_to_openai.py: only text blocks (images, tools, documents: a 400).
+    ("ContentBlock", "type"): {"enum": ["text"]},
+    # gateway/responses/translate.py: a background response is not streamed, and is stored.
+    ("ResponsesRequest", ""): {
+        "not": {
+            "anyOf": [
+                {
+                    "properties": {"background": {"const": True}, "stream": {"const": True}},
+                    "required": ["background", "stream"],
+                },
+                {
+                    "properties": {"background": {"const": True}, "store": {"const": False}},
+                    "required": ["background", "store"],
+                },
+            ]
+        }
+    },
 }
 _RESPONSE_HEADERS = {
     "x-request-id": "This request's id, also in the gateway's logs.",
@@ -246,6 +268,9 @@ def _schemas() -> tuple[dict[type, dict[str, Any]], dict[str, Any]]:
         for name, prop in schema.get("properties", {}).items():
             if name in _EXTENSIONS:
                 prop["description"] = _EXTENSIONS[name]
+    for (struct, name), rule in _CHECKED_AFTER_DECODING.items():
+        schema = components[struct]
+        (schema["properties"][name] if name else schema).update(rule)
     return dict(zip(types, refs, strict=True)), components
 
 

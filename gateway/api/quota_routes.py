@@ -6,11 +6,11 @@ another tenant's quota (403 otherwise).
 
 from __future__ import annotations
 
-from typing import Any
-
-from litestar import Controller, Response, get
+from litestar import Controller, get
 from litestar.params import Parameter
+from litestar.types import ASGIApp
 
+from gateway.api.answer import Answer
 from gateway.api.doors import DEPENDENCIES, Call, Tenant, openai_errors
 from gateway.call.pipeline import RequestPipeline
 from protocol import PermissionDeniedError
@@ -28,9 +28,9 @@ class QuotaController(Controller):
         call: Call,
         tenant: Tenant,
         tenant_id: str | None = Parameter(query="tenant", default=None),
-    ) -> Response[dict[str, Any]]:
+    ) -> ASGIApp:
         if tenant_id is not None and tenant_id != tenant.tenant_id:
             raise PermissionDeniedError(
                 "An API key can only read its own tenant's quota.", param="tenant", code="tenant_mismatch"
             )
-        return Response(await pipeline.usage(tenant), headers=call.headers)
+        return Answer.json(await pipeline.usage(tenant), call.headers)

@@ -15,21 +15,20 @@ import os
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from litestar import Controller, Request, Response, delete, get, post
-from litestar.response import Stream
+from litestar import Controller, Request, delete, get, post
 from litestar.response.base import ASGIResponse
-from litestar.types import Receive, Scope, Send
+from litestar.types import ASGIApp, Receive, Scope, Send
 
+from gateway.api.answer import Answer
 from gateway.api.body import request_body
-from gateway.api.doors import DEPENDENCIES, Call, Tenant, openai_errors
+from gateway.api.doors import DEPENDENCIES, Call, Tenant, every_method_in_allow, openai_errors
+from gateway.api.sse import EventStream
 from gateway.responses import Run, parse_request
 from gateway.responses.store import ResponseStore
 from gateway.runtime.tasks import run_shielded
 from protocol import InvalidRequestError
 from protocol.errors import NotFoundError
 from protocol.sse import encode_event
-
-_SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
 class _CancelOnEnd:
@@ -48,11 +47,11 @@ class _CancelOnEnd:
             await run_shielded(lambda: self._store.cancel(self._run), what="cancel an abandoned response")
 
 
-class _EventStream(Stream):
+class _EventStream(EventStream):
     def __init__(self, store: ResponseStore, run: Run, headers: dict[str, str]) -> None:
         self._store = store
         self._run = run
-        super().__init__(_frames(run), media_type="text/event-stream", headers={**_SSE_HEADERS, **headers})
+        super().__init__(_frames(run), headers)
 
     def to_asgi_response(self, *args: Any, **kwargs: Any) -> ASGIResponse:
         inner = super().to_asgi_response(*args, **kwargs)
@@ -78,6 +77,7 @@ class ResponsesController(Controller):
     path = "/v1/responses"
     dependencies = DEPENDENCIES
     exception_handlers = {Exception: openai_errors}
+    before_request = every_method_in_allow
 
     @post("/", status_code=200)
     async def create(
@@ -86,7 +86,7 @@ class ResponsesController(Controller):
         call: Call,
         tenant: Tenant,
         responses: ResponseStore,
-    ) -> Response[Any]:
+    ) -> ASGIApp:
         ctx = call
         wanted, body, parsed = parse_request(await request_body(request))
         response_id = "resp_" + os.urandom(16).hex()
@@ -94,7 +94,7 @@ class ResponsesController(Controller):
         run = Run(response_id, tenant.tenant_id, wanted, stream=wanted.stream)
         responses.start(run, ctx, parsed, body)
         if wanted.background:
-            return Response(run.to_object(), headers=ctx.headers, status_code=200)
+            return Answer.json(run.to_object(), ctx.headers)
         # Errors before the first token are HTTP errors, as for chat: the run's failed open
         # raises the APIError (with this call's headers) here.
         await run.opened
@@ -105,7 +105,7 @@ class ResponsesController(Controller):
         finally:
             if not run.finished:  # this request was cancelled: nobody else will read the run
                 await run_shielded(lambda: responses.cancel(run), what="cancel an abandoned response")
-        return Response(run.to_object(), headers=ctx.headers, status_code=200)
+        return Answer.json(run.to_object(), ctx.headers)
 
     @get("/{response_id:str}")
     async def retrieve(
@@ -115,16 +115,14 @@ class ResponsesController(Controller):
         call: Call,
         tenant: Tenant,
         responses: ResponseStore,
-    ) -> Response[Any]:
+    ) -> ASGIApp:
         run = _owned(responses, response_id, tenant.tenant_id)
         if request.query_params.get("stream") in ("true", "1"):
             raise InvalidRequestError("Streaming a stored response is not supported.", param="stream")
-        return Response(run.to_object(), headers=call.headers)
+        return Answer.json(run.to_object(), call.headers)
 
     @post("/{response_id:str}/cancel", status_code=200)
-    async def cancel(
-        self, response_id: str, call: Call, tenant: Tenant, responses: ResponseStore
-    ) -> Response[Any]:
+    async def cancel(self, response_id: str, call: Call, tenant: Tenant, responses: ResponseStore) -> ASGIApp:
         run = _owned(responses, response_id, tenant.tenant_id)
         if run.finished and run.status != "cancelled":
             raise InvalidRequestError(
@@ -133,11 +131,9 @@ class ResponsesController(Controller):
                 code="response_not_cancellable",
             )
         await responses.cancel(run)
-        return Response(run.to_object(), headers=call.headers)
+        return Answer.json(run.to_object(), call.headers)
 
     @delete("/{response_id:str}", status_code=200)
-    async def remove(
-        self, response_id: str, call: Call, tenant: Tenant, responses: ResponseStore
-    ) -> Response[Any]:
+    async def remove(self, response_id: str, call: Call, tenant: Tenant, responses: ResponseStore) -> ASGIApp:
         await responses.delete(_owned(responses, response_id, tenant.tenant_id))
-        return Response({"id": response_id, "object": "response", "deleted": True}, headers=call.headers)
+        return Answer.json({"id": response_id, "object": "response", "deleted": True}, call.headers)

@@ -8,7 +8,7 @@ ServedStream (the one owner of all that) when it ends, however it ends.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any
 
 import anyio
@@ -65,17 +65,27 @@ async def _cancel_on_disconnect(scope: anyio.CancelScope, receive: Receive) -> N
     scope.cancel()
 
 
-class SSEResponse(Stream):
+class EventStream(Stream):
+    """A `text/event-stream` response of `frames` with the call's `headers`."""
+
+    def __init__(self, frames: AsyncGenerator[bytes, None], headers: Mapping[str, str]) -> None:
+        super().__init__(
+            frames, media_type="text/event-stream", headers={**_SSE_HEADERS, **headers}, status_code=200
+        )
+
+    def to_asgi_response(self, *args: Any, **kwargs: Any) -> ASGIResponse:
+        # Litestar's Stream lets the handler's media type win over its own, and the doors'
+        # handlers (annotated ASGIApp: answer.py) have JSON's.
+        kwargs["media_type"] = self.media_type
+        return super().to_asgi_response(*args, **kwargs)
+
+
+class SSEResponse(EventStream):
     def __init__(self, served: ServedStream, frames: AsyncGenerator[bytes, None] | None = None) -> None:
         """`frames` replaces OpenAI's `data:` framing (the Anthropic front door writes its own)."""
         self._served = served
         self._frames = frames if frames is not None else openai_frames(served.items())
-        super().__init__(
-            self._frames,
-            media_type="text/event-stream",
-            headers={**_SSE_HEADERS, **served.ctx.headers},
-            status_code=200,
-        )
+        super().__init__(self._frames, served.ctx.headers)
 
     def to_asgi_response(self, *args: Any, **kwargs: Any) -> ASGIResponse:
         inner = super().to_asgi_response(*args, **kwargs)

@@ -12,8 +12,10 @@ import time
 from typing import Any
 from urllib.parse import parse_qs
 
-from litestar import Controller, Request, Response, get
+from litestar import Controller, Request, get
+from litestar.types import ASGIApp
 
+from gateway.api.answer import Answer
 from gateway.api.doors import CALL, Call, openai_errors
 from gateway.call.context import CallContext
 from gateway.call.pipeline import RequestPipeline
@@ -30,16 +32,24 @@ from gateway.ledger.query import (
 )
 from gateway.ledger.store.interface import AggregateQuery
 from protocol import PermissionDeniedError
+from router.types import TenantPolicy
 
 
-def _scope(
-    pipeline: RequestPipeline, ledger: Ledger, ctx: CallContext, authorization: str | None, asked: str | None
-) -> str | None:
-    """The tenant the caller may read (None: all tenants, operators only)."""
+def _caller(
+    pipeline: RequestPipeline, ledger: Ledger, ctx: CallContext, authorization: str | None
+) -> TenantPolicy | None:
+    """The caller's tenant, or None for an operator key (no tenant's). First: a request without a
+    valid key is a 401 whatever its query says."""
     scheme, _, key = (authorization or "").partition(" ")
     if scheme.lower() == "bearer" and ledger.is_operator(key.strip()):
+        return None
+    return pipeline.authenticate(ctx, authorization)
+
+
+def _scope(caller: TenantPolicy | None, asked: str | None) -> str | None:
+    """The tenant the caller may read (None: all tenants, operators only)."""
+    if caller is None:
         return asked
-    caller = pipeline.authenticate(ctx, authorization)
     if asked is not None and asked != caller.tenant_id:
         raise PermissionDeniedError(
             "An API key can only read its own tenant's usage.", param="tenant", code="tenant_mismatch"
@@ -53,27 +63,26 @@ async def _answer(
     pipeline: RequestPipeline,
     ledger: Ledger | None,
     ctx: CallContext,
-) -> Response[dict[str, Any]]:
-    # An operator key is no tenant's: _scope authenticates the caller either way.
+) -> ASGIApp:
     if ledger is None:
         raise LedgerUnavailable("The usage ledger is disabled on this gateway (ledger.enabled: false).")
+    caller = _caller(pipeline, ledger, ctx, request.headers.get("authorization"))
     params = normalise(
         parse_qs(request.scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
     )
-    auth = request.headers.get("authorization")
     if kind == "usage" and is_day_query(params):
         day = parse_day(params)
-        tenant = _scope(pipeline, ledger, ctx, auth, day.tenant)
+        tenant = _scope(caller, day.tenant)
         await ledger.catch_up()
         rows = await ledger.store.aggregate(AggregateQuery("1d", day.start_ms, day.end_ms, tenant))
         body = day_body(day, tenant, rows)
     else:
         query = parse_buckets(kind, params, now_s=int(time.time()))
-        tenant = _scope(pipeline, ledger, ctx, auth, query.tenant)
+        tenant = _scope(caller, query.tenant)
         await ledger.catch_up()
         store_query, next_page = query.page(tenant)
         body = page_body(query, store_query, await ledger.store.aggregate(store_query), next_page)
-    return Response(body, headers=ctx.headers)
+    return Answer.json(body, ctx.headers)
 
 
 class UsageController(Controller):
@@ -84,11 +93,11 @@ class UsageController(Controller):
     @get("/usage")
     async def usage(
         self, request: Request[Any, Any, Any], pipeline: RequestPipeline, ledger: Ledger | None, call: Call
-    ) -> Response[dict[str, Any]]:
+    ) -> ASGIApp:
         return await _answer("usage", request, pipeline, ledger, call)
 
     @get("/costs")
     async def costs(
         self, request: Request[Any, Any, Any], pipeline: RequestPipeline, ledger: Ledger | None, call: Call
-    ) -> Response[dict[str, Any]]:
+    ) -> ASGIApp:
         return await _answer("costs", request, pipeline, ledger, call)

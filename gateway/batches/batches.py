@@ -23,11 +23,11 @@ from gateway.ledger.config import SqliteStoreConfig, StoreConfig
 from gateway.metrics import GatewayMetrics
 from gateway.policy import PolicyStore
 from gateway.runtime.tasks import cancel_and_wait
+from protocol.objects import METADATA_KEY_LEN, METADATA_KEYS, METADATA_VALUE_LEN
 
 logger = logging.getLogger(__name__)
 
 COMPLETION_WINDOWS = {"24h": 24 * 3600}
-_METADATA_KEYS, _METADATA_KEY_LEN, _METADATA_VALUE_LEN = 16, 64, 512
 
 
 class Batches:
@@ -187,13 +187,13 @@ class Batches:
 def _check_metadata(metadata: dict[str, str] | None) -> None:
     if metadata is None:
         return
-    if len(metadata) > _METADATA_KEYS:
-        raise BatchInputError(f"metadata may have at most {_METADATA_KEYS} keys.", param="metadata")
+    if len(metadata) > METADATA_KEYS:
+        raise BatchInputError(f"metadata may have at most {METADATA_KEYS} keys.", param="metadata")
     for key, value in metadata.items():
-        if not isinstance(value, str) or len(key) > _METADATA_KEY_LEN or len(value) > _METADATA_VALUE_LEN:
+        if not isinstance(value, str) or len(key) > METADATA_KEY_LEN or len(value) > METADATA_VALUE_LEN:
             raise BatchInputError(
-                f"metadata[{key!r}]: keys are at most {_METADATA_KEY_LEN} characters, values strings of at most "
-                f"{_METADATA_VALUE_LEN}.",
+                f"metadata[{key!r}]: keys are at most {METADATA_KEY_LEN} characters, values strings of at most "
+                f"{METADATA_VALUE_LEN}.",
                 param="metadata",
             )
 

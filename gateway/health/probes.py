@@ -219,7 +219,7 @@ class NodeProber:
         last = self._overlaid.get(node_id)
         if last is not None and last[0] is result and last[1] is sums:
             return last[2]  # the same report and overlay: the same object
-        overlaid = dataclasses.replace(result, load=dataclasses.replace(result.load, overlay=sums))
+        overlaid = dataclasses.replace(result, load=result.load.with_overlay(sums))
         self._overlaid[node_id] = (result, sums, overlaid)
         return overlaid
 

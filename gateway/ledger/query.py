@@ -2,7 +2,8 @@
 
 Shaped like OpenAI's organization usage (`/v1/organization/usage/completions`) and costs APIs:
 `start_time` / `end_time` in Unix seconds, `bucket_width` 1m | 1h | 1d, `group_by`, `limit`
-buckets per page and a `page` cursor. Buckets are aligned to UTC minutes, hours and days (the
+buckets per page and a `page` cursor. Without `start_time` (which OpenAI requires), the query is
+the `limit` buckets before `end_time` (default: now). Buckets are aligned to UTC minutes, hours and days (the
 rollups' edges): the first bucket is the one holding `start_time`, the last the one holding the
 second before `end_time`. Every bad parameter is a BadUsageQuery naming it (400).
 """
@@ -139,17 +140,25 @@ def parse_day(params: Params) -> DayQuery:
 
 def parse_buckets(kind: Kind, params: Params, *, now_s: int) -> BucketQuery:
     _check_names(kind, params)
-    start = _int(params, "start_time")
-    if start is None:
-        raise BadUsageQuery("start_time", "'start_time' (Unix seconds, inclusive) is required.")
     end = _int(params, "end_time")
     end = now_s if end is None else end
-    if end <= start:
-        raise BadUsageQuery("end_time", "'end_time' must be after 'start_time'.")
     width = _one(params, "bucket_width") or "1d"
     if width not in WIDTH_MS:
         raise BadUsageQuery("bucket_width", f"'bucket_width' must be 1m, 1h or 1d, got {width!r}.")
     span = WIDTH_MS[width]
+    limit = _int(params, "limit")
+    limit = DEFAULT_LIMIT[width] if limit is None else limit
+    if not 1 <= limit <= MAX_LIMIT[width]:
+        raise BadUsageQuery(
+            "limit", f"'limit' must be 1 to {MAX_LIMIT[width]} buckets for bucket_width={width}."
+        )
+    start = _int(params, "start_time")
+    if start is None:
+        # One page back from `end_time` (OpenAI requires start_time): the last 7 days by default,
+        # and every query the OpenAPI document allows is one the gateway answers.
+        start = end - limit * span // 1000
+    if end <= start:
+        raise BadUsageQuery("end_time", "'end_time' must be after 'start_time'.")
     start_ms = start * 1000 - (start * 1000) % span
     end_ms = -(-end * 1000 // span) * span  # up to the next edge
     if (end_ms - start_ms) // span > MAX_RANGE_BUCKETS:
@@ -167,12 +176,6 @@ def parse_buckets(kind: Kind, params: Params, *, now_s: int) -> BucketQuery:
                 )
             if name not in group_by:
                 group_by.append(name)
-    limit = _int(params, "limit")
-    limit = DEFAULT_LIMIT[width] if limit is None else limit
-    if not 1 <= limit <= MAX_LIMIT[width]:
-        raise BadUsageQuery(
-            "limit", f"'limit' must be 1 to {MAX_LIMIT[width]} buckets for bucket_width={width}."
-        )
     page_start = start_ms
     cursor = _one(params, "page")
     if cursor is not None:

@@ -76,6 +76,9 @@ class Run:
         # Set once the pipeline's stream opened or failed to: a foreground request answers
         # errors before the first token as HTTP errors.
         self.opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # A background run's opening is awaited by no one, nor a foreground one whose client left:
+        # its failure is the run's `failed` status, not an error for asyncio to log as lost.
+        self.opened.add_done_callback(_retrieved)
         self.done = asyncio.Event()
         self._text: list[str] = []
         self._answered = False  # a finish_reason arrived
@@ -263,3 +266,8 @@ def _usage(usage: Usage) -> dict[str, Any]:
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": usage.total_tokens or prompt + completion,
     }
+
+
+def _retrieved(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()

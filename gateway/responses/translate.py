@@ -96,7 +96,7 @@ def _content_text(content: Any, param: str) -> str:
     texts = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in _TEXT_PARTS:
+        if not isinstance(kind, str) or kind not in _TEXT_PARTS:  # a JSON object is no set member
             raise _unsupported(f"{param}[{j}]", f"A content part of type {kind!r}")
         if not isinstance(part.get("text"), str):
             raise InvalidRequestError("must be a string.", param=f"{param}[{j}].text")
@@ -116,7 +116,8 @@ def _messages(value: Any) -> list[dict[str, str]]:
             raise InvalidRequestError("must be a message object.", param=param)
         if item.get("type", "message") != "message":
             raise _unsupported(param, f"An input item of type {item.get('type')!r}")
-        role = _ROLES.get(item.get("role"))  # type: ignore[arg-type]
+        role = item.get("role")
+        role = _ROLES.get(role) if isinstance(role, str) else None
         if role is None:
             raise InvalidRequestError(
                 "'role' must be one of user, assistant, system, developer.", param=f"{param}.role"

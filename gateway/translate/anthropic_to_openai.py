@@ -91,8 +91,6 @@ def messages_request_to_chat(request: MessagesRequest) -> dict[str, Any]:
         messages.append(
             {"role": message.role, "content": _blocks_text(message.content, f"messages[{i}].content")}
         )
-    if request.max_tokens < 1:
-        raise TranslationError("max_tokens must be at least 1", param="max_tokens")
     body: dict[str, Any] = {"model": request.model, "messages": messages, "max_tokens": request.max_tokens}
     if request.stop_sequences:
         body["stop"] = list(request.stop_sequences)

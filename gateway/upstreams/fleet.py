@@ -13,9 +13,9 @@ from typing import Protocol
 
 from gateway.discovery.interface import RegionDirectory
 from gateway.health import BreakerBoard, BreakerConfig
-from gateway.health.probes import NodeProber
+from gateway.health.probes import NodeProber, ProbeResult
 from gateway.upstreams.base import Upstream
-from router.types import FleetSnapshot, Prefill, ProviderInfo, Target
+from router.types import FleetSnapshot, NodeInfo, Prefill, ProviderInfo, Target
 
 
 class ProviderSet(Protocol):
@@ -79,47 +79,55 @@ class Fleet:
         self.providers = providers
         self._node_upstream = node_upstream
         self._upstreams: dict[tuple[str, str], Upstream] = {}
-        # The last snapshot: (its inputs, the breakers' availability then, it).
-        self._last: tuple[tuple[object, ...], tuple[tuple[bool, ...], ...], FleetSnapshot] | None = None
+        # The last snapshot, the providers' list and availability it was built from, and by node
+        # id: the directory's entry, its probe, its breaker's availability, the NodeInfo built.
+        self._last = FleetSnapshot(nodes=(), providers=())
+        self._last_providers: tuple[tuple[ProviderInfo, ...], tuple[bool, ...]] | None = None
+        self._built: dict[str, tuple[NodeInfo, ProbeResult | None, bool, NodeInfo]] = {}
         # Providers bring their own breaker settings; every other target (a node) gets the board's.
         for provider_id, config in providers.breaker_configs().items():
             board.register(provider_id, config)
 
     def snapshot(self) -> FleetSnapshot:
-        """The fleet as routing sees it now. Asked twice per request (admission, routing), and
-        its inputs change only with a directory update, a probe or a breaker's state: while none
-        has, the last snapshot is handed out again (the same objects, so what the router derives
-        from a node's report is derived once)."""
+        """The fleet as routing sees it now. Asked twice per request (admission, routing). A node's
+        entry changes only with a directory update, a probe, its breaker's state or a request
+        routed to it (the overlay): each node's NodeInfo is rebuilt only when one of its own inputs
+        changed (compared by identity), and while none has for any node the last snapshot is
+        handed out again. So a request routed to one node of 64 rebuilds one entry, and what the
+        router derives from an unchanged report is derived once."""
         available = self.board.available
-        directory, configured = self.directory.snapshot(), self.providers.snapshot()
-        probes = tuple(self.prober.result(node.node_id) for node in directory)
-        up = tuple(available(node.node_id) for node in directory)
+        built, nodes = {}, []
+        for node in self.directory.snapshot():
+            probe, node_up = self.prober.result(node.node_id), available(node.node_id)
+            last = self._built.get(node.node_id)
+            if last is not None and last[0] is node and last[1] is probe and last[2] == node_up:
+                info = last[3]
+            else:
+                ready = probe is not None and probe.ready
+                load = probe.load if probe is not None else None
+                info = dataclasses.replace(
+                    node, healthy=node.healthy and ready and node_up, load=load or node.load
+                )
+            built[node.node_id] = (node, probe, node_up, info)
+            nodes.append(info)
+        configured = self.providers.snapshot()
         providers_up = tuple(available(p.provider_id) for p in configured)
-        # Compared by identity: a probe result with the gateway's overlay is a new object each
-        # time, and comparing reports field by field would cost more than building anew.
-        inputs = (directory, configured, *probes)
-        last = self._last
+        last, self._built = self._last, built
         if (
-            last is not None
-            and len(last[0]) == len(inputs)
-            and all(a is b for a, b in zip(last[0], inputs, strict=True))
-            and last[1] == (up, providers_up)
+            len(nodes) == len(last.nodes)
+            and all(a is b for a, b in zip(nodes, last.nodes, strict=True))
+            and self._last_providers == (configured, providers_up)
         ):
-            return last[2]
-        nodes = []
-        for node, probe, node_up in zip(directory, probes, up, strict=True):
-            ready = probe is not None and probe.ready
-            load = probe.load if probe is not None else None
-            nodes.append(
-                dataclasses.replace(node, healthy=node.healthy and ready and node_up, load=load or node.load)
-            )
-        providers = tuple(
-            p if p_up else dataclasses.replace(p, healthy=False)
-            for p, p_up in zip(configured, providers_up, strict=True)
+            return last
+        self._last_providers = (configured, providers_up)
+        self._last = FleetSnapshot(
+            nodes=tuple(nodes),
+            providers=tuple(
+                p if p_up else dataclasses.replace(p, healthy=False)
+                for p, p_up in zip(configured, providers_up, strict=True)
+            ),
         )
-        snapshot = FleetSnapshot(nodes=tuple(nodes), providers=providers)
-        self._last = (inputs, (up, providers_up), snapshot)
-        return snapshot
+        return self._last
 
     def routed(self, target: Target, prefill: Prefill) -> None:
         """Note that a request was sent to `target` with this prefill (its route decision's), for

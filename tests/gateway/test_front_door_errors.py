@@ -5,10 +5,12 @@ missing key. /v1/messages answers in Anthropic's `{"type": "error", ...}`, the o
 from __future__ import annotations
 
 import json
+import re
 import socket
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.gateway.conftest import RunningGateway, gateway_config, run_gateway
@@ -64,3 +66,36 @@ def test_each_door_refuses_in_its_own_format(
     status, body = _raw(gw, path, authorization)
     assert status in (400, 401, 404, 405), (status, body)
     assert (_anthropic if anthropic else _openai)(body), body
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allowed", "anthropic"),
+    [
+        ("TRACE", "/v1/chat/completions", {"POST"}, False),
+        ("GET", "/v1/completions", {"POST"}, False),
+        ("PUT", "/v1/files/file-x", {"GET", "DELETE"}, False),
+        ("DELETE", "/v1/messages", {"POST"}, True),
+    ],
+)
+def test_a_method_a_path_does_not_serve_is_a_405_that_lists_the_methods_it_does(
+    gw: RunningGateway, method: str, path: str, allowed: set[str], anthropic: bool
+) -> None:
+    """RFC 9110: a 405 carries `Allow`, so a client (or a tool reading the OpenAPI document) can
+    tell a wrong method from a wrong path."""
+    response = httpx.request(method, gw.url + path, headers={"authorization": "Bearer x"}, timeout=10)
+
+    assert response.status_code == 405, response.text
+    methods = {m.strip() for m in response.headers["allow"].split(",")}
+    assert allowed <= methods and method not in methods
+    assert (_anthropic if anthropic else _openai)(response.json()), response.text
+
+
+def test_options_lists_exactly_the_methods_each_documented_path_serves(gw: RunningGateway) -> None:
+    """Every path of the OpenAPI document, the ones served by several handlers included."""
+    document = httpx.get(gw.url + "/openapi.json", timeout=10).json()
+    for template, operations in document["paths"].items():
+        path = re.sub(r"\{[^}]+\}", "x-id", template)
+        response = httpx.options(gw.url + path, timeout=10)
+        assert response.status_code == 204, (path, response.text)
+        allowed = {m.strip() for m in response.headers["allow"].split(",")}
+        assert allowed == {m.upper() for m in operations} | {"OPTIONS"}, path

@@ -6,6 +6,7 @@ outside the document."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from importlib.metadata import version
@@ -16,6 +17,7 @@ import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from jsonschema import Draft202012Validator
 from litestar.routes import HTTPRoute
 from openapi_spec_validator import validate
 from schemathesis.checks import not_a_server_error
@@ -290,3 +292,103 @@ def test_listings_answer_as_documented(gw: RunningGateway, document: dict[str, A
     denied = httpx.get(gw.url + path, timeout=10)
     assert denied.status_code == 401
     assert accepts(document, answer_schema(document, path, "get", "401"), denied.json())
+
+
+def _validator(document: dict[str, Any], schema: dict[str, Any]) -> Draft202012Validator:
+    """A full JSON Schema 2020-12 validator (the document's dialect) for one of its schemas."""
+    return Draft202012Validator({**schema, "components": document["components"]})
+
+
+_BATCH = {"input_file_id": "file-none", "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+_RESPONSE = {"model": "meridian-small", "input": "Hi", "max_output_tokens": 4}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/messages", {**MINIMAL["/v1/messages"], "max_tokens": 0}, "max_tokens"),
+        ("/v1/messages", {**MINIMAL["/v1/messages"], "messages": []}, "messages"),
+        ("/v1/responses", {**_RESPONSE, "model": ""}, "model"),
+        ("/v1/responses", {**_RESPONSE, "input": []}, "input"),
+        ("/v1/responses", {**_RESPONSE, "max_output_tokens": 0}, "max_output_tokens"),
+        ("/v1/responses", {**_RESPONSE, "temperature": 3}, "temperature"),
+        ("/v1/responses", {**_RESPONSE, "reasoning": {"effort": "high"}}, "reasoning"),
+        ("/v1/responses", {**_RESPONSE, "background": True, "stream": True}, "stream"),
+        ("/v1/responses", {**_RESPONSE, "background": True, "store": False}, "store"),
+        (
+            "/v1/messages",
+            {**MINIMAL["/v1/messages"], "messages": [{"role": "user", "content": [{"type": "image"}]}]},
+            "image",
+        ),
+        ("/v1/batches", {**_BATCH, "priority": "high"}, "priority"),
+        ("/v1/batches", {**_BATCH, "callback_url": "ftp://example.com/done"}, "callback_url"),
+        ("/v1/batches", {**_BATCH, "metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
+        ("/v1/batches", {**_BATCH, "metadata": {"k": "v" * 513}}, "metadata"),
+    ],
+)
+def test_what_a_door_refuses_its_schema_refuses_too(
+    gw: RunningGateway, document: dict[str, Any], path: str, body: dict[str, Any], param: str
+) -> None:
+    """The document states the doors' own rules (schemathesis's positive-data check found the
+    ones it did not): a body it allows is never refused as invalid, and one it refuses is a 400."""
+    validator = _validator(document, request_schema(document, path))
+    assert not validator.is_valid(body)
+    response = httpx.post(
+        gw.url + path, json=body, headers={"authorization": f"Bearer {GLOBAL_KEY}"}, timeout=30
+    )
+    assert response.status_code == 400, response.text
+    assert param in response.text
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status"),
+    [
+        ("/v1/messages", {**MINIMAL["/v1/messages"], "max_tokens": 1}, 200),
+        ("/v1/responses", _RESPONSE, 200),
+        ("/v1/responses", {**_RESPONSE, "input": [{"role": "developer", "content": "Be brief."}]}, 200),
+        ("/v1/responses", {**_RESPONSE, "stream": False, "background": True, "store": True}, 200),
+        ("/v1/batches", {**_BATCH, "callback_url": "https://example.com/done"}, 404),
+        ("/v1/batches", {**_BATCH, "metadata": {f"k{i}": "v" * 512 for i in range(16)}}, 404),
+    ],
+)
+def test_what_a_schema_allows_its_door_does_not_refuse_as_invalid(
+    gw: RunningGateway, document: dict[str, Any], path: str, body: dict[str, Any], status: int
+) -> None:
+    """404: the batch names no file of this tenant, the refusal a valid body gets."""
+    assert _validator(document, request_schema(document, path)).is_valid(body)
+    response = httpx.post(
+        gw.url + path, json=body, headers={"authorization": f"Bearer {GLOBAL_KEY}"}, timeout=60
+    )
+    assert response.status_code == status, response.text
+
+
+def test_usage_and_costs_answer_with_no_parameters_as_the_document_allows(
+    gw: RunningGateway, document: dict[str, Any]
+) -> None:
+    for path in ("/v1/usage", "/v1/costs"):
+        parameters = document["paths"][path]["get"].get("parameters", [])
+        assert not any(p.get("required") for p in parameters if "name" in p)
+        response = httpx.get(gw.url + path, headers={"authorization": f"Bearer {GLOBAL_KEY}"}, timeout=30)
+        assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("path", [*MINIMAL, "/v1/responses"])
+def test_each_generation_door_answers_with_a_documented_media_type(
+    gw: RunningGateway, document: dict[str, Any], path: str, stream: bool
+) -> None:
+    """A body in JSON with its length, a stream as server-sent events (the doors build their
+    answers themselves: gateway/api/answer.py and sse.py)."""
+    body = {**(MINIMAL.get(path) or _RESPONSE), "stream": stream}
+    headers = {"authorization": f"Bearer {GLOBAL_KEY}", "x-meridian-client-region": "us-east"}
+    with httpx.stream("POST", gw.url + path, json=body, headers=headers, timeout=60) as response:
+        data = response.read()
+    assert response.status_code == 200, data
+    media_type = response.headers["content-type"].split(";")[0]
+    assert media_type == ("text/event-stream" if stream else "application/json")
+    assert media_type in document["paths"][path]["post"]["responses"]["200"]["content"]
+    assert response.headers["x-request-id"].startswith("req_")
+    if stream:
+        assert response.headers["cache-control"] == "no-cache" and data.startswith((b"data: ", b"event: "))
+    else:
+        assert int(response.headers["content-length"]) == len(data) and json.loads(data)

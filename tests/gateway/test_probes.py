@@ -9,9 +9,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from gateway.health import BreakerBoard, ejection
 from gateway.health.probes import NodeProber
 from gateway.http import ConnectionPool
-from router.types import NodeInfo
+from gateway.upstreams.fleet import Fleet, NoProviders
+from router.load import load_facts
+from router.params import DEFAULT_PARAMS
+from router.types import NodeInfo, Prefill, Target
 
 
 class _Directory:
@@ -145,5 +149,39 @@ async def test_a_missed_load_report_keeps_the_last_one_for_a_few_rounds() -> Non
             assert second is not None and second.ready
             assert second.load is not None and second.load.waiting_tokens == 500  # carried over
             assert second.load_at == first.load_at
+    finally:
+        await pool.aclose()
+
+
+async def test_a_request_routed_to_one_node_rebuilds_only_that_nodes_entry_of_the_fleet(node) -> None:
+    """Every routed request changes its node's overlay, and routing asks for the fleet twice per
+    request: the other nodes' entries stay the same objects (what routing derived from their
+    reports stays derived), and so does the routed node's report's derived state."""
+    _, url = node
+    directory = _Directory([_node(f"n{i}", url) for i in range(3)])
+    pool = ConnectionPool(connect_timeout_s=1.0)
+    prober = NodeProber(directory, pool, interval_s=1.0, timeout_s=1.0, headers={})
+    fleet = Fleet(directory, prober, BreakerBoard(ejection(1.0, 2.0)), NoProviders(), lambda *_: None)  # type: ignore[arg-type,return-value]
+    try:
+        await prober.probe_all()
+        first = fleet.snapshot()
+        assert fleet.snapshot() is first  # nothing changed: the same snapshot
+        load_facts(first.nodes[0].load, DEFAULT_PARAMS)  # derived from n0's report
+
+        target = Target("node", "n0", url, "eu-west", "eu", "m", "test")
+        fleet.routed(target, Prefill(prefixes={"p": 64}, uncached_tokens=64))
+        second = fleet.snapshot()
+
+        assert second is not first
+        assert second.nodes[1] is first.nodes[1] and second.nodes[2] is first.nodes[2]
+        routed = second.nodes[0].load
+        assert routed is not None and routed.overlay is not None and routed.overlay.unreported == 1
+        assert routed.derived is first.nodes[0].load.derived and "facts" in routed.derived
+        assert fleet.snapshot() is second
+
+        await prober.probe_all()  # fresh reports: every entry is rebuilt
+        third = fleet.snapshot()
+        assert all(a is not b for a, b in zip(third.nodes, second.nodes, strict=True))
+        assert "facts" not in third.nodes[1].load.derived
     finally:
         await pool.aclose()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -11,6 +13,9 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.responses.run import Run
+from gateway.responses.translate import ResponsesRequest
+from protocol import NotFoundError
 from tests.gateway.conftest import (
     AUTH,
     EU_KEY,
@@ -252,3 +257,26 @@ def test_unsupported_features_are_a_400_naming_the_param(
         sdk(gw).responses.create(**body)
     assert raised.value.status_code == 400
     assert raised.value.param == param, raised.value.body  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("background", [True, False])
+async def test_a_run_that_failed_to_open_leaves_no_lost_error_for_asyncio_to_log(background: bool) -> None:
+    """A background run's opening is awaited by no one (nor a foreground one's whose client
+    left): its failure is the stored response's `failed` status. asyncio logs an exception set on
+    a future nobody retrieved ("Future exception was never retrieved") when the future is freed."""
+    loop = asyncio.get_running_loop()
+    lost: list[dict[str, Any]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, context: lost.append(context))
+    try:
+        request = ResponsesRequest(model="no-such-model", background=background)
+        run = Run("resp_test", "acme", request, stream=False)
+        error = NotFoundError("The model 'no-such-model' does not exist.", param="model")
+        run.failed_to_open({"code": "not_found", "message": error.message}, error)
+        await asyncio.sleep(0)  # the future's callbacks run
+        assert run.status == "failed"
+        del run
+        gc.collect()
+    finally:
+        loop.set_exception_handler(previous)
+    assert lost == []

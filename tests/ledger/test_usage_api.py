@@ -164,6 +164,37 @@ async def test_usage_needs_a_key(client: AsyncTestClient) -> None:
     assert (await client.get("/v1/costs", params={"start_time": T0}, headers=bad)).status_code == 401
 
 
+@pytest.mark.parametrize(
+    "params", [{}, {"start_time": "yesterday"}, {"date": "2026-13-01"}, {"colour": "red"}]
+)
+@pytest.mark.parametrize("path", ["/v1/usage", "/v1/costs"])
+async def test_without_a_valid_key_the_answer_is_a_401_whatever_the_query(
+    client: AsyncTestClient, path: str, params: dict[str, str]
+) -> None:
+    """The key is checked before the query: a caller without one learns nothing of the API, and
+    tools that drop the Authorization header (schemathesis does) see the 401 they expect."""
+    for headers in ({}, {"authorization": "Bearer sk-nobody"}):
+        response = await client.get(path, params=params, headers=headers)
+        assert response.status_code == 401, response.text
+        assert response.json()["error"]["code"] == "invalid_api_key"
+
+
+@pytest.mark.parametrize("path", ["/v1/usage", "/v1/costs"])
+async def test_without_start_time_the_answer_is_the_page_before_end_time(
+    client: AsyncTestClient, path: str
+) -> None:
+    """OpenAI requires start_time; here it defaults to `limit` buckets before end_time (now by
+    default), so every query the OpenAPI document allows is answered."""
+    end = T0 + 4 * 86400
+    body = await get(client, path, auth("alpha"), end_time=end)
+    assert [b["start_time"] for b in body["data"]] == [end - (7 - i) * 86400 for i in range(7)]
+    explicit = await get(client, path, auth("alpha"), start_time=end - 7 * 86400, end_time=end)
+    assert body == explicit
+    hours = await get(client, path, auth("alpha"), end_time=T0 + 3 * HOUR, bucket_width="1h", limit=3)
+    assert [b["start_time"] - T0 for b in hours["data"]] == [0, HOUR, 2 * HOUR]
+    assert (await client.get(path, headers=auth("alpha"))).status_code == 200
+
+
 async def test_the_operator_sees_all_tenants_or_the_one_it_names(client: AsyncTestClient) -> None:
     window = {"start_time": T0, "end_time": T0 + 86400}
     body = await get(client, "/v1/usage", OPERATOR, **window, group_by="tenant_id")
@@ -185,7 +216,6 @@ async def test_the_quota_view_moved_to_v1_quota(client: AsyncTestClient) -> None
 @pytest.mark.parametrize(
     ("path", "params", "param"),
     [
-        ("/v1/usage", {}, "start_time"),
         ("/v1/usage", {"start_time": "yesterday"}, "start_time"),
         ("/v1/usage", {"start_time": "-5"}, "start_time"),
         ("/v1/usage", {"start_time": T0, "end_time": T0}, "end_time"),

@@ -1,0 +1,74 @@
+"""The Responses door's parser (gateway/responses/translate.py) refuses every body it cannot
+serve with an InvalidRequestError naming the field, whatever JSON each field holds, at any depth
+of `input`: never another exception (a 500). schemathesis found a content part whose `type` was an
+object: the set lookup raised TypeError."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.responses.translate import parse_request
+from protocol import ChatCompletionRequest, InvalidRequestError
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+def _or_any(strategy: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return strategy | json_values
+
+
+parts = st.fixed_dictionaries(
+    {"type": _or_any(st.sampled_from(["input_text", "output_text", "input_image"]))},
+    optional={"text": _or_any(st.text())},
+)
+items = st.fixed_dictionaries(
+    {
+        "role": _or_any(st.sampled_from(["user", "assistant", "system", "developer", "tool"])),
+        "content": _or_any(st.text() | st.lists(_or_any(parts), max_size=3)),
+    },
+    optional={"type": _or_any(st.just("message"))},
+)
+# Mostly fields a client would send, so that most bodies reach `input`'s depths; any JSON in any
+# field too, and fields the text subset refuses.
+bodies = st.fixed_dictionaries(
+    {
+        "model": st.text(min_size=1) | json_values,
+        "input": st.text() | st.lists(items | json_values, max_size=3),
+    },
+    optional={
+        "instructions": st.text() | json_values,
+        "max_output_tokens": st.integers(1, 64) | json_values,
+        "temperature": st.floats(0, 2) | json_values,
+        "top_p": st.floats(0, 1) | json_values,
+        "stream": st.booleans() | json_values,
+        "background": st.booleans() | json_values,
+        "store": st.booleans() | json_values,
+        "metadata": st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=3) | json_values,
+        "user": st.text() | json_values,
+        "text": st.fixed_dictionaries({}, optional={"format": json_values}) | json_values,
+        "tool_choice": st.sampled_from(["none", "auto"]) | json_values,
+        "tools": st.just([]) | json_values,
+        "truncation": st.just("disabled") | json_values,
+        "reasoning": json_values,
+    },
+)
+
+
+@settings(max_examples=600, deadline=None)
+@given(bodies)
+def test_every_body_is_served_or_refused_naming_a_field(body: dict[str, Any]) -> None:
+    try:
+        request, chat, parsed = parse_request(msgspec.json.encode(body))
+    except InvalidRequestError as exc:
+        assert exc.status_code == 400 and exc.message
+        return
+    assert isinstance(parsed, ChatCompletionRequest) and chat["messages"]
+    assert request.model == body["model"]
