@@ -251,10 +251,10 @@ def json_depth_exceeds(body: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
     return next(filter(limit.__lt__, depths), None) is not None  # stops at the first level too deep
 
 
-def decode_request_and_object(body: bytes, request_type: type[RequestT]) -> tuple[RequestT, dict[str, Any]]:
-    """The request struct and the JSON object it was read from (for a proxy that forwards the
-    client's fields as they came), decoded once; a 400 naming the field as `decode_request`.
-    Bodies that are not UTF-8, or nest deeper than MAX_JSON_DEPTH, are 400s too."""
+def decode_json_object(body: bytes) -> dict[str, Any]:
+    """A request body as a JSON object, or a 400: empty, not UTF-8 JSON, nesting deeper than
+    MAX_JSON_DEPTH (which would exhaust the parser's recursion), or not an object. Every door
+    that reads a JSON body reads it with this."""
     if not body.strip():
         raise InvalidRequestError("The request body is empty; expected a JSON object.")
     if json_depth_exceeds(body):
@@ -263,8 +263,24 @@ def decode_request_and_object(body: bytes, request_type: type[RequestT]) -> tupl
         )
     try:
         raw = msgspec.json.decode(body)
-        if not isinstance(raw, dict):
-            raise InvalidRequestError(f"The request body must be a JSON object, not {type(raw).__name__}.")
+    except msgspec.DecodeError as exc:
+        raise InvalidRequestError(f"The request body is not valid JSON: {exc}") from None
+    except UnicodeDecodeError as exc:
+        # msgspec validates UTF-8 as it reads strings, and raises this rather than a DecodeError.
+        raise InvalidRequestError(
+            f"The request body is not valid UTF-8 (byte {exc.start}: {exc.reason})."
+        ) from None
+    if not isinstance(raw, dict):
+        raise InvalidRequestError(f"The request body must be a JSON object, not {type(raw).__name__}.")
+    return raw
+
+
+def decode_request_and_object(body: bytes, request_type: type[RequestT]) -> tuple[RequestT, dict[str, Any]]:
+    """The request struct and the JSON object it was read from (for a proxy that forwards the
+    client's fields as they came), decoded once; a 400 naming the field as `decode_request`, and
+    the 400s of `decode_json_object`."""
+    raw = decode_json_object(body)
+    try:
         # OpenAI treats an explicit `null` as "not given"; many clients send them for defaults.
         return msgspec.convert({k: v for k, v in raw.items() if v is not None}, request_type), raw
     except msgspec.ValidationError as exc:
@@ -276,10 +292,3 @@ def decode_request_and_object(body: bytes, request_type: type[RequestT]) -> tupl
         if missing:
             param = missing.group(1)
         raise InvalidRequestError(f"Invalid request: {message}", param=param) from None
-    except msgspec.DecodeError as exc:
-        raise InvalidRequestError(f"The request body is not valid JSON: {exc}") from None
-    except UnicodeDecodeError as exc:
-        # msgspec validates UTF-8 as it reads strings, and raises this rather than a DecodeError.
-        raise InvalidRequestError(
-            f"The request body is not valid UTF-8 (byte {exc.start}: {exc.reason})."
-        ) from None

@@ -23,6 +23,7 @@ from gateway.batches.batches import Batches
 from gateway.batches.objects import batch_list, batch_object, file_object
 from gateway.call.context import CallContext
 from protocol.errors import NotFoundError
+from protocol.openai import decode_json_object
 from router.types import TenantPolicy
 
 
@@ -166,8 +167,8 @@ class BatchesController(Controller):
     ) -> ASGIApp:
         async def work(ctx: CallContext, tenant: TenantPolicy, found: Batches) -> Any:
             try:
-                wanted = msgspec.json.decode(await request_body(request), type=_CreateBatch)
-            except msgspec.DecodeError as exc:  # ValidationError included: it names the field
+                wanted = msgspec.convert(decode_json_object(await request_body(request)), _CreateBatch)
+            except msgspec.ValidationError as exc:  # it names the field
                 raise BatchInputError(f"Invalid batch request: {exc}") from None
             batch = await found.create(
                 tenant.tenant_id,

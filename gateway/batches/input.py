@@ -15,6 +15,7 @@ from typing import Any
 
 from gateway.batches.errors import BatchInputError
 from gateway.upstreams.base import Endpoint
+from protocol.openai import MAX_JSON_DEPTH, json_depth_exceeds
 
 ENDPOINTS: dict[str, Endpoint] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 
@@ -57,6 +58,12 @@ def parse_input(data: bytes, *, max_lines: int) -> list[InputLine]:
 
 
 def _parse_line(raw: str, line_no: int) -> InputLine:
+    if json_depth_exceeds(raw.encode("utf-8", "surrogatepass")):  # json's parser would recurse out
+        raise BatchInputError(
+            f"Line {line_no} nests arrays or objects more than {MAX_JSON_DEPTH} levels deep.",
+            param="file",
+            code="invalid_json_line",
+        )
     try:
         item = json.loads(raw)
     except ValueError as exc:
@@ -70,7 +77,7 @@ def _parse_line(raw: str, line_no: int) -> InputLine:
         raise BatchInputError(f"Line {line_no}: custom_id must be a non-empty string.", param="custom_id")
     if method != "POST":
         raise BatchInputError(f"Line {line_no}: method must be 'POST', got {method!r}.", param="method")
-    if url not in ENDPOINTS:
+    if not isinstance(url, str) or url not in ENDPOINTS:  # a JSON array or object is no dict key
         raise BatchInputError(
             f"Line {line_no}: url {url!r} is not supported; use one of {sorted(ENDPOINTS)}.",
             param="url",

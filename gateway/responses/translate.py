@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from protocol import ChatCompletionRequest, InvalidRequestError
+from protocol.openai import decode_json_object
 
 # Fields that are accepted as given; all others are refused (the set the text subset serves).
 _SUPPORTED = frozenset(
@@ -162,12 +163,7 @@ def _metadata(value: Any) -> dict[str, str]:
 def parse_request(raw: bytes) -> tuple[ResponsesRequest, dict[str, Any], ChatCompletionRequest]:
     """The request, its chat body (always streamed from the node, with usage) and that body's
     struct. Every refusal is an InvalidRequestError naming the field."""
-    try:
-        body = msgspec.json.decode(raw)
-    except msgspec.DecodeError:
-        raise InvalidRequestError("The body is not valid JSON.") from None
-    if not isinstance(body, dict):
-        raise InvalidRequestError("The body must be a JSON object.")
+    body = decode_json_object(raw)
     _check_unsupported(body)
     model = body.get("model")
     if not isinstance(model, str) or not model:

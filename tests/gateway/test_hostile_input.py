@@ -33,7 +33,8 @@ from tests.gateway.conftest import (
     write_regions,
 )
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/messages")
+# Every door that reads a JSON body (the Files upload is multipart: tests/gateway/test_batches_api.py).
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses", "/v1/batches")
 NODE_ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 TIMEOUT = httpx.Timeout(30.0)
 # Short read timeouts so the slow-client cases run quickly; the defaults are documented in
@@ -59,8 +60,13 @@ def gw(node: NodeProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 
 
 def valid(endpoint: str) -> dict[str, Any]:
+    """A body the door serves (a batch: one it refuses only for naming no file, a 404)."""
     if endpoint == "/v1/completions":
         return {"model": "meridian-small", "prompt": "Hello", "max_tokens": 4}
+    if endpoint == "/v1/responses":
+        return {"model": "meridian-small", "input": "Hello", "max_output_tokens": 4}
+    if endpoint == "/v1/batches":
+        return {"input_file_id": "file-none", "endpoint": "/v1/chat/completions", "completion_window": "24h"}
     return {"model": "meridian-small", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}
 
 
@@ -282,6 +288,34 @@ openai_bodies = st.fixed_dictionaries(
         "prompt": st.text(max_size=40) | st.lists(st.integers(-1, 70000), max_size=5) | json_values,
     },
 )
+responses_bodies = st.fixed_dictionaries(
+    {},
+    optional={
+        "model": fields["model"],
+        "input": st.text(max_size=30) | messages,
+        "instructions": st.text(max_size=20) | json_values,
+        "max_output_tokens": fields["max_tokens"],
+        "temperature": fields["temperature"],
+        "top_p": fields["top_p"],
+        "stream": fields["stream"],
+        "background": st.booleans() | json_values,
+        "store": st.booleans() | json_values,
+        "metadata": st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=3) | json_values,
+        "text": st.fixed_dictionaries({"format": st.just({"type": "text"}) | json_values}) | json_values,
+        "tools": st.just([]) | json_values,
+    },
+)
+batch_bodies = st.fixed_dictionaries(
+    {},
+    optional={
+        "input_file_id": st.text(max_size=12) | json_values,
+        "endpoint": st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/embeddings"])
+        | json_values,
+        "completion_window": st.sampled_from(["24h", "1h"]) | json_values,
+        "metadata": st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=3) | json_values,
+        "callback_url": st.sampled_from(["https://example.com/done", "ftp://x"]) | json_values,
+    },
+)
 anthropic_bodies = st.fixed_dictionaries(
     {},
     optional={
@@ -302,7 +336,11 @@ anthropic_bodies = st.fixed_dictionaries(
 def encoded(draw: st.DrawFn, endpoint: str) -> bytes:
     """A body as bytes: a valid request with fuzzed fields, fuzzed fields alone, JSON with bytes
     mutated (invalid UTF-8, truncation), deep nesting, another JSON type, or no JSON at all."""
-    bodies = anthropic_bodies if endpoint == "/v1/messages" else openai_bodies
+    bodies = {
+        "/v1/messages": anthropic_bodies,
+        "/v1/responses": responses_bodies,
+        "/v1/batches": batch_bodies,
+    }.get(endpoint, openai_bodies)
     kind = draw(
         st.sampled_from(
             ["valid+", "valid+", "json", "mutated", "truncated", "nested", "other-json", "bytes", "big"]
@@ -392,7 +430,7 @@ FUZZ = settings(
 )
 
 
-@FUZZ
+@settings(FUZZ, max_examples=250)  # five doors
 @given(
     endpoint=st.sampled_from(ENDPOINTS),
     data=st.data(),

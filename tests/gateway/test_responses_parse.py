@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -72,3 +73,20 @@ def test_every_body_is_served_or_refused_naming_a_field(body: dict[str, Any]) ->
         return
     assert isinstance(parsed, ChatCompletionRequest) and chat["messages"]
     assert request.model == body["model"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "says"),
+    [
+        (b'{"model": "m", "input": ' + b"[" * 50_000 + b"]" * 50_000 + b"}", "levels deep"),
+        (b'{"model": "m", "input": "caf\xe9"}', "UTF-8"),
+        (b"[1]", "JSON object"),
+        (b"", "empty"),
+    ],
+)
+def test_a_body_the_parser_cannot_read_is_a_400_not_a_crash(raw: bytes, says: str) -> None:
+    """Read as every door reads a JSON body (protocol.openai.decode_json_object): a body nesting
+    deeper than msgspec's parser can recurse was a RecursionError here, a 500."""
+    with pytest.raises(InvalidRequestError) as refused:
+        parse_request(raw)
+    assert says in refused.value.message
