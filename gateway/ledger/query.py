@@ -3,9 +3,9 @@
 Shaped like OpenAI's organization usage (`/v1/organization/usage/completions`) and costs APIs:
 `start_time` / `end_time` in Unix seconds, `bucket_width` 1m | 1h | 1d, `group_by`, `limit`
 buckets per page and a `page` cursor. Without `start_time` (which OpenAI requires), the query is
-the `limit` buckets before `end_time` (default: now). Buckets are aligned to UTC minutes, hours and days (the
-rollups' edges): the first bucket is the one holding `start_time`, the last the one holding the
-second before `end_time`. Every bad parameter is a BadUsageQuery naming it (400).
+the `limit` buckets before `end_time` (default: now). Buckets are aligned to UTC minutes, hours and
+days (the rollups' edges): the first bucket is the one holding `start_time`, the last the one
+holding the second before `end_time`. Every bad parameter is a BadUsageQuery naming it (400).
 """
 
 from __future__ import annotations
