@@ -99,7 +99,8 @@ def parse_since(value: str | None) -> tuple[str, int] | None:
     if not value:
         return None
     epoch, _, version = value.rpartition(".")
-    if not epoch or not version.isdigit():
+    # ASCII digits, and few: "²" is a digit int() refuses, and int() refuses 4,301 digits.
+    if not epoch or not (version.isascii() and version.isdigit() and len(version) <= 18):
         return None
     return epoch, int(version)
 

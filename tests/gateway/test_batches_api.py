@@ -10,6 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -421,3 +422,16 @@ def test_a_line_refused_for_capacity_is_given_back_then_fails_after_its_attempts
         [never_ran] = read_lines(client, ended.error_file_id)
         assert never_ran["error"]["code"] == "batch_cancelled"
         assert running.metric("meridian_gateway_batches_ended_total", tenant="t-rpm", status="cancelled") == 1
+
+
+@pytest.mark.parametrize("limit", ["0", "101", "-1", "ten", "²", "٣", "9" * 5000, ""])
+def test_a_list_limit_that_is_not_1_to_100_is_a_400_naming_it(gw: RunningGateway, limit: str) -> None:
+    """ "²" passed isdigit() and failed int(); so did 5,000 digits (int's limit): both were 500s."""
+    response = httpx.get(
+        gw.url + "/v1/batches",
+        params={"limit": limit},
+        headers={"authorization": f"Bearer {GLOBAL_KEY}"},
+        timeout=30,
+    )
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "limit"

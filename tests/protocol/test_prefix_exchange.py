@@ -152,3 +152,16 @@ def test_the_gateway_and_the_node_name_a_conversation_alike() -> None:
     assert prefix_names("m", "tenant-1", conversation)[0] != names[0]  # salted: another table entry
     assert prefix_names("other-model", None, conversation)[0] != names[0]
     assert cached_tokens({names[0]: 16, names[1]: 32}, names) == 32
+
+
+@given(st.text(max_size=12))
+def test_any_since_value_is_read_or_answered_in_full(value: str) -> None:
+    """A node's `/load?prefixes=` value from anyone: a version or None, never an exception
+    (`"a.²"` passed isdigit() and failed int(), a 500 on the node)."""
+    since = parse_since(value)
+    if since is not None:
+        epoch, _, version = value.rpartition(".")
+        assert since == (epoch, int(version)) and version.isascii()
+    assert (
+        parse_since("e.²") is None and parse_since("e.٣") is None and parse_since("e." + "9" * 5000) is None
+    )
