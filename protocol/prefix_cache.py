@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from protocol.query import query_count
+
 # Roles as a chat template reads them (regional_node/server/prompts.py renders the same).
 _ROLES = {"developer": "system"}
 # A hash name: 64 bits of BLAKE2b in hex. Collisions among a node's few thousand names: ~1e-12.
@@ -99,10 +101,10 @@ def parse_since(value: str | None) -> tuple[str, int] | None:
     if not value:
         return None
     epoch, _, version = value.rpartition(".")
-    # ASCII digits, and few: "²" is a digit int() refuses, and int() refuses 4,301 digits.
-    if not epoch or not (version.isascii() and version.isdigit() and len(version) <= 18):
+    count = query_count(version)
+    if not epoch or count is None:
         return None
-    return epoch, int(version)
+    return epoch, count
 
 
 @dataclass

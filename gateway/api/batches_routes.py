@@ -24,6 +24,7 @@ from gateway.batches.objects import batch_list, batch_object, file_object
 from gateway.call.context import CallContext
 from protocol.errors import NotFoundError
 from protocol.openai import decode_json_object
+from protocol.query import query_count
 from router.types import TenantPolicy
 
 
@@ -188,12 +189,11 @@ class BatchesController(Controller):
         self, request: Request[Any, Any, Any], call: Call, tenant: Tenant, batches: Batches | None
     ) -> ASGIApp:
         async def work(ctx: CallContext, tenant: TenantPolicy, found: Batches) -> Any:
-            raw_limit = request.query_params.get("limit", "20")
-            # ASCII digits, and few: "²" is a digit int() refuses, and int() refuses 4,301 digits.
-            if not (raw_limit.isascii() and raw_limit.isdigit() and len(raw_limit) <= 9):
+            limit = query_count(request.query_params.get("limit", "20"))
+            if limit is None:
                 raise BatchInputError("limit must be a whole number from 1 to 100.", param="limit")
             rows, more = await found.page(
-                tenant.tenant_id, limit=int(raw_limit), after=request.query_params.get("after") or None
+                tenant.tenant_id, limit=limit, after=request.query_params.get("after") or None
             )
             return batch_list(rows, has_more=more)
 

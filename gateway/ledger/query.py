@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from gateway.ledger.errors import BadUsageQuery
 from gateway.ledger.store.interface import WIDTH_MS, AggregateQuery, AggregateRow
+from protocol.query import query_count
 
 Kind = Literal["usage", "costs"]
 DEFAULT_LIMIT = {"1m": 60, "1h": 24, "1d": 7}
@@ -194,9 +195,8 @@ def parse_buckets(kind: Kind, params: Params, *, now_s: int) -> BucketQuery:
 
 def _page_start(cursor: str, start_ms: int, end_ms: int, span: int) -> int:
     text = cursor.removeprefix(PAGE_PREFIX)
-    # ASCII digits, and few: "²" is a digit int() refuses, and int() refuses 4,301 digits.
-    digits = text.isascii() and text.isdigit() and len(text) <= 18
-    value = int(text) * 1000 if cursor.startswith(PAGE_PREFIX) and digits else None
+    seconds = query_count(text) if cursor.startswith(PAGE_PREFIX) else None
+    value = seconds * 1000 if seconds is not None else None
     if value is None or value % span or not start_ms <= value < end_ms:
         raise BadUsageQuery(
             "page", "'page' must be a cursor from a previous answer's next_page, for the same query."
