@@ -65,6 +65,10 @@ class AnthropicMessage(msgspec.Struct, kw_only=True):
     usage: AnthropicUsage
 
 
+# Metadata as OpenAI limits it (batches, responses): keys, each key's and each value's characters.
+METADATA_KEYS, METADATA_KEY_LEN, METADATA_VALUE_LEN = 16, 64, 512
+
+
 class ResponsesInputText(msgspec.Struct, kw_only=True):
     type: Literal["input_text", "output_text"]
     text: str
@@ -94,7 +98,7 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     stream: bool | None = None
     background: bool | None = None
     store: bool | None = None
-    metadata: Annotated[dict[str, str], msgspec.Meta(max_length=16)] | None = None
+    metadata: Annotated[dict[str, str], msgspec.Meta(max_length=METADATA_KEYS)] | None = None
     user: str | None = None
 
 
@@ -138,10 +142,6 @@ class FileDeleted(msgspec.Struct, kw_only=True):
     id: str
     object: Literal["file"]
     deleted: bool
-
-
-# A batch's metadata, as OpenAI limits it: keys, each key's and each value's characters.
-METADATA_KEYS, METADATA_KEY_LEN, METADATA_VALUE_LEN = 16, 64, 512
 
 
 class CreateBatch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from protocol import ChatCompletionRequest, InvalidRequestError
+from protocol.objects import METADATA_KEYS
 from protocol.openai import decode_json_object
 
 # Fields that are accepted as given; all others are refused (the set the text subset serves).
@@ -39,7 +40,6 @@ _SUPPORTED = frozenset(
 )
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 _TEXT_PARTS = {"input_text", "output_text"}
-_MAX_METADATA_KEYS = 16
 
 
 @dataclass(frozen=True)
@@ -150,11 +150,11 @@ def _metadata(value: Any) -> dict[str, str]:
         return {}
     if (
         not isinstance(value, dict)
-        or len(value) > _MAX_METADATA_KEYS
+        or len(value) > METADATA_KEYS
         or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
     ):
         raise InvalidRequestError(
-            f"'metadata' must map at most {_MAX_METADATA_KEYS} string keys to string values.",
+            f"'metadata' must map at most {METADATA_KEYS} string keys to string values.",
             param="metadata",
         )
     return value
