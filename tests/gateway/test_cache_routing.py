@@ -47,14 +47,22 @@ def _ask(client: httpx.Client, url: str, system: str, user: str) -> tuple[str, s
     return response.headers["x-meridian-node"], response.headers["x-meridian-route"]
 
 
-def _wait_published(gw: RunningGateway, system: str, node_id: str) -> None:
-    """Until the gateway's mirror of `node_id`'s table holds the system prompt."""
+def _wait_reported(gw: RunningGateway, system: str, node_id: str, answered_at: float) -> None:
+    """Until the gateway holds a report of `node_id` asked after `answered_at` (so the node's
+    queue and the gateway's overlay say it is idle) whose table holds the system prompt, computed.
+    Without it, on a loaded machine, the holder could still look busy with the request just
+    answered, and the cost router rightly sent the next one elsewhere."""
     name = prefix_names(MODEL, None, [("system", system)])[0]
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 30
     while True:
         nodes = {n.node_id: n for n in gw.gateway.fleet.snapshot().nodes}
         load = nodes[node_id].load
-        if load is not None and name in load.cached_prefixes:
+        if (
+            load is not None
+            and load.asked_at > answered_at
+            and name in load.cached_prefixes
+            and name not in load.computing_prefixes
+        ):
             return
         assert time.monotonic() < deadline, "the gateway never saw the node publish the prompt"
         time.sleep(0.05)
@@ -66,9 +74,12 @@ def test_each_tenants_requests_follow_the_node_holding_its_system_prompt(gateway
         for tenant in range(6):
             system = f"Tenant {tenant} runs a shop of rare maps and old globes. " * 12
             first, _ = _ask(client, gateway.url, system, "hello")
-            _wait_published(gateway, system, first)
+            _wait_reported(gateway, system, first, time.monotonic())
 
-            later = [_ask(client, gateway.url, system, f"question {i}") for i in range(3)]
+            later = []
+            for i in range(3):
+                later.append(_ask(client, gateway.url, system, f"question {i}"))
+                _wait_reported(gateway, system, later[-1][0], time.monotonic())
 
             assert {node for node, _ in later} == {first}
             for _, route in later:
