@@ -86,6 +86,9 @@ class EndlessUpstream:
             while not gone.done():  # uvicorn drops sends after a disconnect: stop counting then
                 await send({"type": "http.response.body", "body": frames, "more_body": True})
                 self.sent += len(frames)
+                # A dropped send returns without suspending: without a turn of the loop, `gone`
+                # never completed and this loop spun on, holding the GIL for the rest of the run.
+                await asyncio.sleep(0)
         finally:
             gone.cancel()
 
