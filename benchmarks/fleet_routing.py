@@ -133,7 +133,9 @@ class Router:
             out.append(dataclasses.replace(n, load=result.load if result else None))
         return out
 
-    def pick(self, policy: str, messages: list[dict[str, str]], prompt_tokens: int) -> tuple[NodeInfo, str]:
+    def pick(
+        self, policy: str, messages: list[dict[str, str]], prompt_tokens: int, request_id: str
+    ) -> tuple[NodeInfo, str]:
         """The node, and for `cost` every target's reason (what each node cost), for a closer look."""
         nodes = self.snapshot()
         if policy == "random":
@@ -165,7 +167,7 @@ class Router:
         decision = route(request, self.tenant, FleetSnapshot(nodes=tuple(nodes)), params=self.params)
         targets = decision.targets
         if decision.prefill is not None:  # the overlay, as the gateway keeps it
-            self.prober.routed(targets[0].target_id, decision.prefill)
+            self.prober.routed(targets[0].target_id, decision.prefill, request_id=request_id)
         why = " | ".join(f"{t.target_id}:{t.reason}" for t in targets)
         return next(n for n in nodes if n.node_id == targets[0].target_id), why
 
@@ -235,14 +237,18 @@ def estimate_tokens(messages: list[dict[str, str]]) -> int:
 class Runner:
     def __init__(self, router: Router, gateway_url: str, client: httpx.AsyncClient) -> None:
         self.router, self.gateway_url, self.client = router, gateway_url, client
+        self._ids = itertools.count()
 
     async def one(self, policy: str, req: Request) -> Result:
         if policy == "gateway":
             headers = {"authorization": f"Bearer {API_KEY}"}
             return await send(self.client, self.gateway_url, headers, req)
-        node, why = self.router.pick(policy, req.messages, estimate_tokens(req.messages))
+        request_id = f"bench-{next(self._ids)}"
+        node, why = self.router.pick(policy, req.messages, estimate_tokens(req.messages), request_id)
         headers = {"authorization": f"Bearer {NODE_TOKEN}", "x-meridian-tenant": "bench"}
         result = await send(self.client, node.url, headers, req)
+        # As the gateway does on the first chunk (here a little later: once the stream ended).
+        self.router.prober.answered(node.node_id, request_id, prefilled=result.ttft_s is not None)
         result.node = result.node or node.node_id
         result.route = why
         return result

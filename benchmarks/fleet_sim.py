@@ -203,6 +203,7 @@ class Sim:
         # the same objects, as the gateway's fleet snapshot does (gateway/upstreams/fleet.py).
         self._with_overlay: dict[str, tuple[NodeInfo, Overlaid, NodeInfo]] = {}
         self.chat_ids = itertools.count()
+        self.request_ids = itertools.count()
 
     def push(self, t: float, kind: str, payload: Any = None) -> None:
         heapq.heappush(self.events, (t, next(self.seq), kind, payload))
@@ -221,7 +222,7 @@ class Sim:
         conversation = (("system", self.system_text[tenant]), ("user", text(f"q {next(self.turn)}", user)))
         chat = (next(self.chat_ids), self.rng.randint(1, 4)) if self.rng.random() < 0.3 else None
         return Req(
-            0,
+            next(self.request_ids),
             tenant,
             self.tenant_region[tenant],
             conversation,
@@ -276,7 +277,7 @@ class Sim:
             )
             chosen = decision.targets[0].target_id
             if overlay and decision.prefill is not None:
-                self.routed.note(chosen, decision.prefill, now)
+                self.routed.note(chosen, decision.prefill, now, str(req.rid))
         self.decision_s.append(time.thread_time() - start)
         return self.by_id[chosen]
 
@@ -335,6 +336,8 @@ class Sim:
         node = self.nodes[req.node]
         node.waiting_tokens -= req.tokens[-1] - req.cached
         req.first_token = t
+        # The gateway hears the first token: the request no longer waits in its overlay.
+        self.routed.answered(node.info.node_id, str(req.rid), prefilled=True)
         tpot = node.step.base_s + node.step.per_token_s * node.running
         self.push(t + req.output * tpot, "finished", req)
         if req.long:
@@ -360,7 +363,7 @@ class Sim:
             )
             tokens = [*req.tokens, req.tokens[-1] + answer, req.tokens[-1] + answer + user]
             follow = Req(
-                0,
+                next(self.request_ids),
                 req.tenant,
                 req.region,
                 conversation,

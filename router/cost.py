@@ -30,9 +30,11 @@ Two corrections keep the comparison fair (issue 35's cold prefills, benchmarks/f
   put in the node's queue (its uncached tokens), as admission puts its pending requests, so a
   burst inside one probe interval does not pile onto the node that looked cheapest; and each
   one's prefixes count as cached there: the request following a tenant's first one queues behind
-  that prefill on its node, rather than prefilling the same prompt cold on another. The
-  published tables stay the source: the overlay only covers the gap until they show a request,
-  and a replica that did not route it simply goes without.
+  that prefill on its node, rather than prefilling the same prompt cold on another. Once the node
+  answers a request (its first token), the gateway knows its prompt is computed: it leaves the
+  queue, and its prefixes are ready. Without that, a node that had just answered looked busy
+  until its next report. The published tables stay the source: the overlay only covers the gap
+  until they show a request, and a replica that did not route it simply goes without.
 """
 
 from __future__ import annotations
@@ -124,8 +126,9 @@ class Sized:
     def held(self, load: NodeLoad | None) -> tuple[int, bool]:
         """`cached`, and whether those tokens are in the node's cache now. They are not when the
         node says a request is still computing that prefix, or when only this gateway's overlay
-        knows of it (a request it sent, which the node's table does not show yet): the request
-        then waits for that prefill before it can start short."""
+        knows of it (a request it sent, which the node's table does not show yet) and the node
+        has not answered that request: the request then waits for that prefill before it can
+        start short."""
         if load is None or not self.names:
             return 0, True
         k, published = _longest(load.cached_prefixes, self.names)
@@ -138,7 +141,9 @@ class Sized:
         # node's tokens.
         routed = _longest(load.overlay.prefixes, self.names)
         if routed[0] > k:
-            return max(published, *(load.overlay.prefixes.get(name, 0) for name in self.names)), False
+            tokens = max(published, *(load.overlay.prefixes.get(name, 0) for name in self.names))
+            # Ready once the node has answered a request that named it: its prompt is computed.
+            return tokens, self.names[routed[0]] in load.overlay.prefilled
         return published, ready
 
     def prefill(self, load: NodeLoad | None) -> Prefill:
@@ -197,17 +202,20 @@ def held(demand: Demand, model: str, nodes: Sequence[NodeInfo]) -> Held:
 def overlaid(routed: Sequence[Routed], asked_at: float) -> Overlaid:
     """What routing reads of a node's overlay (`Overlaid`), from its requests (oldest first)
     and when the node's report was asked. The gateway keeps these sums as it notes requests
-    (gateway/health/probes.py); this is what they must equal."""
+    and hears their answers (gateway/health/probes.py); this is what they must equal."""
     prefixes: dict[str, int] = {}
+    prefilled: set[str] = set()
     unreported = tokens = 0
     for r in routed:
         for name, held in r.prefill.prefixes.items():
             if held > prefixes.get(name, 0):
                 prefixes[name] = held
-        if r.routed_at >= asked_at:
+        if r.prefilled:
+            prefilled.update(r.prefill.prefixes)
+        elif r.routed_at >= asked_at:
             unreported += 1
             tokens += r.prefill.uncached_tokens
-    return Overlaid(prefixes, unreported, tokens)
+    return Overlaid(prefixes, unreported, tokens, frozenset(prefilled))
 
 
 def _longest(entries: Mapping[str, int], names: Sequence[str]) -> tuple[int, int]:

@@ -207,6 +207,10 @@ class Routed:
 
     prefill: Prefill
     routed_at: float
+    request_id: str = ""  # the call's id: what the gateway names it by when the node answers
+    # The node answered it (its first token, or the whole answer): its prompt is computed, so
+    # it waits in no queue, and the prefixes it names are in the node's cache.
+    prefilled: bool = False
 
 
 @dataclass(frozen=True)
@@ -215,11 +219,13 @@ class Overlaid:
     `overlaid` says exactly what they sum): every one's prefixes, each with the most tokens any of
     them gave it, and how many were sent since the node's report was asked, with the tokens they
     prefill. Sums, not the requests: a busy gateway keeps dozens per node, and routing reads them
-    on every request."""
+    on every request. A request the node has answered waits no more: it is not counted, and
+    the prefixes it named are `prefilled` (cached there, where the others are still computing)."""
 
     prefixes: Mapping[str, int] = field(default_factory=dict)
     unreported: int = 0
     unreported_tokens: int = 0
+    prefilled: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

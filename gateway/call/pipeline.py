@@ -25,7 +25,7 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -57,7 +57,7 @@ from gateway.runtime.tasks import run_shielded
 from gateway.safety.guard import CallSafety, SafetyGuard
 from gateway.upstreams.base import Endpoint, UpstreamError
 from gateway.upstreams.errors import UpstreamRejected, UpstreamsExhausted
-from gateway.upstreams.failover import Forwarder, OpenedStream
+from gateway.upstreams.failover import BodyFor, Forwarder, OpenedStream
 from gateway.upstreams.fleet import Fleet
 from protocol import AuthenticationError, ChatCompletionRequest, CompletionRequest
 from protocol.chunk import Chunk, Completion, Streamed, StreamFailed, Usage, usage_of
@@ -388,24 +388,39 @@ class RequestPipeline:
             admitted.ticket.release()
 
     async def _open(
-        self, ctx: CallContext, plan: RequestPlan, targets: tuple[Target, ...], scope: Stage
+        self,
+        ctx: CallContext,
+        plan: RequestPlan,
+        targets: Sequence[Target],
+        scope: Stage,
+        body_for: BodyFor | None = None,
+        *,
+        routed: Target | None = None,
     ) -> OpenedStream:
+        """The stream of the first of `targets` to answer (`body_for`: the plan's stream body).
+        `routed`: the route's first target, where `targets` are a selection of the route's."""
         since = time.monotonic()
+        served: Target | None = None
         try:
-            return await self._failover.open_stream(
+            opened = await self._failover.open_stream(
                 targets,
                 plan.endpoint,
-                lambda t: plan.body_for(t, stream=True),
+                body_for or (lambda t: plan.body_for(t, stream=True)),
                 self._node_headers(ctx),
                 scope,
             )
+            served = opened.target
+            return opened
         finally:
             ctx.latency.waited_since(since)
+            # The first chunk: nodes send none before the first token (the prompt is computed).
+            self._fleet.answered(ctx.request_id, routed or targets[0], served)
 
     async def _complete_once(
         self, ctx: CallContext, plan: RequestPlan, targets: tuple[Target, ...]
     ) -> tuple[Target, Completion, int]:
         since = time.monotonic()
+        target: Target | None = None
         try:
             target, result, attempts = await self._failover.complete(
                 targets,
@@ -416,6 +431,7 @@ class RequestPipeline:
             )
         finally:
             ctx.latency.waited_since(since)
+            self._fleet.answered(ctx.request_id, targets[0], target)
         timings, result.timings = result.timings, UNSET
         ctx.latency.answered(timing_from_wire(timings if isinstance(timings, dict) else None))
         return target, result, attempts
@@ -514,7 +530,7 @@ class RequestPipeline:
             ctx.headers["x-meridian-route"] = header_safe(decision.reason)
             raise NoRouteError(model, decision.unavailable_reason or decision.reason)
         if decision.prefill is not None:  # the overlay routing reads until the node's report shows it
-            self._fleet.routed(decision.targets[0], decision.prefill)
+            self._fleet.routed(decision.targets[0], decision.prefill, ctx.request_id)
         return decision.targets
 
     async def _relay(
@@ -567,22 +583,18 @@ class RequestPipeline:
         with ctx.observed.stage(
             "continuation", carried_tokens=step.carried, excluded=sorted(exclude)
         ) as scope:
+            routed = self._route(ctx, plan, scope, exclude, version=version)
             targets = [
                 t
-                for t in self._route(ctx, plan, scope, exclude, version=version)
+                for t in routed
                 if t.model == model and t.version == version and self._fleet.upstream_for(t).token_exact
             ]
             if not targets:
+                self._fleet.answered(ctx.request_id, routed[0], None)
                 raise NoRouteError(
                     model, f"the upstreams left for '{model}' cannot continue a stream token-exactly"
                 )
-            since = time.monotonic()
-            try:
-                return await self._failover.open_stream(
-                    targets, plan.endpoint, lambda t: step.body(plan, t), self._node_headers(ctx), scope
-                )
-            finally:
-                ctx.latency.waited_since(since)
+            return await self._open(ctx, plan, targets, scope, lambda t: step.body(plan, t), routed=routed[0])
 
     async def _settle(
         self, ctx: CallContext, admission: Admission, served_tokens: int, event: bytes | None

@@ -14,6 +14,9 @@ last `routed_kept_s`, handed to routing with the node's report, summed (`NodeLoa
 The report is the source; the overlay only covers what it cannot show yet: a request sent after
 the report was asked, whose prefill the node's queue did not hold and whose prefixes its table
 did not name. It is this replica's alone, so it only ever adds to what every replica shares.
+The pipeline says when a node answers a request it was routed (its first token, which nodes
+send only once the prompt is computed): from then on the request waits in no queue and its
+prefixes are cached there; one that left the node unanswered (failed over, abandoned) is dropped.
 
 Probes go over their own pool of the gateway's HTTP/1.1 client (gateway/http/), so
 they never queue behind traffic and get the same keep-alive rules: a probe never fails because
@@ -73,36 +76,69 @@ _load_decoder = msgspec.json.Decoder(LoadReport)
 
 class _NodeOverlay:
     """One node's routed requests (oldest first) and their sums (`Overlaid`), kept as requests
-    are noted and leave, so routing never walks the requests: it reads the sums."""
+    are noted, answered and leave, so routing never walks the requests: it reads the sums."""
 
     def __init__(self, max_requests: int) -> None:
         self.requests: deque[Routed] = deque()
         self._max = max_requests
+        self._by_id: dict[str, Routed] = {}  # the live requests with an id, to name an answer
         # Prefix name -> the token counts the live requests gave it -> how many gave each.
         self._held: dict[str, Counter[int]] = {}
-        self._tokens = 0  # the live requests' uncached tokens
-        # The requests (and their tokens) routed before `_asked_at`, the report's ask: a prefix
-        # of the deque, since requests are noted in time order.
+        # Prefix name -> how many answered requests named it (cached on the node).
+        self._prefilled: Counter[str] = Counter()
+        # The live requests still waiting for their first token, and their uncached tokens.
+        self._waiting = 0
+        self._tokens = 0
+        # The requests routed before `_asked_at`, the report's ask: a prefix of the deque, since
+        # requests are noted in time order; and of those, the ones waiting, with their tokens.
         self._asked_at = -math.inf
         self._before = 0
+        self._before_waiting = 0
         self._before_tokens = 0
         self._sums: Overlaid | None = None  # until something changes
 
     def add(self, routed: Routed) -> None:
         if len(self.requests) >= self._max:
-            self.drop_oldest()
+            self._remove(0)
         self.requests.append(routed)
-        self._tokens += routed.prefill.uncached_tokens
+        if routed.request_id:
+            self._by_id[routed.request_id] = routed
+        self._count(routed, 1)
         for name, tokens in routed.prefill.prefixes.items():
             self._held.setdefault(name, Counter())[tokens] += 1
-        self._sums = None
+
+    def answered(self, request_id: str, *, prefilled: bool) -> None:
+        """The node answered the request (`prefilled`: its first token), or it left the node
+        unanswered (its upstream failed, another served it, the client left)."""
+        routed = self._by_id.get(request_id)
+        if routed is None:
+            return  # not routed here with a prefill, or already aged out
+        at = next(i for i, r in enumerate(self.requests) if r is routed)
+        if not prefilled:
+            self._remove(at)
+            return
+        self._count(routed, -1, before=at < self._before)
+        answered = self.requests[at] = dataclasses.replace(routed, prefilled=True)
+        del self._by_id[request_id]
+        self._prefilled.update(answered.prefill.prefixes.keys())  # one each (a mapping adds its values)
 
     def drop_oldest(self) -> None:
-        routed = self.requests.popleft()
-        self._tokens -= routed.prefill.uncached_tokens
-        if self._before:
+        self._remove(0)
+
+    def _remove(self, at: int) -> None:
+        routed = self.requests[at]
+        del self.requests[at]
+        self._by_id.pop(routed.request_id, None)
+        before = at < self._before
+        if before:
             self._before -= 1
-            self._before_tokens -= routed.prefill.uncached_tokens
+        if routed.prefilled:
+            for name in routed.prefill.prefixes:
+                self._prefilled[name] -= 1
+                if not self._prefilled[name]:
+                    del self._prefilled[name]
+        else:
+            self._count(routed, -1, before=before)
         for name, tokens in routed.prefill.prefixes.items():
             counts = self._held[name]
             counts[tokens] -= 1
@@ -112,41 +148,59 @@ class _NodeOverlay:
                     del self._held[name]
         self._sums = None
 
+    def _count(self, routed: Routed, sign: int, *, before: bool = False) -> None:
+        """Add (1) or take away (-1) a waiting request from the sums."""
+        self._waiting += sign
+        self._tokens += sign * routed.prefill.uncached_tokens
+        if before:
+            self._before_waiting += sign
+            self._before_tokens += sign * routed.prefill.uncached_tokens
+        self._sums = None
+
     def sums(self, asked_at: float) -> Overlaid:
         """router.cost.overlaid(self.requests, asked_at), from the kept sums."""
         if asked_at != self._asked_at:
             if asked_at < self._asked_at:  # an older report than last time: count afresh
-                self._before = self._before_tokens = 0
+                self._before = self._before_waiting = self._before_tokens = 0
             self._asked_at = asked_at
             requests = self.requests
             while self._before < len(requests) and requests[self._before].routed_at < asked_at:
-                self._before_tokens += requests[self._before].prefill.uncached_tokens
+                if not requests[self._before].prefilled:
+                    self._before_waiting += 1
+                    self._before_tokens += requests[self._before].prefill.uncached_tokens
                 self._before += 1
             self._sums = None
         if self._sums is None:
             self._sums = Overlaid(
                 prefixes={name: max(counts) for name, counts in self._held.items()},
-                unreported=len(self.requests) - self._before,
+                unreported=self._waiting - self._before_waiting,
                 unreported_tokens=self._tokens - self._before_tokens,
+                prefilled=frozenset(self._prefilled),
             )
         return self._sums
 
 
 class Overlay:
     """The requests this gateway routed to each node lately, oldest first (module docstring):
-    each kept for `kept_s`, at most `max_per_node` per node, with their sums kept as they come
-    and go (routing reads the sums on every request)."""
+    each kept for `kept_s`, at most `max_per_node` per node, with their sums kept as they come,
+    are answered and go (routing reads the sums on every request)."""
 
     def __init__(self, *, kept_s: float, max_per_node: int = _ROUTED_MAX) -> None:
         self.kept_s = kept_s
         self._max = max_per_node
         self._nodes: dict[str, _NodeOverlay] = {}
 
-    def note(self, node_id: str, prefill: Prefill, now: float) -> None:
+    def note(self, node_id: str, prefill: Prefill, now: float, request_id: str = "") -> None:
         node = self._nodes.get(node_id)
         if node is None:
             node = self._nodes[node_id] = _NodeOverlay(self._max)
-        node.add(Routed(prefill, now))
+        node.add(Routed(prefill, now, request_id))
+
+    def answered(self, node_id: str, request_id: str, *, prefilled: bool) -> None:
+        """`_NodeOverlay.answered` for the request noted on `node_id` under `request_id`."""
+        node = self._nodes.get(node_id)
+        if node is not None:
+            node.answered(request_id, prefilled=prefilled)
 
     def _current(self, node_id: str, now: float) -> _NodeOverlay | None:
         node = self._nodes.get(node_id)
@@ -223,9 +277,16 @@ class NodeProber:
         self._overlaid[node_id] = (result, sums, overlaid)
         return overlaid
 
-    def routed(self, node_id: str, prefill: Prefill, *, now: float | None = None) -> None:
+    def routed(
+        self, node_id: str, prefill: Prefill, *, request_id: str = "", now: float | None = None
+    ) -> None:
         """Note that this gateway sent a request to the node (its route decision's `prefill`)."""
-        self._overlay.note(node_id, prefill, time.monotonic() if now is None else now)
+        self._overlay.note(node_id, prefill, time.monotonic() if now is None else now, request_id)
+
+    def answered(self, node_id: str, request_id: str, *, prefilled: bool) -> None:
+        """The node answered the request noted as `request_id` (`prefilled`: with its first
+        token), or it left the node unanswered: the overlay stops counting it as waiting."""
+        self._overlay.answered(node_id, request_id, prefilled=prefilled)
 
     async def probe_all(self) -> None:
         nodes = self._directory.snapshot()

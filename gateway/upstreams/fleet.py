@@ -129,10 +129,17 @@ class Fleet:
         )
         return self._last
 
-    def routed(self, target: Target, prefill: Prefill) -> None:
+    def routed(self, target: Target, prefill: Prefill, request_id: str) -> None:
         """Note that a request was sent to `target` with this prefill (its route decision's), for
         the gateway's overlay (gateway/health/probes.py) until the node's reports show it."""
-        self.prober.routed(target.target_id, prefill)
+        self.prober.routed(target.target_id, prefill, request_id=request_id)
+
+    def answered(self, request_id: str, routed: Target, served: Target | None) -> None:
+        """The request noted as routed to `routed` got its first answer from `served` (None:
+        from no upstream). Only if that is `routed` is its prompt computed there; otherwise it
+        left that node unanswered. Either way the overlay stops counting it as waiting."""
+        prefilled = served is not None and served.target_id == routed.target_id
+        self.prober.answered(routed.target_id, request_id, prefilled=prefilled)
 
     def ejected(self) -> list[str]:
         """Ids of the directory's nodes whose breaker is open, sorted."""

@@ -102,6 +102,36 @@ def test_the_gateway_keeps_each_request_it_routed_in_its_overlay(gateway: Runnin
     assert result.load.overlay is not None and name in result.load.overlay.prefixes
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_request_the_node_answered_counts_as_cached_there_not_as_waiting(
+    gateway: RunningGateway, stream: bool
+) -> None:
+    """Before the node's next report, the gateway's overlay holds the answered request's prompt
+    as computed on its node and does not count it as waiting: a node that has just answered does
+    not look busy to routing (nor its prefix as still being computed) until its next report."""
+    system = f"An answered tenant ({stream}) keeps lists of tide tables. " * 12
+    names = prefix_names(MODEL, None, [("system", system), ("user", "hello")])
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": "hello"}],
+        "max_tokens": 2,
+        "stream": stream,
+    }
+    before = time.monotonic()
+    with httpx.Client() as client:
+        response = client.post(f"{gateway.url}/v1/chat/completions", json=body, headers=HEADERS, timeout=60)
+    assert response.status_code == 200, response.text
+    node = response.headers["x-meridian-node"]
+
+    # Read as of just before it was sent, so a slow machine cannot have aged it out yet.
+    result = gateway.gateway.fleet.prober.result(node, now=before)
+    assert result is not None and result.load is not None and result.load.overlay is not None
+    sums = result.load.overlay
+    assert set(names) <= sums.prefilled
+    assert sums.unreported == 0 and sums.unreported_tokens == 0
+
+
 def _prefill(tokens: int) -> Prefill:
     return Prefill(prefixes={"p": tokens}, uncached_tokens=tokens)
 
@@ -148,6 +178,9 @@ def test_the_overlay_forgets_nodes_that_left_and_stays_bounded() -> None:
             ),
             # routing reads the sums `gap` s later, against a report asked `back` s before then
             st.tuples(st.just("read"), st.floats(0.0, 1.5), st.floats(0.0, 3.0), st.just(0)),
+            # the node answers the request noted `back` notes ago (with its first token: True),
+            # or it leaves unanswered; one answered already, or aged out, changes nothing
+            st.tuples(st.just("answer"), st.floats(0.0, 1.5), st.booleans(), st.integers(0, 8)),
         ),
         max_size=60,
     ),
@@ -156,16 +189,22 @@ def test_the_overlay_forgets_nodes_that_left_and_stays_bounded() -> None:
 def test_the_kept_sums_are_the_routers_sums_over_the_kept_requests(
     steps: list[tuple[str, float, object, int]], max_per_node: int
 ) -> None:
-    """The prober keeps each node's overlay summed as requests are noted and leave (by age or
-    the bound), so routing never walks them; whenever read, the sums equal router.cost.overlaid
-    over the requests kept, against any report's ask."""
+    """The prober keeps each node's overlay summed as requests are noted, answered and leave (by
+    age, the bound, or unanswered), so routing never walks them; whenever read, the sums equal
+    router.cost.overlaid over the requests kept, against any report's ask."""
     overlay = Overlay(kept_s=2.0, max_per_node=max_per_node)
     now = 0.0
+    noted = 0
     for kind, gap, what, tokens in steps:
         now += gap
         if kind == "note":
             assert isinstance(what, dict)
-            overlay.note("a", Prefill(prefixes=what, uncached_tokens=tokens), now)
+            overlay.note("a", Prefill(prefixes=what, uncached_tokens=tokens), now, f"r{noted}")
+            noted += 1
+            continue
+        if kind == "answer":
+            assert isinstance(what, bool)
+            overlay.answered("a", f"r{noted - 1 - tokens}", prefilled=what)
             continue
         assert isinstance(what, float)
         asked_at = now - what

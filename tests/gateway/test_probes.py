@@ -4,6 +4,7 @@ a node's load report is read; probes carry the node credential."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 
@@ -169,7 +170,7 @@ async def test_a_request_routed_to_one_node_rebuilds_only_that_nodes_entry_of_th
         load_facts(first.nodes[0].load, DEFAULT_PARAMS)  # derived from n0's report
 
         target = Target("node", "n0", url, "eu-west", "eu", "m", "test")
-        fleet.routed(target, Prefill(prefixes={"p": 64}, uncached_tokens=64))
+        fleet.routed(target, Prefill(prefixes={"p": 64}, uncached_tokens=64), "r1")
         second = fleet.snapshot()
 
         assert second is not first
@@ -178,6 +179,19 @@ async def test_a_request_routed_to_one_node_rebuilds_only_that_nodes_entry_of_th
         assert routed is not None and routed.overlay is not None and routed.overlay.unreported == 1
         assert routed.derived is first.nodes[0].load.derived and "facts" in routed.derived
         assert fleet.snapshot() is second
+
+        # n0 answers it: its entry alone is rebuilt, the request waits no more, "p" is cached.
+        fleet.answered("r1", target, target)
+        answered = fleet.snapshot()
+        assert answered.nodes[1] is first.nodes[1] and answered.nodes[2] is first.nodes[2]
+        overlay = answered.nodes[0].load.overlay if answered.nodes[0].load else None
+        assert overlay is not None and overlay.unreported == 0 and overlay.prefilled == {"p"}
+
+        # Another node answers one routed to n0 (n0 failed it): it leaves n0's overlay.
+        fleet.routed(target, Prefill(prefixes={"q": 32}, uncached_tokens=32), "r2")
+        fleet.answered("r2", target, dataclasses.replace(target, target_id="n1"))
+        overlay = fleet.snapshot().nodes[0].load.overlay if fleet.snapshot().nodes[0].load else None
+        assert overlay is not None and overlay.unreported == 0 and set(overlay.prefixes) == {"p"}
 
         await prober.probe_all()  # fresh reports: every entry is rebuilt
         third = fleet.snapshot()

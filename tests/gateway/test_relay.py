@@ -88,8 +88,11 @@ class ScriptedFleet:
     def route_label(self, target: Target) -> str:
         return target.reason
 
-    def routed(self, target: Target, prefill: Prefill) -> None:
+    def routed(self, target: Target, prefill: Prefill, request_id: str) -> None:
         """The scripted nodes publish nothing and are never probed: no overlay to keep."""
+
+    def answered(self, request_id: str, routed: Target, served: Target | None) -> None:
+        """No overlay: nothing to update."""
 
     def upstream_for(self, target: Target) -> _NodeUpstream:
         return _NodeUpstream()

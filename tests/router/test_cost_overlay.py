@@ -110,6 +110,27 @@ def test_a_tenants_next_request_follows_its_first_before_the_node_publishes_it()
     assert ";routed=1" in decision.targets[0].reason and ";cached=0;" not in decision.targets[0].reason
 
 
+def test_a_request_the_node_answered_waits_no_more_and_its_prefix_is_ready_there() -> None:
+    # Tenant 0's first request went to `a` after a's report, and `a` has answered it (its first
+    # token): the next one is costed as a warm prompt on an idle node, not behind a prefill.
+    a, b = ranked(0, ["a", "b"])[::-1]
+    answered = dataclasses.replace(sent(0, at=1.0), prefilled=True)
+    in_flight = sent(0, at=1.0)
+
+    def costs(routed: Routed) -> str:
+        nodes = fleet(reported(a, routed=(routed,), asked_at=0.0), reported(b, asked_at=0.0))
+        return route(ask(chat(0, "And in Germany?")), ANYWHERE, nodes).targets[0].reason
+
+    done, waiting = costs(answered), costs(in_flight)
+
+    assert "routed=" not in done and ";routed=1" in waiting
+    # Ready: prefilled at once beside whatever runs, so it costs one short step, not a queue.
+    assert float(done.split("cost=")[1].split(";")[0]) < float(waiting.split("cost=")[1].split(";")[0]) / 5
+    # A new tenant's cold prompt no longer avoids `a` as if a prefill were queued there.
+    tenant = next(t for t in range(2, 50) if ranked(t, ["a", "b"])[0] == a)
+    assert first(chat(tenant), reported(a, routed=(answered,), asked_at=0.0), reported(b, asked_at=0.0)) == a
+
+
 def test_a_burst_inside_one_probe_interval_spreads_over_idle_nodes() -> None:
     # Tenant 1's first request went to `a` after a's report: a new tenant's cold prompt would
     # queue behind it there, so it goes to the idle node even where rendezvous prefers `a`.
