@@ -128,7 +128,8 @@ class _NodeOverlay:
     def _remove(self, at: int) -> None:
         routed = self.requests[at]
         del self.requests[at]
-        self._by_id.pop(routed.request_id, None)
+        if self._by_id.get(routed.request_id) is routed:  # one call may be routed twice (escalated)
+            del self._by_id[routed.request_id]
         before = at < self._before
         if before:
             self._before -= 1

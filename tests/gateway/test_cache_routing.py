@@ -165,6 +165,20 @@ def test_the_overlay_forgets_nodes_that_left_and_stays_bounded() -> None:
     assert overlay.recent("b", 1.0) == ()
 
 
+def test_an_answer_reaches_a_calls_later_routing_after_its_earlier_one_aged_out() -> None:
+    # An escalated `auto` request routed twice to one node (small tier, then large): the first
+    # entry ages out, and the node's answer to the second still counts.
+    overlay = Overlay(kept_s=2.0)
+    overlay.note("a", Prefill(prefixes={"small": 10}, uncached_tokens=10), 0.0, "r")
+    overlay.note("a", Prefill(prefixes={"large": 20}, uncached_tokens=20), 1.5, "r")
+    assert [r.prefill.uncached_tokens for r in overlay.recent("a", 2.5)] == [20]
+
+    overlay.answered("a", "r", prefilled=True)
+
+    sums = overlay.sums("a", 2.5, asked_at=0.0)
+    assert sums is not None and sums.unreported == 0 and sums.prefilled == {"large"}
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(
@@ -185,13 +199,15 @@ def test_the_overlay_forgets_nodes_that_left_and_stays_bounded() -> None:
         max_size=60,
     ),
     st.integers(1, 6),
+    st.sampled_from([1, 2]),
 )
 def test_the_kept_sums_are_the_routers_sums_over_the_kept_requests(
-    steps: list[tuple[str, float, object, int]], max_per_node: int
+    steps: list[tuple[str, float, object, int]], max_per_node: int, per_id: int
 ) -> None:
     """The prober keeps each node's overlay summed as requests are noted, answered and leave (by
     age, the bound, or unanswered), so routing never walks them; whenever read, the sums equal
-    router.cost.overlaid over the requests kept, against any report's ask."""
+    router.cost.overlaid over the requests kept, against any report's ask. `per_id` 2: each
+    call is routed twice to the node (an escalated `auto` request whose tiers share a node)."""
     overlay = Overlay(kept_s=2.0, max_per_node=max_per_node)
     now = 0.0
     noted = 0
@@ -199,12 +215,12 @@ def test_the_kept_sums_are_the_routers_sums_over_the_kept_requests(
         now += gap
         if kind == "note":
             assert isinstance(what, dict)
-            overlay.note("a", Prefill(prefixes=what, uncached_tokens=tokens), now, f"r{noted}")
+            overlay.note("a", Prefill(prefixes=what, uncached_tokens=tokens), now, f"r{noted // per_id}")
             noted += 1
             continue
         if kind == "answer":
             assert isinstance(what, bool)
-            overlay.answered("a", f"r{noted - 1 - tokens}", prefilled=what)
+            overlay.answered("a", f"r{(noted - 1 - tokens) // per_id}", prefilled=what)
             continue
         assert isinstance(what, float)
         asked_at = now - what
