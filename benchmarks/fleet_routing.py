@@ -167,7 +167,7 @@ class Router:
         decision = route(request, self.tenant, FleetSnapshot(nodes=tuple(nodes)), params=self.params)
         targets = decision.targets
         if decision.prefill is not None:  # the overlay, as the gateway keeps it
-            self.prober.routed(targets[0].target_id, decision.prefill, request_id=request_id)
+            self.prober.routed(targets[0].target_id, decision.prefill, key=request_id)
         why = " | ".join(f"{t.target_id}:{t.reason}" for t in targets)
         return next(n for n in nodes if n.node_id == targets[0].target_id), why
 
@@ -247,8 +247,8 @@ class Runner:
         node, why = self.router.pick(policy, req.messages, estimate_tokens(req.messages), request_id)
         headers = {"authorization": f"Bearer {NODE_TOKEN}", "x-meridian-tenant": "bench"}
         result = await send(self.client, node.url, headers, req)
-        # As the gateway does on the first chunk (here a little later: once the stream ended).
-        self.router.prober.answered(node.node_id, request_id, prefilled=result.ttft_s is not None)
+        # As the gateway does when the stream ends (it also says when its first chunk came).
+        self.router.prober.moved(node.node_id, request_id, "done" if result.ttft_s is not None else None)
         result.node = result.node or node.node_id
         result.route = why
         return result

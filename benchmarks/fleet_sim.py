@@ -277,7 +277,7 @@ class Sim:
             )
             chosen = decision.targets[0].target_id
             if overlay and decision.prefill is not None:
-                self.routed.note(chosen, decision.prefill, now, str(req.rid))
+                self.routed.note(chosen, decision.prefill, now, key=str(req.rid))
         self.decision_s.append(time.thread_time() - start)
         return self.by_id[chosen]
 
@@ -336,8 +336,8 @@ class Sim:
         node = self.nodes[req.node]
         node.waiting_tokens -= req.tokens[-1] - req.cached
         req.first_token = t
-        # The gateway hears the first token: the request no longer waits in its overlay.
-        self.routed.answered(node.info.node_id, str(req.rid), prefilled=True)
+        # The gateway hears the first token: the request runs there, it no longer waits.
+        self.routed.moved(node.info.node_id, str(req.rid), "running")
         tpot = node.step.base_s + node.step.per_token_s * node.running
         self.push(t + req.output * tpot, "finished", req)
         if req.long:
@@ -347,6 +347,7 @@ class Sim:
     def finished(self, t: float, req: Req) -> None:
         node = self.nodes[req.node]
         node.finished.append(t)
+        self.routed.moved(node.info.node_id, str(req.rid), "done")  # its stream ended
         self.done.append(req)
         if node.slot_wait:
             self.start_prefill(t, node, node.slot_wait.popleft())

@@ -68,6 +68,7 @@ def first_token_s(
     unknown_s: float,
     more_requests: int = 0,
     more_tokens: int = 0,
+    more_running: int = 0,
     behind_queue: bool = False,
 ) -> float:
     """Estimated seconds from now to the first token of a new request of `prompt_tokens` tokens
@@ -75,12 +76,15 @@ def first_token_s(
     no finish rate yet): 0 to treat it as no wait (admit, let the engine's own bounds judge), a
     large number to treat it as long. `more_requests` and `more_tokens`: waiting work the queue
     does not count yet (the gateway's requests sent since the node's report), as if added to
-    `waiting_requests` and `waiting_tokens`. `behind_queue`: a prompt that waits for the prompts
-    ahead however short it is (its cached prefix is still being computed by one of them)."""
+    `waiting_requests` and `waiting_tokens`; `more_running`: sequences generating that it does not
+    count yet (the gateway's requests answered since), as if added to `running`. `behind_queue`:
+    a prompt that waits for the prompts ahead however short it is (its cached prefix is still
+    being computed by one of them)."""
     waiting = queue.waiting_requests + more_requests
+    running = max(queue.running, 0) + more_running
     slot_s = 0.0
     if queue.max_num_seqs is not None:
-        short = queue.running + waiting + 1 - queue.max_num_seqs
+        short = running + waiting + 1 - queue.max_num_seqs
         if short > 0:
             slot_s = short / queue.finish_rate if queue.finish_rate > 0 else unknown_s
     cost = queue.step_cost
@@ -89,7 +93,6 @@ def first_token_s(
     ahead = max(queue.waiting_tokens + more_tokens, 0)
     own = max(prompt_tokens, 1)
     prefill = ahead + own
-    running = max(queue.running, 0)
     # An unknown step size: one step takes every prompt beside the running sequences' decodes.
     budget = queue.max_num_batched_tokens if queue.max_num_batched_tokens > 0 else prefill + running
     decode = min(running, budget - 1)
@@ -105,6 +108,6 @@ def first_token_s(
     # The step in progress (a busy engine is mid-step when the request arrives; its prompt tokens,
     # if any, are still counted as waiting), then the steps that prefill the prompts ahead and
     # this one, each with the running sequences' decode tokens.
-    busy = queue.running > 0 or waiting > 0
+    busy = running > 0 or waiting > 0
     in_progress = cost.step_s(decode) if busy else 0.0
     return slot_s + in_progress + steps * cost.step_s(decode) + cost.per_token_s * prefill

@@ -32,7 +32,8 @@ Two corrections keep the comparison fair (issue 35's cold prefills, benchmarks/f
   one's prefixes count as cached there: the request following a tenant's first one queues behind
   that prefill on its node, rather than prefilling the same prompt cold on another. Once the node
   answers a request (its first token), the gateway knows its prompt is computed: it leaves the
-  queue, and its prefixes are ready. Without that, a node that had just answered looked busy
+  queue for the node's running sequences until its answer ends, and its prefixes are ready.
+  Without that, a node that had just answered looked busy with a prompt it had already computed
   until its next report. The published tables stay the source: the overlay only covers the gap
   until they show a request, and a replica that did not route it simply goes without.
 """
@@ -205,17 +206,21 @@ def overlaid(routed: Sequence[Routed], asked_at: float) -> Overlaid:
     and hears their answers (gateway/health/probes.py); this is what they must equal."""
     prefixes: dict[str, int] = {}
     prefilled: set[str] = set()
-    unreported = tokens = 0
+    unreported = tokens = running = 0
     for r in routed:
         for name, held in r.prefill.prefixes.items():
             if held > prefixes.get(name, 0):
                 prefixes[name] = held
-        if r.prefilled:
+        if r.stage != "waiting":
             prefilled.update(r.prefill.prefixes)
-        elif r.routed_at >= asked_at:
+        if r.routed_at < asked_at:
+            continue  # the report shows it
+        if r.stage == "waiting":
             unreported += 1
             tokens += r.prefill.uncached_tokens
-    return Overlaid(prefixes, unreported, tokens, frozenset(prefilled))
+        elif r.stage == "running":
+            running += 1
+    return Overlaid(prefixes, unreported, tokens, running, frozenset(prefilled))
 
 
 def _longest(entries: Mapping[str, int], names: Sequence[str]) -> tuple[int, int]:
@@ -269,12 +274,18 @@ def node_cost(
     # The node's block rounding can make a cached prefix cover more than the request's size.
     uncached = max(request.prompt_tokens - cached, 1)
     queue = load.models.get(model) if load is not None else None
-    # The overlay's requests that the report cannot show (asked before they were sent).
-    routed = routed_tokens = 0
+    # The overlay's requests that the report cannot show (asked before they were sent): those
+    # waiting for their first token, and those answered and still generating.
+    routed = routed_tokens = running = 0
     if load is not None and load.overlay is not None:
-        routed, routed_tokens = load.overlay.unreported, load.overlay.unreported_tokens
-    ahead = queue_ahead(queue, tier, requests=routed, tokens=routed_tokens)
-    wait = _wait_s(queue, tier, ahead, overlaid=routed > 0)
+        overlay = load.overlay
+        routed, routed_tokens, running = (
+            overlay.unreported,
+            overlay.unreported_tokens,
+            overlay.unreported_running,
+        )
+    ahead = queue_ahead(queue, tier, requests=routed, tokens=routed_tokens, running=running)
+    wait = _wait_s(queue, tier, ahead, overlaid=routed > 0 or running > 0)
     waiting = routed + (sum(queue.waiting_requests_by_tier.values()) if queue is not None else 0)
     if math.isinf(wait):
         return NodeCost(cached, math.inf, 0.0, routed, waiting)

@@ -72,9 +72,16 @@ class _Node:
     bounded: bool  # the tier's queue is at its bound
 
     def estimate(
-        self, prompt_tokens: int, more_requests: int = 0, more_tokens: int = 0, *, behind: bool = False
+        self,
+        prompt_tokens: int,
+        more_requests: int = 0,
+        more_tokens: int = 0,
+        *,
+        behind: bool = False,
+        more_running: int = 0,
     ) -> float:
-        """`more_requests` of `more_tokens` in all: pending requests placed on this node. `behind`:
+        """`more_requests` of `more_tokens` in all: pending requests placed on this node;
+        `more_running`: sequences generating there that its report does not count. `behind`:
         the prompt waits for the prompts queued ahead even if short (its prefix is in one of them)."""
         if self.bounded:
             return math.inf
@@ -88,6 +95,7 @@ class _Node:
             unknown_s=0.0,
             more_requests=more_requests,
             more_tokens=more_tokens,
+            more_running=more_running,
             behind_queue=behind,
         )
         return wait_s if self.queue.step_cost.measured else self.reported_s + wait_s
@@ -144,20 +152,23 @@ class _More:
     node: _Node
     requests: int
     tokens: int
+    running: int = 0
 
     def estimate(self, prompt_tokens: int, *, behind: bool = False) -> float:
-        return self.node.estimate(prompt_tokens, self.requests, self.tokens, behind=behind)
+        return self.node.estimate(
+            prompt_tokens, self.requests, self.tokens, behind=behind, more_running=self.running
+        )
 
 
 def queue_ahead(
-    queue: ModelQueue | None, tier: TrafficTier, *, requests: int = 0, tokens: int = 0
+    queue: ModelQueue | None, tier: TrafficTier, *, requests: int = 0, tokens: int = 0, running: int = 0
 ) -> QueueAhead:
     """What is in front of a new request on one node: its report's queue for the tier, plus
-    `requests` more of `tokens` prompt tokens in all (sent since the report was asked). Its
-    `estimate(prompt_tokens)` is the node's time to that request's first token; math.inf when
-    the tier's queue is at its bound."""
+    `requests` more of `tokens` prompt tokens in all, and `running` more sequences generating
+    (sent since the report was asked). Its `estimate(prompt_tokens)` is the node's time to that
+    request's first token; math.inf when the tier's queue is at its bound."""
     node = _derived(queue, tier)
-    return _More(node, requests, tokens) if requests else node
+    return _More(node, requests, tokens, running) if requests or running else node
 
 
 def node_first_token_s(queue: ModelQueue | None, tier: TrafficTier, prompt_tokens: int) -> float:

@@ -200,6 +200,9 @@ class Prefill:
     uncached_tokens: int  # what the node prefills: the prompt less what it held
 
 
+RoutedStage = Literal["waiting", "running", "done"]
+
+
 @dataclass(frozen=True)
 class Routed:
     """A request this gateway routed to a node, with when (the gateway's time.monotonic(),
@@ -207,10 +210,11 @@ class Routed:
 
     prefill: Prefill
     routed_at: float
-    request_id: str = ""  # the call's id: what the gateway names it by when the node answers
-    # The node answered it (its first token, or the whole answer): its prompt is computed, so
-    # it waits in no queue, and the prefixes it names are in the node's cache.
-    prefilled: bool = False
+    key: str = ""  # what the gateway names it by when the node answers (its call and model)
+    # waiting: no first token yet (queued, or prefilling); running: answered (its first token),
+    # still generating; done: its answer ended. Answered, its prompt is computed: the prefixes
+    # it names are in the node's cache.
+    stage: RoutedStage = "waiting"
 
 
 @dataclass(frozen=True)
@@ -219,12 +223,14 @@ class Overlaid:
     `overlaid` says exactly what they sum): every one's prefixes, each with the most tokens any of
     them gave it, and how many were sent since the node's report was asked, with the tokens they
     prefill. Sums, not the requests: a busy gateway keeps dozens per node, and routing reads them
-    on every request. A request the node has answered waits no more: it is not counted, and
+    on every request. A request the node has answered waits no more: it counts as one of the
+    node's running sequences until its answer ends (`unreported_running`), then as nothing, and
     the prefixes it named are `prefilled` (cached there, where the others are still computing)."""
 
     prefixes: Mapping[str, int] = field(default_factory=dict)
     unreported: int = 0
     unreported_tokens: int = 0
+    unreported_running: int = 0
     prefilled: frozenset[str] = frozenset()
 
 

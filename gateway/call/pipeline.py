@@ -203,7 +203,7 @@ class RequestPipeline:
                     try:
                         await safety.input_verdict()  # no byte reaches the client before the input passed
                     except BaseException:
-                        await opened.aclose()  # the node aborts the request and frees its KV blocks
+                        await self._close(ctx, opened, "close a stream whose input was blocked")
                         raise
                     ticket.started()  # the first chunk is here: the prompt has left the node's queue
                     if plan.cascade is not None:
@@ -227,7 +227,7 @@ class RequestPipeline:
                     finally:
                         await items.aclose()
                 finally:
-                    await run_shielded(relay.aclose, what="close the upstream stream")
+                    await self._close(ctx, relay, "close the upstream stream")
         finally:
             ticket.release()
             await run_shielded(
@@ -327,7 +327,7 @@ class RequestPipeline:
         try:
             found = await probe(opened, plan.cascade.k_tokens)
         except BaseException:
-            await run_shielded(opened.aclose, what="close the small tier's stream")
+            await self._close(ctx, opened, "close the small tier's stream")
             raise
         if not found.judgeable:
             # A break is continued by the relay as usual; an upstream without logprobs keeps it.
@@ -354,9 +354,9 @@ class RequestPipeline:
             failed = f"escalation_failed={type(exc).__name__}"
             return plan.noted(verdict.reason, failed), release(opened, found)
         except BaseException:
-            await run_shielded(opened.aclose, what="close the small tier's stream")
+            await self._close(ctx, opened, "close the small tier's stream")
             raise
-        await run_shielded(opened.aclose, what="abort the small tier's request")
+        await self._close(ctx, opened, "abort the small tier's request")
         ctx.escalation = Escalated(
             model=family,
             target=opened.target,
@@ -414,7 +414,15 @@ class RequestPipeline:
         finally:
             ctx.latency.waited_since(since)
             # The first chunk: nodes send none before the first token (the prompt is computed).
-            self._fleet.answered(ctx.request_id, routed or targets[0], served)
+            self._fleet.answered(ctx.request_id, routed or targets[0], served, ended=False)
+
+    async def _close(self, ctx: CallContext, stream: OpenedStream | StreamRelay, what: str) -> None:
+        """Close an upstream stream (a node aborts the request and frees its KV blocks); the
+        overlay stops counting it among the node's running sequences."""
+        try:
+            await run_shielded(stream.aclose, what=what)
+        finally:
+            self._fleet.ended(ctx.request_id, stream.target)
 
     async def _complete_once(
         self, ctx: CallContext, plan: RequestPlan, targets: tuple[Target, ...]
@@ -431,7 +439,7 @@ class RequestPipeline:
             )
         finally:
             ctx.latency.waited_since(since)
-            self._fleet.answered(ctx.request_id, targets[0], target)
+            self._fleet.answered(ctx.request_id, targets[0], target, ended=True)
         timings, result.timings = result.timings, UNSET
         ctx.latency.answered(timing_from_wire(timings if isinstance(timings, dict) else None))
         return target, result, attempts
@@ -447,7 +455,7 @@ class RequestPipeline:
         try:
             items = [item async for item in self._relay(ctx, plan, relay)]
         finally:
-            await run_shielded(relay.aclose, what="close a collected stream")
+            await self._close(ctx, relay, "close a collected stream")
         if ctx.stream_error is not None:
             raise UpstreamsExhausted(
                 plan.model.name, [(relay.target, UpstreamError(ctx.stream_error, status_code=502))]
@@ -545,6 +553,7 @@ class RequestPipeline:
             report = relay.broken
             if report is None:
                 return
+            self._fleet.ended(ctx.request_id, report.target)  # the relay closed it
             self._failover.record_failure(report.target, report.error, outcome="broken")
             failed.add(report.target.target_id)
             step = decide(
@@ -590,7 +599,7 @@ class RequestPipeline:
                 if t.model == model and t.version == version and self._fleet.upstream_for(t).token_exact
             ]
             if not targets:
-                self._fleet.answered(ctx.request_id, routed[0], None)
+                self._fleet.answered(ctx.request_id, routed[0], None, ended=True)
                 raise NoRouteError(
                     model, f"the upstreams left for '{model}' cannot continue a stream token-exactly"
                 )

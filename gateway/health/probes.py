@@ -15,8 +15,10 @@ The report is the source; the overlay only covers what it cannot show yet: a req
 the report was asked, whose prefill the node's queue did not hold and whose prefixes its table
 did not name. It is this replica's alone, so it only ever adds to what every replica shares.
 The pipeline says when a node answers a request it was routed (its first token, which nodes
-send only once the prompt is computed): from then on the request waits in no queue and its
-prefixes are cached there; one that left the node unanswered (failed over, abandoned) is dropped.
+send only once the prompt is computed) and when the answer ends: in between the request counts
+as one of the node's running sequences, not as a waiting prompt, then as nothing, and from its
+first token its prefixes are cached there. One that left the node unanswered (failed over,
+abandoned) is dropped.
 
 Probes go over their own pool of the gateway's HTTP/1.1 client (gateway/http/), so
 they never queue behind traffic and get the same keep-alive rules: a probe never fails because
@@ -41,7 +43,7 @@ from gateway.http import ConnectionPool, TransportError
 from gateway.runtime.tasks import cancel_and_wait
 from protocol.load import LoadReport
 from protocol.prefix_cache import PrefixMirror
-from router.types import ModelQueue, ModelVersion, NodeInfo, NodeLoad, Overlaid, Prefill, Routed
+from router.types import ModelQueue, ModelVersion, NodeInfo, NodeLoad, Overlaid, Prefill, Routed, RoutedStage
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +76,9 @@ class ProbeResult:
 _load_decoder = msgspec.json.Decoder(LoadReport)
 
 
+_STAGES: tuple[RoutedStage, ...] = ("waiting", "running", "done")  # the order a request moves in
+
+
 class _NodeOverlay:
     """One node's routed requests (oldest first) and their sums (`Overlaid`), kept as requests
     are noted, answered and leave, so routing never walks the requests: it reads the sums."""
@@ -81,46 +86,51 @@ class _NodeOverlay:
     def __init__(self, max_requests: int) -> None:
         self.requests: deque[Routed] = deque()
         self._max = max_requests
-        self._by_id: dict[str, Routed] = {}  # the live requests with an id, to name an answer
+        self._by_key: dict[str, Routed] = {}  # the live requests with a key, to name an answer
         # Prefix name -> the token counts the live requests gave it -> how many gave each.
         self._held: dict[str, Counter[int]] = {}
         # Prefix name -> how many answered requests named it (cached on the node).
         self._prefilled: Counter[str] = Counter()
-        # The live requests still waiting for their first token, and their uncached tokens.
-        self._waiting = 0
-        self._tokens = 0
+        # The live requests waiting for their first token (and their uncached tokens), and
+        # those answered and still generating.
+        self._waiting = self._tokens = self._running = 0
         # The requests routed before `_asked_at`, the report's ask: a prefix of the deque, since
-        # requests are noted in time order; and of those, the ones waiting, with their tokens.
+        # requests are noted in time order; and of those, the ones waiting (with their tokens)
+        # and running.
         self._asked_at = -math.inf
         self._before = 0
-        self._before_waiting = 0
-        self._before_tokens = 0
+        self._before_waiting = self._before_tokens = self._before_running = 0
         self._sums: Overlaid | None = None  # until something changes
 
     def add(self, routed: Routed) -> None:
         if len(self.requests) >= self._max:
             self._remove(0)
         self.requests.append(routed)
-        if routed.request_id:
-            self._by_id[routed.request_id] = routed
-        self._count(routed, 1)
+        if routed.key:
+            self._by_key[routed.key] = routed
+        self._count(routed, 1, before=False)
         for name, tokens in routed.prefill.prefixes.items():
             self._held.setdefault(name, Counter())[tokens] += 1
 
-    def answered(self, request_id: str, *, prefilled: bool) -> None:
-        """The node answered the request (`prefilled`: its first token), or it left the node
-        unanswered (its upstream failed, another served it, the client left)."""
-        routed = self._by_id.get(request_id)
-        if routed is None:
-            return  # not routed here with a prefill, or already aged out
+    def moved(self, key: str, stage: RoutedStage | None) -> None:
+        """The request's answer started (`running`: its first token) or ended (`done`), or it
+        left the node unanswered (None: its upstream failed, another served it, the client
+        left). Only forward: an answer that ended does not start again."""
+        routed = self._by_key.get(key)
+        if routed is None or (stage is not None and _STAGES.index(stage) <= _STAGES.index(routed.stage)):
+            return  # not routed here with a prefill, aged out, or already that far
         at = next(i for i, r in enumerate(self.requests) if r is routed)
-        if not prefilled:
+        if stage is None:
             self._remove(at)
             return
-        self._count(routed, -1, before=at < self._before)
-        answered = self.requests[at] = dataclasses.replace(routed, prefilled=True)
-        del self._by_id[request_id]
-        self._prefilled.update(answered.prefill.prefixes.keys())  # one each (a mapping adds its values)
+        before = at < self._before
+        self._count(routed, -1, before=before)
+        moved = self.requests[at] = dataclasses.replace(routed, stage=stage)
+        self._count(moved, 1, before=before)
+        if stage == "done":
+            del self._by_key[key]
+        else:
+            self._by_key[key] = moved
 
     def drop_oldest(self) -> None:
         self._remove(0)
@@ -128,18 +138,12 @@ class _NodeOverlay:
     def _remove(self, at: int) -> None:
         routed = self.requests[at]
         del self.requests[at]
-        if self._by_id.get(routed.request_id) is routed:  # one call may be routed twice (escalated)
-            del self._by_id[routed.request_id]
+        if self._by_key.get(routed.key) is routed:  # one call may be routed twice (escalated)
+            del self._by_key[routed.key]
         before = at < self._before
         if before:
             self._before -= 1
-        if routed.prefilled:
-            for name in routed.prefill.prefixes:
-                self._prefilled[name] -= 1
-                if not self._prefilled[name]:
-                    del self._prefilled[name]
-        else:
-            self._count(routed, -1, before=before)
+        self._count(routed, -1, before=before)
         for name, tokens in routed.prefill.prefixes.items():
             counts = self._held[name]
             counts[tokens] -= 1
@@ -147,28 +151,40 @@ class _NodeOverlay:
                 del counts[tokens]
                 if not counts:
                     del self._held[name]
-        self._sums = None
 
-    def _count(self, routed: Routed, sign: int, *, before: bool = False) -> None:
-        """Add (1) or take away (-1) a waiting request from the sums."""
-        self._waiting += sign
-        self._tokens += sign * routed.prefill.uncached_tokens
-        if before:
-            self._before_waiting += sign
-            self._before_tokens += sign * routed.prefill.uncached_tokens
+    def _count(self, routed: Routed, sign: int, *, before: bool) -> None:
+        """Add (1) or take away (-1) a request of its stage from the sums."""
+        if routed.stage == "waiting":
+            tokens = sign * routed.prefill.uncached_tokens
+            self._waiting += sign
+            self._tokens += tokens
+            if before:
+                self._before_waiting += sign
+                self._before_tokens += tokens
+        else:
+            if routed.stage == "running":
+                self._running += sign
+                self._before_running += sign if before else 0
+            for name in routed.prefill.prefixes:
+                self._prefilled[name] += sign
+                if not self._prefilled[name]:
+                    del self._prefilled[name]
         self._sums = None
 
     def sums(self, asked_at: float) -> Overlaid:
         """router.cost.overlaid(self.requests, asked_at), from the kept sums."""
         if asked_at != self._asked_at:
             if asked_at < self._asked_at:  # an older report than last time: count afresh
-                self._before = self._before_waiting = self._before_tokens = 0
+                self._before = self._before_waiting = self._before_tokens = self._before_running = 0
             self._asked_at = asked_at
             requests = self.requests
             while self._before < len(requests) and requests[self._before].routed_at < asked_at:
-                if not requests[self._before].prefilled:
+                routed = requests[self._before]
+                if routed.stage == "waiting":
                     self._before_waiting += 1
-                    self._before_tokens += requests[self._before].prefill.uncached_tokens
+                    self._before_tokens += routed.prefill.uncached_tokens
+                elif routed.stage == "running":
+                    self._before_running += 1
                 self._before += 1
             self._sums = None
         if self._sums is None:
@@ -176,6 +192,7 @@ class _NodeOverlay:
                 prefixes={name: max(counts) for name, counts in self._held.items()},
                 unreported=self._waiting - self._before_waiting,
                 unreported_tokens=self._tokens - self._before_tokens,
+                unreported_running=self._running - self._before_running,
                 prefilled=frozenset(self._prefilled),
             )
         return self._sums
@@ -191,17 +208,17 @@ class Overlay:
         self._max = max_per_node
         self._nodes: dict[str, _NodeOverlay] = {}
 
-    def note(self, node_id: str, prefill: Prefill, now: float, request_id: str = "") -> None:
+    def note(self, node_id: str, prefill: Prefill, now: float, key: str = "") -> None:
         node = self._nodes.get(node_id)
         if node is None:
             node = self._nodes[node_id] = _NodeOverlay(self._max)
-        node.add(Routed(prefill, now, request_id))
+        node.add(Routed(prefill, now, key))
 
-    def answered(self, node_id: str, request_id: str, *, prefilled: bool) -> None:
-        """`_NodeOverlay.answered` for the request noted on `node_id` under `request_id`."""
+    def moved(self, node_id: str, key: str, stage: RoutedStage | None) -> None:
+        """`_NodeOverlay.moved` for the request noted on `node_id` under `key`."""
         node = self._nodes.get(node_id)
         if node is not None:
-            node.answered(request_id, prefilled=prefilled)
+            node.moved(key, stage)
 
     def _current(self, node_id: str, now: float) -> _NodeOverlay | None:
         node = self._nodes.get(node_id)
@@ -278,16 +295,19 @@ class NodeProber:
         self._overlaid[node_id] = (result, sums, overlaid)
         return overlaid
 
-    def routed(
-        self, node_id: str, prefill: Prefill, *, request_id: str = "", now: float | None = None
-    ) -> None:
-        """Note that this gateway sent a request to the node (its route decision's `prefill`)."""
-        self._overlay.note(node_id, prefill, time.monotonic() if now is None else now, request_id)
+    def routed(self, node_id: str, prefill: Prefill, *, key: str = "", now: float | None = None) -> None:
+        """Note that this gateway sent a request to the node (its route decision's `prefill`),
+        named `key` for when the node answers it (`moved`)."""
+        self._overlay.note(node_id, prefill, time.monotonic() if now is None else now, key)
 
-    def answered(self, node_id: str, request_id: str, *, prefilled: bool) -> None:
-        """The node answered the request noted as `request_id` (`prefilled`: with its first
-        token), or it left the node unanswered: the overlay stops counting it as waiting."""
-        self._overlay.answered(node_id, request_id, prefilled=prefilled)
+    def routed_lately(self, node_id: str, *, now: float | None = None) -> tuple[Routed, ...]:
+        """The requests this gateway routed to the node lately, oldest first: what its overlay holds."""
+        return self._overlay.recent(node_id, time.monotonic() if now is None else now)
+
+    def moved(self, node_id: str, key: str, stage: RoutedStage | None) -> None:
+        """The node's answer to the request noted as `key` started (`running`) or ended
+        (`done`), or the request left the node unanswered (None)."""
+        self._overlay.moved(node_id, key, stage)
 
     async def probe_all(self) -> None:
         nodes = self._directory.snapshot()

@@ -15,7 +15,7 @@ from gateway.discovery.interface import RegionDirectory
 from gateway.health import BreakerBoard, BreakerConfig
 from gateway.health.probes import NodeProber, ProbeResult
 from gateway.upstreams.base import Upstream
-from router.types import FleetSnapshot, NodeInfo, Prefill, ProviderInfo, Target
+from router.types import FleetSnapshot, NodeInfo, Prefill, ProviderInfo, RoutedStage, Target
 
 
 class ProviderSet(Protocol):
@@ -132,14 +132,22 @@ class Fleet:
     def routed(self, target: Target, prefill: Prefill, request_id: str) -> None:
         """Note that a request was sent to `target` with this prefill (its route decision's), for
         the gateway's overlay (gateway/health/probes.py) until the node's reports show it."""
-        self.prober.routed(target.target_id, prefill, request_id=request_id)
+        self.prober.routed(target.target_id, prefill, key=_overlay_key(request_id, target))
 
-    def answered(self, request_id: str, routed: Target, served: Target | None) -> None:
+    def answered(self, request_id: str, routed: Target, served: Target | None, *, ended: bool) -> None:
         """The request noted as routed to `routed` got its first answer from `served` (None:
-        from no upstream). Only if that is `routed` is its prompt computed there; otherwise it
-        left that node unanswered. Either way the overlay stops counting it as waiting."""
-        prefilled = served is not None and served.target_id == routed.target_id
-        self.prober.answered(routed.target_id, request_id, prefilled=prefilled)
+        from no upstream), the whole answer if `ended` (else its first chunk). Only if that is
+        `routed` is its prompt computed there; otherwise it left that node unanswered."""
+        if served is not None and served.target_id == routed.target_id:
+            stage: RoutedStage | None = "done" if ended else "running"
+        else:
+            stage = None
+        self.prober.moved(routed.target_id, _overlay_key(request_id, routed), stage)
+
+    def ended(self, request_id: str, target: Target) -> None:
+        """The answer `target` was streaming for the request ended (finished, broke, or was
+        closed): the node runs it no more."""
+        self.prober.moved(target.target_id, _overlay_key(request_id, target), "done")
 
     def ejected(self) -> list[str]:
         """Ids of the directory's nodes whose breaker is open, sorted."""
@@ -167,3 +175,9 @@ class Fleet:
         if upstream is None:
             upstream = self._upstreams[key] = self._node_upstream(target.target_id, target.url)
         return upstream
+
+
+def _overlay_key(request_id: str, target: Target) -> str:
+    """A call's requests on one node, told apart by model: an escalated `auto` request is routed
+    to the small tier and then to the large one, which may share a node."""
+    return f"{request_id}/{target.model}"

@@ -102,34 +102,78 @@ def test_the_gateway_keeps_each_request_it_routed_in_its_overlay(gateway: Runnin
     assert result.load.overlay is not None and name in result.load.overlay.prefixes
 
 
+def _stage_on(gw: RunningGateway, node: str, name: str, since: float) -> str:
+    """The stage of the request naming prefix `name` that the gateway routed to `node`."""
+    routed = [r for r in gw.gateway.fleet.prober.routed_lately(node, now=since) if name in r.prefill.prefixes]
+    assert len(routed) == 1, routed
+    return routed[0].stage
+
+
+def _wait_stage(gw: RunningGateway, node: str, name: str, since: float, stage: str) -> None:
+    deadline = time.monotonic() + 30
+    while _stage_on(gw, node, name, since) != stage:
+        assert time.monotonic() < deadline, f"the overlay never saw the request {stage}"
+        time.sleep(0.02)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("stream", [False, True])
-def test_a_request_the_node_answered_counts_as_cached_there_not_as_waiting(
-    gateway: RunningGateway, stream: bool
+def test_a_streamed_request_counts_as_waiting_then_running_then_done_with_its_prefix_cached(
+    gateway: RunningGateway,
 ) -> None:
-    """Before the node's next report, the gateway's overlay holds the answered request's prompt
-    as computed on its node and does not count it as waiting: a node that has just answered does
-    not look busy to routing (nor its prefix as still being computed) until its next report."""
-    system = f"An answered tenant ({stream}) keeps lists of tide tables. " * 12
+    """The gateway's overlay follows each request it routed, before the node's next report can:
+    waiting for its first token (a prompt in the node's queue), then one of the node's running
+    sequences while it streams, then nothing but its prompt cached there. So a node that has just
+    answered does not look busy with a prompt it already computed, nor its prefix still in progress."""
+    system = "A streaming tenant keeps lists of tide tables. " * 12
     names = prefix_names(MODEL, None, [("system", system), ("user", "hello")])
     body = {
         "model": MODEL,
         "messages": [{"role": "system", "content": system}, {"role": "user", "content": "hello"}],
-        "max_tokens": 2,
-        "stream": stream,
+        "max_tokens": 48,
+        "ignore_eos": True,
+        "stream": True,
     }
     before = time.monotonic()
-    with httpx.Client() as client:
-        response = client.post(f"{gateway.url}/v1/chat/completions", json=body, headers=HEADERS, timeout=60)
-    assert response.status_code == 200, response.text
-    node = response.headers["x-meridian-node"]
+    with (
+        httpx.Client() as client,
+        client.stream(
+            "POST", f"{gateway.url}/v1/chat/completions", json=body, headers=HEADERS, timeout=60
+        ) as response,
+    ):
+        assert response.status_code == 200
+        node = response.headers["x-meridian-node"]
+        lines = response.iter_lines()
+        next(line for line in lines if line.startswith("data: {"))  # the first chunk
+        # Read as of just before it was sent, so a slow machine cannot have aged it out yet.
+        assert _stage_on(gateway, node, names[0], before) == "running"
+        overlay = gateway.gateway.fleet.prober.result(node, now=before)
+        assert overlay is not None and overlay.load is not None and overlay.load.overlay is not None
+        assert set(names) <= overlay.load.overlay.prefilled
+        assert overlay.load.overlay.unreported == 0  # it waits for no prefill any more
+        assert [line for line in lines if line == "data: [DONE]"]
 
-    # Read as of just before it was sent, so a slow machine cannot have aged it out yet.
+    _wait_stage(gateway, node, names[0], before, "done")
     result = gateway.gateway.fleet.prober.result(node, now=before)
     assert result is not None and result.load is not None and result.load.overlay is not None
     sums = result.load.overlay
     assert set(names) <= sums.prefilled
-    assert sums.unreported == 0 and sums.unreported_tokens == 0
+    assert (sums.unreported, sums.unreported_tokens, sums.unreported_running) == (0, 0, 0)
+
+
+@pytest.mark.slow
+def test_a_non_streamed_answer_leaves_only_its_prompt_cached_in_the_overlay(gateway: RunningGateway) -> None:
+    system = "A patient tenant keeps lists of tide tables. " * 12
+    names = prefix_names(MODEL, None, [("system", system), ("user", "hello")])
+    before = time.monotonic()
+    with httpx.Client() as client:
+        node, _ = _ask(client, gateway.url, system, "hello")
+
+    assert _stage_on(gateway, node, names[0], before) == "done"
+    result = gateway.gateway.fleet.prober.result(node, now=before)
+    assert result is not None and result.load is not None and result.load.overlay is not None
+    sums = result.load.overlay
+    assert set(names) <= sums.prefilled
+    assert (sums.unreported, sums.unreported_tokens, sums.unreported_running) == (0, 0, 0)
 
 
 def _prefill(tokens: int) -> Prefill:
@@ -173,10 +217,11 @@ def test_an_answer_reaches_a_calls_later_routing_after_its_earlier_one_aged_out(
     overlay.note("a", Prefill(prefixes={"large": 20}, uncached_tokens=20), 1.5, "r")
     assert [r.prefill.uncached_tokens for r in overlay.recent("a", 2.5)] == [20]
 
-    overlay.answered("a", "r", prefilled=True)
+    overlay.moved("a", "r", "running")
 
     sums = overlay.sums("a", 2.5, asked_at=0.0)
-    assert sums is not None and sums.unreported == 0 and sums.prefilled == {"large"}
+    assert sums is not None and (sums.unreported, sums.unreported_running) == (0, 1)
+    assert sums.prefilled == {"large"}
 
 
 @settings(max_examples=200, deadline=None)
@@ -192,9 +237,14 @@ def test_an_answer_reaches_a_calls_later_routing_after_its_earlier_one_aged_out(
             ),
             # routing reads the sums `gap` s later, against a report asked `back` s before then
             st.tuples(st.just("read"), st.floats(0.0, 1.5), st.floats(0.0, 3.0), st.just(0)),
-            # the node answers the request noted `back` notes ago (with its first token: True),
-            # or it leaves unanswered; one answered already, or aged out, changes nothing
-            st.tuples(st.just("answer"), st.floats(0.0, 1.5), st.booleans(), st.integers(0, 8)),
+            # the request noted `back` notes ago moves: its answer starts (running) or ends
+            # (done), or it leaves unanswered (None); a move back, or of one aged out, changes nothing
+            st.tuples(
+                st.just("answer"),
+                st.floats(0.0, 1.5),
+                st.sampled_from([None, "running", "done"]),
+                st.integers(0, 8),
+            ),
         ),
         max_size=60,
     ),
@@ -219,8 +269,8 @@ def test_the_kept_sums_are_the_routers_sums_over_the_kept_requests(
             noted += 1
             continue
         if kind == "answer":
-            assert isinstance(what, bool)
-            overlay.answered("a", f"r{(noted - 1 - tokens) // per_id}", prefilled=what)
+            assert what in (None, "running", "done")
+            overlay.moved("a", f"r{(noted - 1 - tokens) // per_id}", what)  # type: ignore[arg-type]
             continue
         assert isinstance(what, float)
         asked_at = now - what

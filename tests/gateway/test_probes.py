@@ -16,7 +16,7 @@ from gateway.http import ConnectionPool
 from gateway.upstreams.fleet import Fleet, NoProviders
 from router.load import load_facts
 from router.params import DEFAULT_PARAMS
-from router.types import NodeInfo, Prefill, Target
+from router.types import NodeInfo, Overlaid, Prefill, Target
 
 
 class _Directory:
@@ -180,18 +180,31 @@ async def test_a_request_routed_to_one_node_rebuilds_only_that_nodes_entry_of_th
         assert routed.derived is first.nodes[0].load.derived and "facts" in routed.derived
         assert fleet.snapshot() is second
 
-        # n0 answers it: its entry alone is rebuilt, the request waits no more, "p" is cached.
-        fleet.answered("r1", target, target)
+        def overlay() -> Overlaid | None:
+            load = fleet.snapshot().nodes[0].load
+            return load.overlay if load is not None else None
+
+        # n0 starts streaming its answer: its entry alone is rebuilt, the request waits no more
+        # (it runs), and "p" is cached there; then the answer ends.
+        fleet.answered("r1", target, target, ended=False)
         answered = fleet.snapshot()
         assert answered.nodes[1] is first.nodes[1] and answered.nodes[2] is first.nodes[2]
-        overlay = answered.nodes[0].load.overlay if answered.nodes[0].load else None
-        assert overlay is not None and overlay.unreported == 0 and overlay.prefilled == {"p"}
+        running = overlay()
+        assert running is not None and (running.unreported, running.unreported_running) == (0, 1)
+        assert running.prefilled == {"p"}
+        fleet.ended("r1", target)
+        done = overlay()
+        assert done is not None and (done.unreported, done.unreported_running, done.prefilled) == (
+            0,
+            0,
+            {"p"},
+        )
 
         # Another node answers one routed to n0 (n0 failed it): it leaves n0's overlay.
         fleet.routed(target, Prefill(prefixes={"q": 32}, uncached_tokens=32), "r2")
-        fleet.answered("r2", target, dataclasses.replace(target, target_id="n1"))
-        overlay = fleet.snapshot().nodes[0].load.overlay if fleet.snapshot().nodes[0].load else None
-        assert overlay is not None and overlay.unreported == 0 and set(overlay.prefixes) == {"p"}
+        fleet.answered("r2", target, dataclasses.replace(target, target_id="n1"), ended=True)
+        gone = overlay()
+        assert gone is not None and gone.unreported == 0 and set(gone.prefixes) == {"p"}
 
         await prober.probe_all()  # fresh reports: every entry is rebuilt
         third = fleet.snapshot()

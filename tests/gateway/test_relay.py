@@ -91,7 +91,10 @@ class ScriptedFleet:
     def routed(self, target: Target, prefill: Prefill, request_id: str) -> None:
         """The scripted nodes publish nothing and are never probed: no overlay to keep."""
 
-    def answered(self, request_id: str, routed: Target, served: Target | None) -> None:
+    def answered(self, request_id: str, routed: Target, served: Target | None, *, ended: bool) -> None:
+        """No overlay: nothing to update."""
+
+    def ended(self, request_id: str, target: Target) -> None:
         """No overlay: nothing to update."""
 
     def upstream_for(self, target: Target) -> _NodeUpstream:

@@ -111,24 +111,28 @@ def test_a_tenants_next_request_follows_its_first_before_the_node_publishes_it()
 
 
 def test_a_request_the_node_answered_waits_no_more_and_its_prefix_is_ready_there() -> None:
-    # Tenant 0's first request went to `a` after a's report, and `a` has answered it (its first
-    # token): the next one is costed as a warm prompt on an idle node, not behind a prefill.
+    # Tenant 0's first request went to `a` after a's report, and `a` has answered it: while it
+    # streams it is one of a's running sequences, then nothing; either way the next request is a
+    # warm prompt there, not one queued behind that prefill.
     a, b = ranked(0, ["a", "b"])[::-1]
-    answered = dataclasses.replace(sent(0, at=1.0), prefilled=True)
-    in_flight = sent(0, at=1.0)
+    waiting = sent(0, at=1.0)
+    running = dataclasses.replace(waiting, stage="running")
+    done = dataclasses.replace(waiting, stage="done")
 
-    def costs(routed: Routed) -> str:
+    def reason(routed: Routed) -> str:
         nodes = fleet(reported(a, routed=(routed,), asked_at=0.0), reported(b, asked_at=0.0))
         return route(ask(chat(0, "And in Germany?")), ANYWHERE, nodes).targets[0].reason
 
-    done, waiting = costs(answered), costs(in_flight)
+    def cost(routed: Routed) -> float:
+        return float(reason(routed).split("cost=")[1].split(";")[0])
 
-    assert "routed=" not in done and ";routed=1" in waiting
-    # Ready: prefilled at once beside whatever runs, so it costs one short step, not a queue.
-    assert float(done.split("cost=")[1].split(";")[0]) < float(waiting.split("cost=")[1].split(";")[0]) / 5
+    assert ";routed=1" in reason(waiting)
+    assert "routed=" not in reason(running) and "routed=" not in reason(done)
+    # Ready: prefilled at once, one short step (beside the running sequence's decode, if any).
+    assert cost(done) < cost(running) < cost(waiting) / 5
     # A new tenant's cold prompt no longer avoids `a` as if a prefill were queued there.
     tenant = next(t for t in range(2, 50) if ranked(t, ["a", "b"])[0] == a)
-    assert first(chat(tenant), reported(a, routed=(answered,), asked_at=0.0), reported(b, asked_at=0.0)) == a
+    assert first(chat(tenant), reported(a, routed=(done,), asked_at=0.0), reported(b, asked_at=0.0)) == a
 
 
 def test_a_burst_inside_one_probe_interval_spreads_over_idle_nodes() -> None:
