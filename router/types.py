@@ -203,7 +203,8 @@ class Prefill:
 RoutedStage = Literal["waiting", "running", "done"]
 
 
-@dataclass(frozen=True)
+# Compared by identity: the gateway's overlay finds a request's entry among dozens by it.
+@dataclass(frozen=True, eq=False)
 class Routed:
     """A request this gateway routed to a node, with when (the gateway's time.monotonic(),
     comparable with NodeLoad.asked_at): a report asked before then cannot show it."""

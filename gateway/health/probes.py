@@ -76,7 +76,7 @@ class ProbeResult:
 _load_decoder = msgspec.json.Decoder(LoadReport)
 
 
-_STAGES: tuple[RoutedStage, ...] = ("waiting", "running", "done")  # the order a request moves in
+_ORDER: dict[RoutedStage, int] = {"waiting": 0, "running": 1, "done": 2}  # the order a request moves in
 
 
 class _NodeOverlay:
@@ -109,6 +109,7 @@ class _NodeOverlay:
         if routed.key:
             self._by_key[routed.key] = routed
         self._count(routed, 1, before=False)
+        self._sums = None
         for name, tokens in routed.prefill.prefixes.items():
             self._held.setdefault(name, Counter())[tokens] += 1
 
@@ -117,16 +118,23 @@ class _NodeOverlay:
         left the node unanswered (None: its upstream failed, another served it, the client
         left). Only forward: an answer that ended does not start again."""
         routed = self._by_key.get(key)
-        if routed is None or (stage is not None and _STAGES.index(stage) <= _STAGES.index(routed.stage)):
+        if routed is None or (stage is not None and _ORDER[stage] <= _ORDER[routed.stage]):
             return  # not routed here with a prefill, aged out, or already that far
-        at = next(i for i, r in enumerate(self.requests) if r is routed)
+        at = self.requests.index(routed)  # by identity (Routed)
         if stage is None:
             self._remove(at)
             return
         before = at < self._before
-        self._count(routed, -1, before=before)
-        moved = self.requests[at] = dataclasses.replace(routed, stage=stage)
-        self._count(moved, 1, before=before)
+        moved = self.requests[at] = Routed(routed.prefill, routed.routed_at, routed.key, stage)
+        if routed.stage == "waiting":
+            # Both counts, whatever the first says: each keeps its own sums right.
+            changed = self._count(routed, -1, before=before) | self._count(moved, 1, before=before)
+        else:  # running -> done: its prefixes stay cached, one running sequence less
+            self._running -= 1
+            self._before_running -= 1 if before else 0
+            changed = not before
+        if changed:
+            self._sums = None  # else routing gets the same sums: the snapshot is not rebuilt
         if stage == "done":
             del self._by_key[key]
         else:
@@ -144,6 +152,7 @@ class _NodeOverlay:
         if before:
             self._before -= 1
         self._count(routed, -1, before=before)
+        self._sums = None
         for name, tokens in routed.prefill.prefixes.items():
             counts = self._held[name]
             counts[tokens] -= 1
@@ -152,8 +161,9 @@ class _NodeOverlay:
                 if not counts:
                     del self._held[name]
 
-    def _count(self, routed: Routed, sign: int, *, before: bool) -> None:
-        """Add (1) or take away (-1) a request of its stage from the sums."""
+    def _count(self, routed: Routed, sign: int, *, before: bool) -> bool:
+        """Add (1) or take away (-1) a request of its stage from the counts; whether the sums
+        routing reads change (a request the report shows already changes no unreported count)."""
         if routed.stage == "waiting":
             tokens = sign * routed.prefill.uncached_tokens
             self._waiting += sign
@@ -161,15 +171,17 @@ class _NodeOverlay:
             if before:
                 self._before_waiting += sign
                 self._before_tokens += tokens
-        else:
-            if routed.stage == "running":
-                self._running += sign
-                self._before_running += sign if before else 0
-            for name in routed.prefill.prefixes:
-                self._prefilled[name] += sign
-                if not self._prefilled[name]:
-                    del self._prefilled[name]
-        self._sums = None
+            return not before
+        changed = routed.stage == "running" and not before
+        if routed.stage == "running":
+            self._running += sign
+            self._before_running += sign if before else 0
+        for name in routed.prefill.prefixes:
+            count = self._prefilled[name] = self._prefilled[name] + sign
+            if count == 0:
+                del self._prefilled[name]
+            changed = changed or count == (1 if sign > 0 else 0)  # a name cached, or no longer
+        return changed
 
     def sums(self, asked_at: float) -> Overlaid:
         """router.cost.overlaid(self.requests, asked_at), from the kept sums."""

@@ -224,7 +224,33 @@ def test_an_answer_reaches_a_calls_later_routing_after_its_earlier_one_aged_out(
     assert sums.prefilled == {"large"}
 
 
-@settings(max_examples=200, deadline=None)
+def test_a_move_routing_can_see_changes_the_sums_and_one_it_cannot_keeps_them() -> None:
+    """Read against one report, as routing does until the next: a request sent after its ask
+    moves, and the next read says so; one the report already shows moves, and routing gets the
+    same sums object (the fleet snapshot is then not rebuilt)."""
+    overlay = Overlay(kept_s=2.0)
+    overlay.note("a", Prefill(prefixes={"p": 5}, uncached_tokens=5), 0.5, "shown")
+    overlay.note("a", Prefill(prefixes={"q": 7}, uncached_tokens=7), 1.0, "new")
+    first = overlay.sums("a", 1.1, asked_at=0.8)
+    assert first is not None and (first.unreported, first.unreported_running) == (1, 0)
+
+    overlay.moved("a", "new", "running")
+    running = overlay.sums("a", 1.2, asked_at=0.8)
+    assert running is not None and (running.unreported, running.unreported_running) == (0, 1)
+    assert running.prefilled == {"q"}
+    overlay.moved("a", "new", "done")
+    done = overlay.sums("a", 1.3, asked_at=0.8)
+    assert done is not None and (done.unreported, done.unreported_running) == (0, 0)
+
+    overlay.moved("a", "shown", "running")  # "p" becomes cached: routing must see that
+    shown = overlay.sums("a", 1.4, asked_at=0.8)
+    assert shown is not None and shown.prefilled == {"p", "q"}
+    overlay.moved("a", "shown", "done")  # nothing routing reads changes
+    assert overlay.sums("a", 1.5, asked_at=0.8) is shown
+    assert shown == overlaid(overlay.recent("a", 1.5), 0.8)
+
+
+@settings(max_examples=300, deadline=None)
 @given(
     st.lists(
         st.one_of(
@@ -236,14 +262,15 @@ def test_an_answer_reaches_a_calls_later_routing_after_its_earlier_one_aged_out(
                 st.integers(1, 99),
             ),
             # routing reads the sums `gap` s later, against a report asked `back` s before then
-            st.tuples(st.just("read"), st.floats(0.0, 1.5), st.floats(0.0, 3.0), st.just(0)),
+            # (`same` 1: against the report read last time, as routing does until the next one)
+            st.tuples(st.just("read"), st.floats(0.0, 1.5), st.floats(0.0, 3.0), st.integers(0, 1)),
             # the request noted `back` notes ago moves: its answer starts (running) or ends
             # (done), or it leaves unanswered (None); a move back, or of one aged out, changes nothing
             st.tuples(
                 st.just("answer"),
-                st.floats(0.0, 1.5),
+                st.floats(0.0, 0.5),
                 st.sampled_from([None, "running", "done"]),
-                st.integers(0, 8),
+                st.integers(0, 4),
             ),
         ),
         max_size=60,
@@ -261,6 +288,7 @@ def test_the_kept_sums_are_the_routers_sums_over_the_kept_requests(
     overlay = Overlay(kept_s=2.0, max_per_node=max_per_node)
     now = 0.0
     noted = 0
+    last_asked: float | None = None
     for kind, gap, what, tokens in steps:
         now += gap
         if kind == "note":
@@ -273,7 +301,8 @@ def test_the_kept_sums_are_the_routers_sums_over_the_kept_requests(
             overlay.moved("a", f"r{(noted - 1 - tokens) // per_id}", what)  # type: ignore[arg-type]
             continue
         assert isinstance(what, float)
-        asked_at = now - what
+        asked_at = last_asked if tokens and last_asked is not None else now - what
+        last_asked = asked_at
         sums = overlay.sums("a", now, asked_at)
         kept = overlay.recent("a", now)
         assert sums == (overlaid(kept, asked_at) if kept else None)
