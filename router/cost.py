@@ -237,17 +237,21 @@ class NodeCost:
     cached_tokens: int
     wait_s: float  # math.inf: the node's queue for the tier is at its bound
     prefill_s: float
-    routed: int = 0  # requests of the gateway's overlay counted in `wait_s`
+    routed: int = 0  # requests of the gateway's overlay counted in `wait_s`, waiting
     ahead: int = 0  # requests queued in front of it: reported waiting plus `routed`
+    running: int = 0  # requests of the overlay counted as running sequences (answered since)
 
     @property
     def total_s(self) -> float:
         return self.wait_s + self.prefill_s
 
     def describe(self) -> str:
-        """The cost parts for the route header: `cost=0.142;cached=768;wait=0.020`."""
+        """The cost parts for the route header: `cost=0.142;cached=768;wait=0.020`, then what
+        the gateway's overlay added: `;routed=2` waiting, `;running=1` answered since the report."""
         text = f"cost={self.total_s:.3f};cached={self.cached_tokens};wait={self.wait_s:.3f}"
-        return text + f";routed={self.routed}" if self.routed else text
+        if self.routed:
+            text += f";routed={self.routed}"
+        return text + f";running={self.running}" if self.running else text
 
 
 def fallback_prefill_s(nodes: Sequence[NodeInfo], model: str, params: RoutingParams) -> float:
@@ -288,7 +292,7 @@ def node_cost(
     wait = _wait_s(queue, tier, ahead, overlaid=routed > 0 or running > 0)
     waiting = routed + (sum(queue.waiting_requests_by_tier.values()) if queue is not None else 0)
     if math.isinf(wait):
-        return NodeCost(cached, math.inf, 0.0, routed, waiting)
+        return NodeCost(cached, math.inf, 0.0, routed, waiting, running)
     if queue is not None and queue.step_cost.measured:
         prefill = max(ahead.estimate(uncached, behind=not ready) - wait, 0.0)
     else:
@@ -296,7 +300,7 @@ def node_cost(
         # Without a fitted step the estimate cannot place the overlay's requests: they prefill
         # at the same rate ahead of this one.
         wait += routed_tokens * fallback_s_per_token
-    return NodeCost(cached, wait, prefill, routed, waiting)
+    return NodeCost(cached, wait, prefill, routed, waiting, running)
 
 
 def _wait_s(queue: ModelQueue | None, tier: TrafficTier, ahead: QueueAhead, *, overlaid: bool) -> float:

@@ -126,8 +126,9 @@ def test_a_request_the_node_answered_waits_no_more_and_its_prefix_is_ready_there
     def cost(routed: Routed) -> float:
         return float(reason(routed).split("cost=")[1].split(";")[0])
 
-    assert ";routed=1" in reason(waiting)
-    assert "routed=" not in reason(running) and "routed=" not in reason(done)
+    assert ";routed=1" in reason(waiting) and "running=" not in reason(waiting)
+    assert "routed=" not in reason(running) and ";running=1" in reason(running)
+    assert "routed=" not in reason(done) and "running=" not in reason(done)
     # Ready: prefilled at once, one short step (beside the running sequence's decode, if any).
     assert cost(done) < cost(running) < cost(waiting) / 5
     # A new tenant's cold prompt no longer avoids `a` as if a prefill were queued there.
