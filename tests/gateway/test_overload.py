@@ -5,8 +5,8 @@ Deterministic saturation: the nodes run one sequence at a time (`--max-num-seqs 
 large engine is kept busy by several requests sent straight to it, so a request always waits in
 each large queue. The small engines get only this test's sequential requests, so nothing waits
 there. The interactive target sits between the two estimates (router/overload.py): a large
-request waits for the engine's one slot behind several 64-token requests (a second or more), a
-small one only for its own steps (milliseconds).
+request waits for the engine's one slot behind several 256-token requests (seconds), a small one
+only for its own steps (milliseconds).
 """
 
 from __future__ import annotations
@@ -33,6 +33,10 @@ from tests.gateway.conftest import (
 
 LARGE, SMALL = "meridian-large", "meridian-small"
 HOGS_PER_NODE = 6  # a queue behind each engine even when some hogs are between requests (a loaded CI box)
+# Each hog's request is long, so the queue holds seconds of work: on a loaded box the hogs' own
+# process can go unscheduled for a while, and with short requests the engine emptied its queue
+# meanwhile (a probe then saw it idle, and a large request was admitted: 1 run in a full suite).
+HOG_TOKENS = 256
 TARGET_S = 0.25
 
 
@@ -87,7 +91,7 @@ def saturated(nodes: list[NodeProcess], gw: RunningGateway) -> Iterator[None]:
     deadline = time.monotonic() + 120
 
     def hog(node: NodeProcess) -> None:
-        body = {"model": LARGE, "prompt": "overload " * 32, "max_tokens": 64, "ignore_eos": True}
+        body = {"model": LARGE, "prompt": "overload " * 32, "max_tokens": HOG_TOKENS, "ignore_eos": True}
         with httpx.Client(headers=AUTH, timeout=60) as client:
             while not stop.is_set() and time.monotonic() < deadline:
                 client.post(node.url + "/v1/completions", json=body)
