@@ -1,4 +1,4 @@
-"""One client call as the request path tracks it: tenant, served target, response headers, latency."""
+"""One client call as the request path tracks it: who it is for, what the edge needs to answer it."""
 
 from __future__ import annotations
 
@@ -30,46 +30,90 @@ def header_safe(value: str) -> str:
 SESSION_HEADER = "x-meridian-session"
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
+class Served:
+    """The upstream that answered a call (for a stream, the one that opened it), and how many
+    targets the failover tried to get there."""
+
+    target: Target
+    attempts: int
+
+    @property
+    def retries(self) -> int:
+        """Targets that failed before `target` answered."""
+        return max(0, self.attempts - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a call that reached an upstream ended, as the stage that ended it saw it: the usage
+    the client was told, the finish reasons, the continuations, and why a stream ended with an
+    error event. A call that failed before any answer has none of it (`Outcome()`)."""
+
+    usage: Usage | None = None
+    finish_reasons: tuple[str, ...] = ()
+    continuations: int = 0
+    stream_error: str | None = None
+
+
+NO_OUTCOME = Outcome()
+
+
+@dataclass(slots=True)
 class CallContext:
-    """One client call: who it is for and the headers its response (or error) carries."""
+    """One client call: what the edge needs to answer it, however far it got.
+
+    A stage's results are values it returns (the plan, the admission ticket, the quota's
+    admission, the route's targets, the answer or the stream, the `Outcome`). What stays here is
+    what an error answer and the call's record need when a stage raises part-way, in three kinds:
+
+    - fixed when the call starts: `request_id`, `client_region`, `session_key`, `started`,
+      `observed`, and `latency` (the breakdown, which the stages' timers add to);
+    - set once, by the stage that learns it: `tenant` and `api_key_id` (authentication),
+      `safety` (the content checks), `served` (the failover's answer), `escalation` (the
+      cascade, whose small-tier tokens are charged however the call then ends), `recorded`
+      (the observers were told it ended);
+    - `headers`: the answer's headers, added to as they are learned (the request id, the quota's,
+      the model, the route), so that an error answer carries what a success would have.
+    """
 
     request_id: str
     client_region: str | None
     # x-meridian-session: keeps a conversation on one model version during a rollout.
     session_key: str = ""
     started: float = field(default_factory=time.monotonic)
-    tenant: TenantPolicy | None = None
-    model: str = "-"
-    region: str = "-"
-    headers: dict[str, str] = field(default_factory=dict)
-    stream_error: str | None = None  # why a stream ended with an error event
-    safety: CallSafety | None = None  # the content checks made on this call (gateway/safety)
-    # The latency breakdown (gateway overhead, queue, TTFT, prefill, decode, total): one place.
-    latency: Latency = field(default_factory=Latency)
     # Who observes the call (gateway/observe.py: tracing, metrics); told of every stage.
     observed: CallObserver = QUIET
-    # For the usage event (gateway/call/usage.py):
-    api_key_id: str = "-"  # a short hash of the caller's key
-    target: Target | None = None  # the upstream that served the call (the first, for a stream)
-    retries: int = 0  # targets that failed before `target` answered
+    # The latency breakdown (gateway overhead, queue, TTFT, prefill, decode, total): one place.
+    latency: Latency = field(default_factory=Latency)
+    headers: dict[str, str] = field(default_factory=dict)
+    tenant: TenantPolicy | None = None
+    api_key_id: str = "-"  # a short hash of the caller's key, for the usage event
+    safety: CallSafety | None = None  # the content checks made on this call (gateway/safety)
+    served: Served | None = None
     # What the small tier used of an `auto` request the confidence cascade escalated.
     escalation: Escalated | None = None
-    # How it ended, for the observers: the usage the client was told, the finish reasons.
-    usage: Usage | None = None
-    finish_reasons: list[str] = field(default_factory=list)
-    continuations: int = 0
-    recorded: bool = False  # the observers were told it ended (once per call)
+    recorded: bool = False
 
     def __post_init__(self) -> None:
         self.headers["x-request-id"] = self.request_id
         self.latency.started = self.started
 
+    @property
+    def model(self) -> str:
+        """The model serving the call as far as it got: the served target's, else the planned one."""
+        if self.served is not None:
+            return self.served.target.model
+        return self.headers.get("x-meridian-model", "-")
+
+    def plans(self, model: str) -> None:
+        """The model the call is planned for (planned, degraded or escalated): the answer says it."""
+        self.headers["x-meridian-model"] = model
+
     def served_by(self, target: Target, attempts: int, prefix: str, route: str | None = None) -> None:
         """`prefix` (the plan's notes) then `route` (default: the router's reason) is what
         x-meridian-route says about the target."""
-        self.model, self.region = target.model, target.region
-        self.target, self.retries = target, max(0, attempts - 1)
+        self.served = Served(target, attempts)
         route = prefix + (route or target.reason)
         route_reason = route if attempts <= 1 else f"{route}; after {attempts - 1} failed"
         self.headers.update(

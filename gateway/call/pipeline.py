@@ -34,7 +34,7 @@ from msgspec import UNSET
 from gateway.admission import AdmissionController, Ticket
 from gateway.admission.errors import Overloaded
 from gateway.call.collect import collect
-from gateway.call.context import SESSION_HEADER, CallContext, header_safe
+from gateway.call.context import NO_OUTCOME, SESSION_HEADER, CallContext, Outcome, header_safe
 from gateway.call.continuation import Continue, Stop, decide
 from gateway.call.errors import NoRouteError
 from gateway.call.plan import RequestPlan, plan_request
@@ -120,8 +120,9 @@ class RequestPipeline:
         # Charged only for what was served: a request that failed on every target, or whose input
         # the classifier blocked, gets its tokens back (the request still counts against requests/min).
         served_tokens = 0
-        answered = returned = False
+        answered = False
         usage: Usage | None = None
+        outcome: Outcome | None = None  # set once the answer is the client's
         try:
             targets = self._route(ctx, plan, ctx.observed)
             async with LeaseKeeper(self._quota, admission):
@@ -139,7 +140,6 @@ class RequestPipeline:
             usage = usage_of(result.usage)
             served_tokens = (usage.total_tokens if usage else 0) or plan.estimated_tokens
             served_tokens += _wasted(ctx)
-            ctx.usage = usage
             result.model = target.model
             if target.version:
                 result.system_fingerprint = target.version
@@ -147,10 +147,10 @@ class RequestPipeline:
                 for choice in result.choices:
                     choice.token_ids = UNSET
             result = await safety.check_output(result)
-            ctx.finish_reasons = [c.finish_reason for c in result.choices if c.finish_reason]
+            finished = tuple(c.finish_reason for c in result.choices if c.finish_reason)
             if ctx.observed.wants_text:
                 ctx.observed.answered_text("".join(c.content() for c in result.choices))
-            returned = True
+            outcome = Outcome(usage=usage, finish_reasons=finished)
             return result
         except UpstreamsExhausted as exc:
             self._refused_by_upstreams(ctx, exc)
@@ -162,8 +162,8 @@ class RequestPipeline:
             fallback = (plan.prompt_tokens_estimate, 0) if answered and usage is None else (0, 0)
             event = self._usage_event(ctx, plan, usage, status, fallback=fallback, stream=False)
             await self._settle(ctx, admission, served_tokens or _wasted(ctx), event)
-            if returned:  # a failure is recorded with its status where it is answered
-                self.record(ctx, "200", stream=False)
+            if outcome is not None:  # a failure is recorded with its status where it is answered
+                self.record(ctx, "200", stream=False, outcome=outcome)
 
     async def stream(
         self, ctx: CallContext, endpoint: Endpoint, request: ParsedRequest, body: dict[str, Any]
@@ -289,8 +289,7 @@ class RequestPipeline:
         if plan.auto is not None:
             ctx.observed.auto_routed(tenant.tenant_id, plan.auto.tier, plan.auto.rule)
             plan = self._with_cascade(plan.noted(f"auto:{plan.auto.tier}", plan.auto.reason), tenant)
-        ctx.model = plan.model.name
-        ctx.headers["x-meridian-model"] = plan.model.name
+        ctx.plans(plan.model.name)
         prompt = body.get("messages") if endpoint == "chat" else body.get("prompt")
         ctx.observed.planned(_OPERATIONS.get(endpoint, endpoint), request, prompt, degraded=False)
         return plan
@@ -365,8 +364,7 @@ class RequestPipeline:
             reason=verdict.reason,
         )
         observed.escalated(tenant, family, "low_confidence", (plan.prompt_tokens_estimate, found.tokens))
-        ctx.model = large.name
-        ctx.headers["x-meridian-model"] = large.name
+        ctx.plans(large.name)
         return escalated, served
 
     async def _open_large(self, ctx: CallContext, plan: RequestPlan, scope: Stage) -> OpenedStream:
@@ -456,9 +454,9 @@ class RequestPipeline:
             items = [item async for item in self._relay(ctx, plan, relay)]
         finally:
             await self._close(ctx, relay, "close a collected stream")
-        if ctx.stream_error is not None:
+        if relay.stopped is not None:
             raise UpstreamsExhausted(
-                plan.model.name, [(relay.target, UpstreamError(ctx.stream_error, status_code=502))]
+                plan.model.name, [(relay.target, UpstreamError(relay.stopped, status_code=502))]
             )
         result = collect(plan.endpoint, [item for item in items if isinstance(item, Chunk)], relay.usage)
         return plan, opened.target, result, opened.attempts
@@ -473,8 +471,7 @@ class RequestPipeline:
             )
         if admitted.degraded_from is not None:
             plan = dataclasses.replace(plan, model=admitted.model, degraded_from=admitted.degraded_from)
-            ctx.model = plan.model.name
-            ctx.headers["x-meridian-model"] = plan.model.name
+            ctx.plans(plan.model.name)
             ctx.observed.note(degraded=True)
         return plan, admitted.ticket
 
@@ -577,7 +574,7 @@ class RequestPipeline:
                     relay.resume(opened, step)
                     continue
             if step.ending == "error":
-                ctx.stream_error = step.why
+                relay.stop(step.why)
                 yield StreamFailed(message=step.why)
             return
 
@@ -625,13 +622,11 @@ class RequestPipeline:
                 await self._quota.settle(admission, actual_tokens=_wasted(ctx), event=event)
             return
         usage = relay.usage
-        ctx.usage, ctx.continuations = usage, relay.continuations
-        ctx.finish_reasons = [relay.finish_reason] if relay.finish_reason else []
         served = (
             usage.total_tokens if usage else 0
         ) or plan.prompt_tokens_estimate + relay.completion_tokens()
         served += _wasted(ctx)
-        status = "stream_error" if ctx.stream_error else "ok" if relay.finished else "incomplete"
+        status = "stream_error" if relay.stopped else "ok" if relay.finished else "incomplete"
         event = self._usage_event(
             ctx,
             plan,
@@ -643,7 +638,13 @@ class RequestPipeline:
         )
         with ctx.observed.stage("quota.settle"):
             await self._quota.settle(admission, actual_tokens=served, event=event)
-        self.record(ctx, "stream_error" if ctx.stream_error else "200", stream=True)
+        outcome = Outcome(
+            usage=usage,
+            finish_reasons=(relay.finish_reason,) if relay.finish_reason else (),
+            continuations=relay.continuations,
+            stream_error=relay.stopped,
+        )
+        self.record(ctx, "stream_error" if relay.stopped else "200", stream=True, outcome=outcome)
 
     def _usage_event(
         self,
@@ -687,13 +688,14 @@ class RequestPipeline:
     async def usage(self, tenant: TenantPolicy) -> dict[str, Any]:
         return await self._quota.usage(tenant)
 
-    def record(self, ctx: CallContext, status: str, *, stream: bool) -> None:
+    def record(self, ctx: CallContext, status: str, *, stream: bool, outcome: Outcome = NO_OUTCOME) -> None:
         """The call ended (answered, failed, or its stream closed): its observers are told, once,
-        and a non-streamed answer gets its Server-Timing header."""
+        and a non-streamed answer gets its Server-Timing header. `outcome`: how it ended, from the
+        stage that ended it (a failure answered at the edge has none)."""
         if ctx.recorded:
             return
         ctx.recorded = True
-        latency = ctx.latency
+        latency, served = ctx.latency, ctx.served
         latency.finish()
         if not stream:
             ctx.headers["server-timing"] = latency.timing().server_timing()
@@ -703,15 +705,15 @@ class RequestPipeline:
                 stream=stream,
                 tenant=ctx.tenant.tenant_id if ctx.tenant else "-",
                 model=ctx.model,
-                region=ctx.region,
+                region=served.target.region if served is not None else "-",
                 route=ctx.headers.get("x-meridian-route"),
-                stream_error=ctx.stream_error,
+                stream_error=outcome.stream_error,
                 total_s=latency.total_s,
                 gateway_s=latency.gateway_s,
-                usage=ctx.usage,
-                finish_reasons=ctx.finish_reasons,
-                attempts=ctx.retries + 1 if ctx.target is not None else 0,
-                continuations=ctx.continuations,
+                usage=outcome.usage,
+                finish_reasons=outcome.finish_reasons,
+                attempts=served.attempts if served is not None else 0,
+                continuations=outcome.continuations,
                 decisions=ctx.safety.decisions if ctx.safety is not None else (),
             )
         )

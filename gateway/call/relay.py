@@ -38,6 +38,8 @@ class StreamRelay:
         self.emitted: list[int] = []
         self.continuations = 0
         self.finish_reason: str | None = None
+        # Why the stream ended with an error event: the pipeline's decision after a break (`stop`).
+        self.stopped: str | None = None
         self._current = opened
         self._first: Chunk | None = opened.first
         self._plan = plan
@@ -99,6 +101,10 @@ class StreamRelay:
         self._first = opened.first
         self._carried = continuation.carried
         self._latency.answered(timing_from_wire(_take_timings(opened.first)))
+
+    def stop(self, why: str) -> None:
+        """The stream ends here with an error event saying `why` (no upstream continues it)."""
+        self.stopped = why
 
     async def aclose(self) -> None:
         await self._current.aclose()

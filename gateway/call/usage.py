@@ -54,7 +54,8 @@ def usage_event(
     else:
         prompt, completion = fallback_counts
         cached = 0
-    target = ctx.target
+    served = ctx.served
+    target = served.target if served is not None else None
     upstream = target.target_id if target is not None else "-"
     served_model = target.model if target is not None else "-"
     price = prices.price(served_model if target is not None else model_requested, upstream)
@@ -85,7 +86,7 @@ def usage_event(
         queue_wait_ms=_ms(latency.queue_s),
         prefill_ms=_ms(latency.prefill_s),
         decode_ms=_ms(latency.decode_s),
-        retries=ctx.retries,
+        retries=served.retries if served is not None else 0,
         continuations=continuations,
         degraded=degraded,
         safety=ctx.safety is not None and ctx.safety.changed,

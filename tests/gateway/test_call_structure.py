@@ -4,7 +4,9 @@ brings back an old knot fails here and not in review.
 - tracing and metrics observe the call (gateway/observe.py): nothing subclasses the pipeline, no
   context variable carries a span, and the call package counts nothing itself;
 - the call's decisions are values a stage returns (RequestPlan.route_notes), not a string on the
-  call context edited by several stages.
+  call context edited by several stages;
+- the call context keeps only what the edge needs when a stage raises part-way; how a call ended
+  (usage, finish reasons, a stream's error) is a value (`Outcome`) the ending stage hands on.
 """
 
 from __future__ import annotations
@@ -56,3 +58,51 @@ def test_route_decisions_are_plan_values_not_a_string_stages_edit() -> None:
         if isinstance(node, ast.AugAssign):
             target = ast.unparse(node.target)
             assert not target.startswith("ctx."), f"pipeline.py:{node.lineno}: `{target} +=` edits the call"
+
+
+# The call context's fields a stage may set (each once, by the stage that learns it), and where.
+# Everything else on it is fixed when the call starts, or is the answer's headers.
+SET_ONCE = {
+    ("call/pipeline.py", "tenant"),  # authentication
+    ("call/pipeline.py", "api_key_id"),
+    ("batches/runner.py", "tenant"),  # a batch line is the batch's tenant, at batch priority
+    ("batches/runner.py", "api_key_id"),
+    ("call/pipeline.py", "safety"),  # the content checks begin
+    ("call/context.py", "served"),  # the failover's answer (`served_by`)
+    ("call/pipeline.py", "escalation"),  # the cascade: small-tier tokens charged however it ends
+    ("call/pipeline.py", "recorded"),  # the observers were told it ended
+}
+
+
+def test_the_call_context_keeps_what_the_edge_needs_and_each_stage_sets_its_own_field_once() -> None:
+    assert set(CallContext.__dataclass_fields__) == {
+        "request_id", "client_region", "session_key", "started", "observed", "latency", "headers",
+        *{field for _, field in SET_ONCE},
+    }  # fmt: skip
+    written = [
+        (str(path.relative_to(GATEWAY)), attr)
+        for path, tree in _modules(GATEWAY)
+        for owner, attr in _attributes_assigned(tree)
+        if attr in CallContext.__dataclass_fields__
+        and (owner in {"ctx", "call"} or (owner == "self" and path.name == "context.py"))
+    ]
+    assert sorted(set(written)) == sorted(SET_ONCE)
+    # Once: one assignment per field and file (the batches runner's authentication is its own).
+    assert len(written) == len(set(written)), sorted(written)
+
+
+def _attributes_assigned(tree: ast.Module) -> list[tuple[str, str]]:
+    """(owner, attribute) of every `owner.attribute = ...` (plain, augmented, annotated, unpacked)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        else:
+            continue
+        for target in targets:
+            for each in target.elts if isinstance(target, ast.Tuple) else [target]:
+                if isinstance(each, ast.Attribute):
+                    found.append((ast.unparse(each.value), each.attr))
+    return found

@@ -11,13 +11,13 @@ from typing import Any
 import msgspec
 import pytest
 
-from gateway.call.context import CallContext
 from gateway.call.continuation import Continue, Stop, StreamBreak, decide
 from gateway.call.errors import NoRouteError
 from gateway.call.pipeline import RequestPipeline
 from gateway.call.plan import RequestPlan
 from gateway.config import config_from_dict
 from gateway.metrics import GatewayMetrics
+from gateway.observe import Ended, QuietCall
 from gateway.policy import PolicyStore, key_digest
 from gateway.quota import QuotaConfig, build_quota_gate
 from gateway.upstreams.base import UpstreamError
@@ -128,7 +128,7 @@ class ScriptedFailover:
         self.broken.append(f"{target.target_id}:{outcome}")
 
 
-def pipeline(failover: ScriptedFailover) -> RequestPipeline:
+def pipeline(failover: ScriptedFailover, told: Told) -> RequestPipeline:
     config = config_from_dict(
         {
             "home_region": "eu-west",
@@ -147,14 +147,30 @@ def pipeline(failover: ScriptedFailover) -> RequestPipeline:
         fleet=ScriptedFleet(),  # type: ignore[arg-type]
         forwarder=failover,  # type: ignore[arg-type]
         metrics=GatewayMetrics(),
+        observer=told,
     )
+
+
+class Told(QuietCall):
+    """An observer that keeps how each call ended, as the observers are told it."""
+
+    def __init__(self) -> None:
+        self.ended_with: list[Ended] = []
+
+    def start(self, headers: Any, request_id: str) -> Told:
+        return self
+
+    def ended(self, ended: Ended) -> None:
+        self.ended_with.append(ended)
 
 
 async def stream(
     streams: Sequence[OpenedStream | Exception], *, max_tokens: int = 10, **fields: Any
-) -> tuple[list[dict[str, Any]], ScriptedFailover, CallContext]:
+) -> tuple[list[dict[str, Any]], ScriptedFailover, Ended]:
+    """The client's chunks, the failover's record, and how the call's observers were told it ended."""
     failover = ScriptedFailover(streams)
-    p = pipeline(failover)
+    told = Told()
+    p = pipeline(failover, told)
     ctx = p.start_call({})
     p.authenticate(ctx, f"Bearer {KEY}")
     body = {
@@ -170,7 +186,8 @@ async def stream(
         out = [as_wire(c) async for c in served.items()]
     finally:
         await served.aclose()
-    return out, failover, ctx
+    [ended] = told.ended_with
+    return out, failover, ended
 
 
 async def test_a_continuation_carries_every_token_sent_and_the_next_node_emits_their_held_back_text() -> None:
@@ -179,7 +196,7 @@ async def test_a_continuation_carries_every_token_sent_and_the_next_node_emits_t
     first = opened(NODE_A, [chunk([], "", id="c1"), chunk([1], "a"), chunk([2], ""), chunk([3], ""), broken])
     # The next node replays 1, 2, 3 as the first did, so the held-back text comes with token 4.
     second = opened(NODE_B, [chunk([], "", id="c2"), chunk([4], "€b"), chunk([], "", "length"), usage(8, 1)])
-    out, failover, ctx = await stream(
+    out, failover, ended = await stream(
         [first, second], return_token_ids=True, stream_options={"include_usage": True}
     )
     assert failover.broken == ["a:broken"]
@@ -194,29 +211,29 @@ async def test_a_continuation_carries_every_token_sent_and_the_next_node_emits_t
     assert ids == [1, 2, 3, 4]
     assert {c["id"] for c in out} == {"c1"}, "one stream id for the client"
     assert out[-1]["usage"] == {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}
-    assert ctx.stream_error is None
+    assert ended.stream_error is None and ended.status == "200"
 
 
 async def test_a_node_stream_that_ends_without_its_finish_is_continued_not_passed_off_as_done() -> None:
     # The node's stream just ends ([DONE] or EOF, no error) before any finish_reason: a break.
     first = opened(NODE_A, [chunk([], "", id="c1"), chunk([1], "a"), chunk([2], "b")])
     second = opened(NODE_B, [chunk([], "", id="c2"), chunk([3], "c"), chunk([], "", "stop")])
-    out, failover, ctx = await stream([first, second], return_token_ids=True)
+    out, failover, ended = await stream([first, second], return_token_ids=True)
     assert failover.broken == ["a:broken"]
     [asked] = failover.asked
     assert asked["body"]["continuation_token_ids"] == [1, 2]
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in out if c.get("choices"))
     assert text == "abc"
     assert [c["choices"][0]["finish_reason"] for c in out if c.get("choices")][-1] == "stop"
-    assert ctx.stream_error is None
+    assert ended.stream_error is None and ended.status == "200"
 
 
 async def test_a_stream_without_its_finish_that_cannot_be_continued_ends_with_an_error() -> None:
     first = opened(NODE_A, [chunk([], ""), chunk([1], "a")])
-    out, _, ctx = await stream([first, NoRouteError("m", "no other healthy node serving 'm'")])
+    out, _, ended = await stream([first, NoRouteError("m", "no other healthy node serving 'm'")])
     assert "without a finish_reason" in out[-1]["error"]["message"]
     assert not [c for c in out if c.get("choices") and c["choices"][0].get("finish_reason")]
-    assert ctx.stream_error is not None
+    assert ended.stream_error is not None and ended.status == "stream_error"
 
 
 async def test_token_ids_are_stripped_unless_asked_for() -> None:
@@ -228,10 +245,10 @@ async def test_token_ids_are_stripped_unless_asked_for() -> None:
 
 async def test_a_break_that_cannot_be_continued_ends_with_an_error_event() -> None:
     first = opened(NODE_A, [chunk([], ""), chunk([1], "a"), UpstreamError("reset", status_code=502)])
-    out, _, ctx = await stream([first, NoRouteError("m", "no other healthy node serving 'm'")])
+    out, _, ended = await stream([first, NoRouteError("m", "no other healthy node serving 'm'")])
     assert out[-1]["error"]["code"] == "stream_interrupted"
     assert "no other healthy node" in out[-1]["error"]["message"]
-    assert ctx.stream_error is not None
+    assert ended.stream_error is not None and ended.status == "stream_error"
 
 
 async def test_a_break_after_the_finish_chunk_needs_no_continuation() -> None:
@@ -252,26 +269,26 @@ async def test_a_break_before_the_finish_chunk_asks_the_next_node_how_the_stream
         NODE_A, [chunk([], ""), chunk([1], "a"), chunk([2], "b"), UpstreamError("reset", status_code=502)]
     )
     second = opened(NODE_B, [chunk([], ""), chunk([], "", "stop"), usage(7, 0)])
-    out, failover, ctx = await stream([first, second], max_tokens=2, stream_options={"include_usage": True})
+    out, failover, ended = await stream([first, second], max_tokens=2, stream_options={"include_usage": True})
     [asked] = failover.asked
     assert asked["body"]["continuation_token_ids"] == [1, 2]
     assert asked["body"]["max_tokens"] == 0
     assert [c["choices"][0]["finish_reason"] for c in out if c.get("choices")][-1] == "stop"
     assert out[-1]["usage"] == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
-    assert ctx.stream_error is None
+    assert ended.stream_error is None and ended.status == "200"
 
 
 async def test_a_stream_broken_on_every_node_says_so_rather_than_blaming_residency() -> None:
     first = opened(NODE_A, [chunk([], ""), chunk([1], "a"), UpstreamError("a failed: ReadError")])
     second = opened(NODE_B, [chunk([], ""), chunk([2], "b"), UpstreamError("b failed: ReadError")])
-    out, failover, ctx = await stream([first, second])
+    out, failover, ended = await stream([first, second])
     assert failover.broken == ["a:broken", "b:broken"]
     message = out[-1]["error"]["message"]
     assert message == (
         "The stream from b broke (b failed: ReadError) and no other upstream could continue it: "
         "no healthy node serving 'm' anywhere; 2 nodes already tried for this request."
     )
-    assert ctx.stream_error == message
+    assert ended.stream_error == message and ended.status == "stream_error"
 
 
 # -- the continuation rule alone (pure) ------------------------------------------------------

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from gateway.call.context import CallContext
+from gateway.call.context import CallContext, Served
 from gateway.call.usage import usage_event
 from gateway.ledger.prices import ModelPrice, PriceTable
 from gateway.safety.guard import CallSafety, Decision
@@ -20,7 +20,7 @@ PRICES = PriceTable("v1", {"m": ModelPrice(input=1.0, output=2.0)}, {})
 def served_call() -> CallContext:
     ctx = CallContext(request_id="req_1", client_region=None)
     ctx.tenant = TenantPolicy(tenant_id="acme", api_key_hashes=frozenset())
-    ctx.target = Target(
+    target = Target(
         kind="node",
         target_id="eu-1",
         url="http://eu-1",
@@ -29,6 +29,7 @@ def served_call() -> CallContext:
         model="m",
         reason="home",
     )
+    ctx.served_by(target, attempts=2, prefix="")
     ctx.latency.started = 100.0
     ctx.latency.upstream_s = 0.25
     ctx.latency.first_byte = 100.1
@@ -60,6 +61,7 @@ def test_the_latency_split_is_the_calls_breakdown() -> None:
     assert event.ttft_ms == pytest.approx(100.0)
     assert (event.queue_wait_ms, event.prefill_ms, event.decode_ms) == pytest.approx((10.0, 40.0, 200.0))
     assert event.cost_usd == pytest.approx((10 * 1.0 + 5 * 2.0) / 1e6)
+    assert (event.upstream, event.region, event.retries) == ("eu-1", "eu-west", 1)
 
 
 def test_node_parts_are_unknown_when_no_upstream_reported_them() -> None:
@@ -82,6 +84,6 @@ def test_the_safety_flag_says_whether_a_check_redacted_or_blocked() -> None:
 def test_the_event_records_the_version_that_served() -> None:
     ctx = served_call()
     assert event_of(ctx).model_version == ""
-    assert ctx.target is not None
-    ctx.target = dataclasses.replace(ctx.target, version="v2")
+    assert ctx.served is not None
+    ctx.served = Served(dataclasses.replace(ctx.served.target, version="v2"), attempts=1)
     assert event_of(ctx).model_version == "v2"
