@@ -16,7 +16,13 @@ import math
 from litestar.exceptions import HTTPException, ValidationException
 
 from gateway.admission.errors import Overloaded
-from gateway.batches.errors import BatchInputError, BatchNotFound, BatchStoreUnavailable, FileTooLarge
+from gateway.batches.errors import (
+    BatchInputError,
+    BatchNotCancellable,
+    BatchNotFound,
+    BatchStoreUnavailable,
+    FileTooLarge,
+)
 from gateway.call.errors import NoRouteError
 from gateway.ledger.errors import BadUsageQuery, LedgerUnavailable
 from gateway.quota.errors import QuotaExceeded, QuotaUnavailable, RequestTooLarge
@@ -32,7 +38,13 @@ from protocol import (
     RateLimitError,
     ServiceUnavailableError,
 )
-from protocol.errors import ClientClosedRequestError, NotFoundError, PayloadTooLargeError, error_for_status
+from protocol.errors import (
+    ClientClosedRequestError,
+    ConflictError,
+    NotFoundError,
+    PayloadTooLargeError,
+    error_for_status,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +81,8 @@ def to_api_error(exc: BaseException, *, request_id: str = "-") -> APIError:
         return PayloadTooLargeError(exc.message, param=exc.param, code=exc.code)
     if isinstance(exc, BatchInputError):
         return InvalidRequestError(exc.message, param=exc.param, code=exc.code)
+    if isinstance(exc, BatchNotCancellable):
+        return ConflictError(exc.message, param="batch_id", code="batch_not_cancellable")
     if isinstance(exc, BatchNotFound):
         return NotFoundError(exc.message, param=exc.param, code="not_found")
     if isinstance(exc, BatchStoreUnavailable):

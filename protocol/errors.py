@@ -64,6 +64,14 @@ class NotFoundError(APIError):
     default_code = "model_not_found"
 
 
+class ConflictError(APIError):
+    """The object is not in a state that allows the request (cancelling what already ended): the
+    request itself is valid, so not a 400; a client re-reads the object rather than fix the call."""
+
+    status_code = 409
+    error_type = "invalid_request_error"
+
+
 class RequestTimeoutError(APIError):
     """The client did not send its request (headers or body) within the server's read timeout."""
 

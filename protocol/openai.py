@@ -7,6 +7,7 @@ marked; OpenAI's SDKs pass them through `extra_body`.
 
 from __future__ import annotations
 
+import functools
 import re
 from itertools import accumulate
 from typing import Any, Literal, TypeVar
@@ -275,11 +276,35 @@ def decode_json_object(body: bytes) -> dict[str, Any]:
     return raw
 
 
+@functools.cache
+def _integer_fields(request_type: type[msgspec.Struct]) -> tuple[str, ...]:
+    """The request's top-level fields typed as integers (never booleans), by their JSON names."""
+    names = []
+    for field in msgspec.inspect.type_info(request_type).fields:  # type: ignore[attr-defined]
+        kind = field.type
+        kinds = kind.types if isinstance(kind, msgspec.inspect.UnionType) else (kind,)
+        if any(isinstance(k, msgspec.inspect.IntType) for k in kinds):
+            names.append(field.encode_name)
+    return tuple(names)
+
+
+def whole_numbers_as_integers(raw: dict[str, Any], names: tuple[str, ...]) -> None:
+    """`max_tokens: 5.0` is the integer 5: JSON has one number type, JSON Schema (the OpenAPI
+    document's dialect) counts 5.0 as an integer, and vLLM's and LiteLLM's servers take it. The
+    fields `names` of `raw` are rewritten in place, so the body forwarded upstream says 5 too; a
+    fraction (5.5) is left for the struct to refuse."""
+    for name in names:
+        value = raw.get(name)
+        if type(value) is float and value.is_integer():
+            raw[name] = int(value)
+
+
 def decode_request_and_object(body: bytes, request_type: type[RequestT]) -> tuple[RequestT, dict[str, Any]]:
     """The request struct and the JSON object it was read from (for a proxy that forwards the
     client's fields as they came), decoded once; a 400 naming the field as `decode_request`, and
-    the 400s of `decode_json_object`."""
+    the 400s of `decode_json_object`. A whole number in an integer field is that integer."""
     raw = decode_json_object(body)
+    whole_numbers_as_integers(raw, _integer_fields(request_type))
     try:
         # OpenAI treats an explicit `null` as "not given"; many clients send them for defaults.
         return msgspec.convert({k: v for k, v in raw.items() if v is not None}, request_type), raw

@@ -110,7 +110,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         "deleteResponse", "Cancels and forgets a response.", ResponseDeleted, (401, 404)
     ),
     ("POST", "/v1/responses/{response_id}/cancel"): Operation(
-        "cancelResponse", "Cancels a running response.", ResponseObject, (400, 401, 404)
+        "cancelResponse", "Cancels a running response.", ResponseObject, (401, 404, 409)
     ),
     ("POST", "/v1/files"): Operation(
         "createFile",
@@ -141,7 +141,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         "retrieveBatch", "A batch of this key's tenant.", Batch, (401, 404)
     ),
     ("POST", "/v1/batches/{batch_id}/cancel"): Operation(
-        "cancelBatch", "Cancels a running batch.", Batch, (400, 401, 404)
+        "cancelBatch", "Cancels a running batch.", Batch, (401, 404, 409)
     ),
     ("GET", "/v1/models"): Operation("listModels", "The models this key may use.", ModelList, (401,)),
     ("GET", "/v1/quota"): Operation(
@@ -173,11 +173,12 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
 
 _STATUS_TEXT = {
     400: "The request is invalid: the body is not UTF-8 JSON, nests too deeply, a field or a query "
-    "parameter is wrong, or the object is not in a state that allows it (`param` names the field).",
+    "parameter is wrong (`param` names it).",
     401: "The API key is missing or unknown.",
     403: "The tenant's policy does not allow it (a model, or another tenant's usage).",
     404: "No such model or object for this key's tenant (another tenant's ids are not found either).",
     408: "The body did not arrive in time.",
+    409: "The object is not in a state that allows it: it already ended.",
     413: "The body is over the gateway's size limit.",
     429: "A quota is used up, or every target is at capacity; Retry-After says when to retry.",
     503: "No region may serve the request now, or a store is down; Retry-After says when to retry.",

@@ -27,7 +27,7 @@ from gateway.responses import Run, parse_request
 from gateway.responses.store import ResponseStore
 from gateway.runtime.tasks import run_shielded
 from protocol import InvalidRequestError
-from protocol.errors import NotFoundError
+from protocol.errors import ConflictError, NotFoundError
 from protocol.sse import encode_event
 
 
@@ -125,7 +125,7 @@ class ResponsesController(Controller):
     async def cancel(self, response_id: str, call: Call, tenant: Tenant, responses: ResponseStore) -> ASGIApp:
         run = _owned(responses, response_id, tenant.tenant_id)
         if run.finished and run.status != "cancelled":
-            raise InvalidRequestError(
+            raise ConflictError(
                 f"Response '{response_id}' is already {run.status}: only a running response can be cancelled.",
                 param="response_id",
                 code="response_not_cancellable",

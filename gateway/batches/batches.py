@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from gateway.batches.config import BatchesConfig
-from gateway.batches.errors import BatchInputError, BatchNotFound, FileTooLarge
+from gateway.batches.errors import BatchInputError, BatchNotCancellable, BatchNotFound, FileTooLarge
 from gateway.batches.input import ENDPOINTS, parse_input
 from gateway.batches.records import BatchRecord, FileRecord
 from gateway.batches.runner import BatchRunner
@@ -169,11 +169,7 @@ class Batches:
         batch = await self.batch(batch_id, tenant_id)
         if batch.status not in ("cancelling", "cancelled"):
             if not await self.store.cancel(batch_id, tenant_id, int(time.time())):
-                raise BatchInputError(
-                    f"Batch '{batch_id}' is {batch.status}: only a batch still running can be cancelled.",
-                    param="batch_id",
-                    code="batch_not_cancellable",
-                )
+                raise BatchNotCancellable(batch_id, batch.status)
             self.runner.wake()
         return await self.batch(batch_id, tenant_id)
 

@@ -13,6 +13,14 @@ class BatchInputError(Exception):
         self.code = code
 
 
+class BatchNotCancellable(Exception):
+    """The batch already ended: only a running one can be cancelled."""
+
+    def __init__(self, batch_id: str, status: str) -> None:
+        super().__init__(f"Batch '{batch_id}' is {status}: only a batch still running can be cancelled.")
+        self.message = str(self)
+
+
 class FileTooLarge(BatchInputError):
     def __init__(self, size: int, limit: int) -> None:
         super().__init__(

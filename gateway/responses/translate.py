@@ -15,7 +15,7 @@ import msgspec
 
 from protocol import ChatCompletionRequest, InvalidRequestError
 from protocol.objects import METADATA_KEYS
-from protocol.openai import decode_json_object
+from protocol.openai import decode_json_object, whole_numbers_as_integers
 
 # Fields that are accepted as given; all others are refused (the set the text subset serves).
 _SUPPORTED = frozenset(
@@ -176,6 +176,7 @@ def parse_request(raw: bytes) -> tuple[ResponsesRequest, dict[str, Any], ChatCom
         if not isinstance(instructions, str):
             raise InvalidRequestError("'instructions' must be a string.", param="instructions")
         messages.insert(0, {"role": "system", "content": instructions})
+    whole_numbers_as_integers(body, ("max_output_tokens",))
     max_output = body.get("max_output_tokens")
     if max_output is not None and (
         isinstance(max_output, bool) or not isinstance(max_output, int) or max_output < 1

@@ -297,8 +297,10 @@ def test_a_cancelled_batch_ends_cancelled_with_every_line_accounted_once(gw: Run
         line["custom_id"] for line in lines
     )
     assert any(line["error"] and line["error"]["code"] == "batch_cancelled" for line in errors)
-    with pytest.raises(openai.BadRequestError):
+    # A valid request the batch's state does not allow: a 409 (a 400 says the request is wrong).
+    with pytest.raises(openai.ConflictError) as ended_already:
         client.batches.cancel(_completed_batch(client))
+    assert ended_already.value.code == "batch_not_cancellable"
 
 
 def _completed_batch(client: openai.OpenAI) -> str:

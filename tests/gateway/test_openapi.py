@@ -344,6 +344,11 @@ def test_what_a_door_refuses_its_schema_refuses_too(
     ("path", "body", "status"),
     [
         ("/v1/messages", {**MINIMAL["/v1/messages"], "max_tokens": 1}, 200),
+        # A whole number is an integer to JSON Schema (schemathesis sends 2.0 for one).
+        ("/v1/messages", {**MINIMAL["/v1/messages"], "max_tokens": 2.0}, 200),
+        ("/v1/chat/completions", {**MINIMAL["/v1/chat/completions"], "max_tokens": 2.0, "n": 1.0}, 200),
+        ("/v1/completions", {**MINIMAL["/v1/completions"], "max_tokens": 2.0}, 200),
+        ("/v1/responses", {**_RESPONSE, "max_output_tokens": 4.0}, 200),
         ("/v1/responses", _RESPONSE, 200),
         ("/v1/responses", {**_RESPONSE, "input": [{"role": "developer", "content": "Be brief."}]}, 200),
         ("/v1/responses", {**_RESPONSE, "stream": False, "background": True, "store": True}, 200),

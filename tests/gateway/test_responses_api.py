@@ -176,6 +176,18 @@ def test_background_runs_detached_and_is_retrieved_when_done(gw: RunningGateway)
         client.responses.retrieve(started.id)
 
 
+def test_cancelling_a_response_that_already_ended_is_a_conflict(gw: RunningGateway) -> None:
+    """A valid request the response's state does not allow: a 409 naming why (not a 400, which
+    says the request is wrong); a response cancelled already answers as it is."""
+    client = sdk(gw)
+    ended = client.responses.create(model="meridian-small", input="Hi", max_output_tokens=2, temperature=0)
+    assert ended.status in ("completed", "incomplete")
+    with pytest.raises(openai.ConflictError) as refused:
+        client.responses.cancel(ended.id)
+    assert refused.value.code == "response_not_cancellable" and refused.value.param == "response_id"
+    assert client.responses.retrieve(ended.id).status == ended.status
+
+
 def test_cancel_a_background_run_aborts_the_node_request(gw: RunningGateway, node: NodeProcess) -> None:
     client = sdk(gw)
     started = client.responses.create(
