@@ -26,7 +26,7 @@ from gateway.config import GatewayConfig
 from gateway.discovery.build import build_region_directory
 from gateway.discovery.interface import RegionDirectory
 from gateway.health import BreakerBoard, build_board, ejection
-from gateway.health.probes import NodeProber, ProbeResult
+from gateway.health.probes import NodeProber
 from gateway.http import ConnectionPool
 from gateway.ledger.build import Ledger, build_ledger
 from gateway.ledger.outbox import LocalOutbox
@@ -42,7 +42,7 @@ from gateway.upstreams.failover import Forwarder
 from gateway.upstreams.fleet import Fleet, ProviderSet
 from gateway.upstreams.node import NodeUpstream
 from gateway.upstreams.providers import build_providers
-from router.types import NodeInfo, TenantPolicy
+from router.types import TenantPolicy
 from telemetry import Tracing, start_tracing
 
 logger = logging.getLogger(__name__)
@@ -155,11 +155,6 @@ def build_gateway(
     probe_client = ConnectionPool(connect_timeout_s=timeouts.probe_s, max_connections=8, max_idle=8)
     directory = directory or build_region_directory(config.directory, registry=metrics.registry)
 
-    def on_probe(node: NodeInfo, result: ProbeResult) -> None:
-        metrics.node_ready.labels(node.node_id, node.region).set(1.0 if result.ready else 0.0)
-        if result.load is not None:
-            metrics.observe_node_load(node.node_id, node.region, result.load)
-
     auth_headers = {"authorization": f"Bearer {node_token}"} if node_token else {}
     prober = NodeProber(
         directory,
@@ -167,7 +162,7 @@ def build_gateway(
         interval_s=timeouts.probe_interval_s,
         timeout_s=timeouts.probe_s,
         headers=auth_headers,
-        on_result=on_probe,
+        metrics=metrics,
     )
 
     def node_upstream(node_id: str, url: str) -> NodeUpstream:

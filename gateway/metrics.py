@@ -232,8 +232,12 @@ class GatewayMetrics:
             registry=r,
         )
 
-    def observe_node_load(self, node_id: str, region: str, load: NodeLoad) -> None:
-        """The queue age per tier and the probe state of each of a node's models, from its /load."""
+    def node_probed(self, node_id: str, region: str, *, ready: bool, load: NodeLoad | None) -> None:
+        """A node's probe (gateway/health/probes.py): whether it is ready, and what its /load said."""
+        self.node_ready.labels(node_id, region).set(1.0 if ready else 0.0)
+        if load is None:
+            return
+        # The queue age per tier and the probe state of each of the node's models.
         for model, queue in load.models.items():
             for tier in QUEUE_TIERS:
                 age = queue.queue_age_s_by_tier.get(tier, 0.0)

@@ -41,8 +41,8 @@ class Continue:
     max_tokens: int | None  # what is left of the request's budget
     carried: int  # generated tokens handed over (the client's usage counts them as completion)
 
-    def body(self, plan: RequestPlan, target: Target) -> dict[str, Any]:
-        body = plan.body_for(target, stream=True)
+    def body(self, plan: RequestPlan) -> dict[str, Any]:
+        body = plan.body(stream=True)
         body["continuation_token_ids"] = list(self.token_ids)
         if self.max_tokens is not None:
             body["max_tokens"] = self.max_tokens

@@ -57,7 +57,7 @@ from gateway.runtime.tasks import run_shielded
 from gateway.safety.guard import CallSafety, SafetyGuard
 from gateway.upstreams.base import Endpoint, UpstreamError
 from gateway.upstreams.errors import UpstreamRejected, UpstreamsExhausted
-from gateway.upstreams.failover import BodyFor, Forwarder, OpenedStream
+from gateway.upstreams.failover import Forwarder, OpenedStream
 from gateway.upstreams.fleet import Fleet
 from protocol import AuthenticationError, ChatCompletionRequest, CompletionRequest
 from protocol.chunk import Chunk, Completion, Streamed, StreamFailed, Usage, usage_of
@@ -391,11 +391,11 @@ class RequestPipeline:
         plan: RequestPlan,
         targets: Sequence[Target],
         scope: Stage,
-        body_for: BodyFor | None = None,
+        body: dict[str, Any] | None = None,
         *,
         routed: Target | None = None,
     ) -> OpenedStream:
-        """The stream of the first of `targets` to answer (`body_for`: the plan's stream body).
+        """The stream of the first of `targets` to answer (`body`: the plan's stream body).
         `routed`: the route's first target, where `targets` are a selection of the route's."""
         since = time.monotonic()
         served: Target | None = None
@@ -403,7 +403,7 @@ class RequestPipeline:
             opened = await self._failover.open_stream(
                 targets,
                 plan.endpoint,
-                body_for or (lambda t: plan.body_for(t, stream=True)),
+                body or plan.body(stream=True),
                 self._node_headers(ctx),
                 scope,
             )
@@ -431,7 +431,7 @@ class RequestPipeline:
             target, result, attempts = await self._failover.complete(
                 targets,
                 plan.endpoint,
-                lambda t: plan.body_for(t, stream=False),
+                plan.body(stream=False),
                 self._node_headers(ctx),
                 ctx.observed,
             )
@@ -600,7 +600,7 @@ class RequestPipeline:
                 raise NoRouteError(
                     model, f"the upstreams left for '{model}' cannot continue a stream token-exactly"
                 )
-            return await self._open(ctx, plan, targets, scope, lambda t: step.body(plan, t), routed=routed[0])
+            return await self._open(ctx, plan, targets, scope, step.body(plan), routed=routed[0])
 
     async def _settle(
         self, ctx: CallContext, admission: Admission, served_tokens: int, event: bytes | None

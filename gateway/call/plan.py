@@ -44,7 +44,7 @@ from router import (
     resolve_model,
 )
 from router.confidence import ConfidenceRule
-from router.types import CatalogModel, Target, TenantPolicy
+from router.types import CatalogModel, TenantPolicy
 
 # Fields the gateway sets itself on every forwarded body (per attempt, per target kind).
 _GATEWAY_FIELDS = ("model", "stream", "stream_options", "max_completion_tokens", "return_token_ids")
@@ -101,11 +101,12 @@ class RequestPlan:
         asked = self.base_body.get("logprobs")
         return asked is not None and asked is not False
 
-    def body_for(self, target: Target, *, stream: bool) -> dict[str, Any]:
-        """The body `target` gets. Streams always ask for usage and token ids: usage settles the
-        quota, token ids let a broken stream continue elsewhere (upstreams that cannot report
-        them drop the field, as commercial providers' adapters do)."""
-        body = {**self.base_body, "model": target.model}
+    def body(self, *, stream: bool) -> dict[str, Any]:
+        """The body every target gets; each is asked for the model it serves (the forwarder sets
+        `model`: a degraded target serves the small tier). Streams always ask for usage and token
+        ids: usage settles the quota, token ids let a broken stream continue elsewhere (upstreams
+        that cannot report them drop the field, as commercial providers' adapters do)."""
+        body = dict(self.base_body)
         if self.max_tokens is not None:
             body["max_tokens"] = self.max_tokens
         if stream:

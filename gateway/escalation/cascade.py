@@ -1,7 +1,7 @@
 """The confidence cascade's stream work: read the small model's first K tokens without sending
 them, and give them back if the small model keeps the request.
 
-The pipeline opens the small upstream's stream (it asks for logprobs: RequestPlan.body_for), then
+The pipeline opens the small upstream's stream (it asks for logprobs: RequestPlan.body), then
 `probe` reads chunks until K tokens have come, the answer finished, or the upstream broke. The
 chunks read are held, never sent. router.confidence.judge decides on their logprobs. If the small
 model keeps the request, `release` is the same upstream stream with the held chunks in front, and

@@ -33,13 +33,14 @@ import logging
 import math
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import msgspec
 
 from gateway.discovery.interface import RegionDirectory
 from gateway.http import ConnectionPool, TransportError
+from gateway.metrics import GatewayMetrics
 from gateway.runtime.tasks import cancel_and_wait
 from protocol.load import LoadReport
 from protocol.prefix_cache import PrefixMirror
@@ -267,14 +268,15 @@ class NodeProber:
         interval_s: float,
         timeout_s: float,
         headers: dict[str, str],
-        on_result: Callable[[NodeInfo, ProbeResult], None] | None = None,
+        metrics: GatewayMetrics | None = None,
     ) -> None:
+        """`metrics`: told each node's probe (readiness, queue ages); None counts nothing."""
         self._directory = directory
         self._pool = pool
         self._interval_s = interval_s
         self._timeout_s = timeout_s
         self._headers = dict(headers)
-        self._on_result = on_result
+        self._metrics = metrics
         self._results: dict[str, ProbeResult] = {}
         self._mirrors: dict[str, PrefixMirror] = {}
         self._overlay = Overlay(kept_s=max(_ROUTED_KEPT_ROUNDS * interval_s, _ROUTED_KEPT_MIN_S))
@@ -329,9 +331,9 @@ class NodeProber:
         self._mirrors = {n.node_id: m for n in nodes if (m := self._mirrors.get(n.node_id)) is not None}
         self._overlay.keep(n.node_id for n in nodes)
         self._overlaid = {n: o for n, o in self._overlaid.items() if n in self._results}
-        if self._on_result is not None:
+        if self._metrics is not None:
             for node, result in zip(nodes, results, strict=True):
-                self._on_result(node, result)
+                self._metrics.node_probed(node.node_id, node.region, ready=result.ready, load=result.load)
 
     async def _loop(self) -> None:
         while True:

@@ -34,7 +34,6 @@ from router import MAX_ATTEMPTS_BOUND, backoff_delays
 from router.types import Target
 
 T = TypeVar("T")
-BodyFor = Callable[[Target], dict[str, Any]]
 Attempt = Callable[[Target, dict[str, str]], Awaitable[T]]
 
 
@@ -103,13 +102,15 @@ class Forwarder:
         self,
         targets: Sequence[Target],
         endpoint: Endpoint,
-        body_for: BodyFor,
+        body: dict[str, Any],
         headers: dict[str, str],
         scope: Stage = QUIET,
     ) -> tuple[Target, Completion, int]:
+        """`body` goes to each target asking for the model that target serves."""
+
         async def attempt(target: Target, headers: dict[str, str]) -> Completion:
             upstream = self._fleet.upstream_for(target)
-            return await upstream.complete(endpoint, body_for(target), headers)
+            return await upstream.complete(endpoint, {**body, "model": target.model}, headers)
 
         model = targets[0].model if targets else ""
         return await self._first_success(targets, attempt, headers, scope, model=model)
@@ -118,17 +119,20 @@ class Forwarder:
         self,
         targets: Sequence[Target],
         endpoint: Endpoint,
-        body_for: BodyFor,
+        body: dict[str, Any],
         headers: dict[str, str],
         scope: Stage = QUIET,
     ) -> OpenedStream:
+        """`body` goes to each target asking for the model that target serves."""
+
         async def attempt(
             target: Target, headers: dict[str, str]
         ) -> tuple[AsyncIterator[Chunk], Chunk, AsyncExitStack]:
             stack = AsyncExitStack()
             try:
                 upstream = self._fleet.upstream_for(target)
-                chunks = await stack.enter_async_context(upstream.stream(endpoint, body_for(target), headers))
+                asked = {**body, "model": target.model}
+                chunks = await stack.enter_async_context(upstream.stream(endpoint, asked, headers))
                 first = await next_chunk(chunks, self._stream_idle_s)
                 if first is None:
                     raise UpstreamError(f"{target.target_id} sent an empty stream", status_code=502)

@@ -106,3 +106,29 @@ def _attributes_assigned(tree: ast.Module) -> list[tuple[str, str]]:
                 if isinstance(each, ast.Attribute):
                     found.append((ast.unparse(each.value), each.attr))
     return found
+
+
+def test_the_pipeline_hands_the_layers_below_it_values_not_functions_to_call_back() -> None:
+    """The forwarder gets the body as a value (each target is asked for its own model there),
+    not a `body_for(target)` function that calls back into the plan. The only functions the
+    pipeline makes are for `run_shielded`, which runs one at once, shielded from cancellation."""
+    tree = ast.parse((GATEWAY / "call" / "pipeline.py").read_text())
+    shielded = {
+        id(arg)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "run_shielded"
+        for arg in node.args
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Lambda):
+            assert id(node) in shielded, f"pipeline.py:{node.lineno}: `{ast.unparse(node)}` handed down"
+    methods = {id(item) for cls in tree.body if isinstance(cls, ast.ClassDef) for item in cls.body} | {
+        id(item) for item in tree.body
+    }
+    nested = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and id(node) not in methods
+    ]
+    # `_settle` names its shielded step; nothing else defines a function inside a method.
+    assert [n.name for n in nested] == ["settle"]

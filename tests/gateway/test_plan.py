@@ -61,7 +61,7 @@ def test_missing_max_tokens_is_bounded_by_the_tenant_caps() -> None:
 
 def test_streams_to_nodes_ask_for_usage_and_token_ids() -> None:
     plan = plan_request("chat", *chat(max_completion_tokens=9, stream=True), tenant(), CATALOG, ESTIMATE)
-    body = plan.body_for(NODE, stream=True)
+    body = plan.body(stream=True)
     assert body["stream_options"] == {"include_usage": True} and body["return_token_ids"] is True
     assert body["max_tokens"] == 9 and "max_completion_tokens" not in body
     assert not plan.include_usage and not plan.wants_token_ids

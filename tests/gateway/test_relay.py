@@ -21,7 +21,7 @@ from gateway.observe import Ended, QuietCall
 from gateway.policy import PolicyStore, key_digest
 from gateway.quota import QuotaConfig, build_quota_gate
 from gateway.upstreams.base import UpstreamError
-from gateway.upstreams.failover import BodyFor, OpenedStream
+from gateway.upstreams.failover import OpenedStream
 from protocol import ChatCompletionRequest
 from protocol.chunk import Chunk, chunk_from
 from router.types import CatalogModel, FleetSnapshot, NodeInfo, Prefill, Target, TenantPolicy
@@ -113,12 +113,14 @@ class ScriptedFailover:
         self,
         targets: Sequence[Target],
         endpoint: str,
-        body_for: BodyFor,
+        body: dict[str, Any],
         headers: dict[str, str],
         scope: Any = None,
     ) -> OpenedStream:
         if self.asked or self.broken:  # not the first open: a continuation
-            self.asked.append({"targets": [t.target_id for t in targets], "body": body_for(targets[0])})
+            # What the forwarder sends the first target: the body, asking for its model.
+            asked = {**body, "model": targets[0].model}
+            self.asked.append({"targets": [t.target_id for t in targets], "body": asked})
         item = self.streams.pop(0)
         if isinstance(item, Exception):
             raise item
@@ -329,14 +331,15 @@ def test_a_continuation_carries_the_clients_own_tokens_then_every_token_it_was_s
         _plan(base_body={"continuation_token_ids": [7]}), _break(), continuations=0, max_continuations=2
     )
     assert step == Continue(token_ids=(7, 1, 2, 3), max_tokens=7, carried=3)
-    body = step.body(_plan(), NODE_B)
-    assert body["continuation_token_ids"] == [7, 1, 2, 3] and body["max_tokens"] == 7 and body["model"] == "m"
+    body = step.body(_plan())
+    assert body["continuation_token_ids"] == [7, 1, 2, 3] and body["max_tokens"] == 7
+    assert "model" not in body  # the forwarder asks each target for the model it serves
 
 
 def test_a_stream_without_a_token_limit_is_continued_without_one() -> None:
     step = decide(_plan(max_tokens=None), _break(), continuations=0, max_continuations=2)
     assert step == Continue(token_ids=(1, 2, 3), max_tokens=None, carried=3)
-    assert "max_tokens" not in step.body(_plan(max_tokens=None), NODE_B)
+    assert "max_tokens" not in step.body(_plan(max_tokens=None))
 
 
 @pytest.mark.parametrize(

@@ -52,7 +52,7 @@ class Gateway:
     forwarder: Forwarder
 
     async def call(self) -> dict[str, Any]:
-        _, response, _ = await self.forwarder.complete([TARGET], "chat", lambda t: dict(CHAT), {})
+        _, response, _ = await self.forwarder.complete([TARGET], "chat", dict(CHAT), {})
         return to_builtins(response)
 
     def healthy(self) -> list[bool]:
@@ -177,7 +177,7 @@ async def test_only_one_probe_at_a_time_while_half_open(
 async def test_streams_count_too(gw: Gateway, fake_openai: FakeProvider) -> None:
     fake_openai.fail_next(Fault(cut_after=3), times=2)
     for _ in range(2):
-        opened = await gw.forwarder.open_stream([TARGET], "chat", lambda t: {**CHAT, "stream": True}, {})
+        opened = await gw.forwarder.open_stream([TARGET], "chat", {**CHAT, "stream": True}, {})
         with pytest.raises(UpstreamError) as info:
             while await next_chunk(opened.chunks, 5.0) is not None:
                 pass
