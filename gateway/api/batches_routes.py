@@ -6,13 +6,15 @@ caller's tenant's or a 404; errors are mapped once, in errors.py.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncGenerator
+from typing import Annotated, Any
 
 import msgspec
 from litestar import Controller, Request, delete, get, post
 from litestar._multipart import parse_multipart_form
 from litestar.datastructures import UploadFile
+from litestar.di import Provide
+from litestar.params import Dependency
 from litestar.types import ASGIApp
 
 from gateway.api.answer import Answer
@@ -21,11 +23,9 @@ from gateway.api.doors import DEPENDENCIES, Call, Tenant, every_method_in_allow,
 from gateway.batches import BatchInputError
 from gateway.batches.batches import Batches
 from gateway.batches.objects import batch_list, batch_object, file_object
-from gateway.call.context import CallContext
 from protocol.errors import NotFoundError
 from protocol.openai import decode_json_object
 from protocol.query import query_count
-from router.types import TenantPolicy
 
 
 class _CreateBatch(msgspec.Struct, forbid_unknown_fields=True):
@@ -36,26 +36,17 @@ class _CreateBatch(msgspec.Struct, forbid_unknown_fields=True):
     callback_url: str | None = None
 
 
-Work = Callable[[CallContext, TenantPolicy, Batches], Awaitable[Any]]
-
-
-async def _serve(
-    call: Call,
-    tenant: Tenant,
-    batches: Batches | None,
-    work: Work,
-    *,
-    media_type: str | None = None,
-) -> ASGIApp:
-    """Every route's frame: run `work` for the caller's tenant (the call and tenant are the
-    door's dependencies, its errors the door's handler's); the answer carries the call's headers."""
-    ctx = call
+async def _enabled(batches: Batches | None, tenant: Tenant) -> Batches:
+    """The doors' `service` dependency: the gateway's Files and Batches, or a 404 where they are
+    off. It names `tenant`, so a caller without a valid key gets its 401 first."""
     if batches is None:
         raise NotFoundError("The Files and Batches APIs are not enabled on this gateway.", code="not_enabled")
-    answer = await work(ctx, tenant, batches)
-    if media_type is not None:
-        return Answer(answer, ctx.headers, media_type=media_type)
-    return Answer.json(answer, ctx.headers)
+    return batches
+
+
+# Handlers name it with this type: the value is ours, so Litestar is told not to convert it.
+Service = Annotated[Batches, Dependency(skip_validation=True)]
+_DEPENDENCIES = {**DEPENDENCIES, "service": Provide(_enabled)}
 
 
 async def _one_chunk(data: bytes) -> AsyncGenerator[bytes, None]:
@@ -98,131 +89,74 @@ async def _upload_form(request: Request[Any, Any, Any]) -> tuple[str, str, bytes
 
 class FilesController(Controller):
     path = "/v1/files"
-    dependencies = DEPENDENCIES
+    dependencies = _DEPENDENCIES
     exception_handlers = {Exception: openai_errors}
     before_request = every_method_in_allow
 
     @post("/", status_code=200)
     async def upload(
-        self, request: Request[Any, Any, Any], call: Call, tenant: Tenant, batches: Batches | None
+        self, request: Request[Any, Any, Any], call: Call, tenant: Tenant, service: Service
     ) -> ASGIApp:
-        async def work(ctx: CallContext, tenant: TenantPolicy, found: Batches) -> Any:
-            filename, purpose, data = await _upload_form(request)
-            return file_object(await found.upload(tenant.tenant_id, filename, purpose, data))
-
-        return await _serve(call, tenant, batches, work)
+        filename, purpose, data = await _upload_form(request)
+        uploaded = await service.upload(tenant.tenant_id, filename, purpose, data)
+        return Answer.json(file_object(uploaded), call.headers)
 
     @get("/{file_id:str}")
-    async def retrieve(
-        self,
-        request: Request[Any, Any, Any],
-        file_id: str,
-        call: Call,
-        tenant: Tenant,
-        batches: Batches | None,
-    ) -> ASGIApp:
-        async def work(ctx: CallContext, tenant: TenantPolicy, found: Batches) -> Any:
-            return file_object(await found.file(file_id, tenant.tenant_id))
-
-        return await _serve(call, tenant, batches, work)
+    async def retrieve(self, file_id: str, call: Call, tenant: Tenant, service: Service) -> ASGIApp:
+        return Answer.json(file_object(await service.file(file_id, tenant.tenant_id)), call.headers)
 
     @get("/{file_id:str}/content")
-    async def content(
-        self,
-        request: Request[Any, Any, Any],
-        file_id: str,
-        call: Call,
-        tenant: Tenant,
-        batches: Batches | None,
-    ) -> ASGIApp:
-        async def work(ctx: CallContext, tenant: TenantPolicy, found: Batches) -> Any:
-            return await found.content(file_id, tenant.tenant_id)
-
-        return await _serve(call, tenant, batches, work, media_type="application/jsonl")
+    async def content(self, file_id: str, call: Call, tenant: Tenant, service: Service) -> ASGIApp:
+        data = await service.content(file_id, tenant.tenant_id)
+        return Answer(data, call.headers, media_type="application/jsonl")
 
     @delete("/{file_id:str}", status_code=200)
-    async def remove(
-        self,
-        request: Request[Any, Any, Any],
-        file_id: str,
-        call: Call,
-        tenant: Tenant,
-        batches: Batches | None,
-    ) -> ASGIApp:
-        async def work(ctx: CallContext, tenant: TenantPolicy, found: Batches) -> Any:
-            await found.delete_file(file_id, tenant.tenant_id)
-            return {"id": file_id, "object": "file", "deleted": True}
-
-        return await _serve(call, tenant, batches, work)
+    async def remove(self, file_id: str, call: Call, tenant: Tenant, service: Service) -> ASGIApp:
+        await service.delete_file(file_id, tenant.tenant_id)
+        return Answer.json({"id": file_id, "object": "file", "deleted": True}, call.headers)
 
 
 class BatchesController(Controller):
     path = "/v1/batches"
-    dependencies = DEPENDENCIES
+    dependencies = _DEPENDENCIES
     exception_handlers = {Exception: openai_errors}
     before_request = every_method_in_allow
 
     @post("/", status_code=200)
     async def create(
-        self, request: Request[Any, Any, Any], call: Call, tenant: Tenant, batches: Batches | None
+        self, request: Request[Any, Any, Any], call: Call, tenant: Tenant, service: Service
     ) -> ASGIApp:
-        async def work(ctx: CallContext, tenant: TenantPolicy, found: Batches) -> Any:
-            try:
-                wanted = msgspec.convert(decode_json_object(await request_body(request)), _CreateBatch)
-            except msgspec.ValidationError as exc:  # it names the field
-                raise BatchInputError(f"Invalid batch request: {exc}") from None
-            batch = await found.create(
-                tenant.tenant_id,
-                ctx.api_key_id,
-                input_file_id=wanted.input_file_id,
-                endpoint=wanted.endpoint,
-                completion_window=wanted.completion_window,
-                metadata=wanted.metadata,
-                callback_url=wanted.callback_url,
-            )
-            return batch_object(batch)
-
-        return await _serve(call, tenant, batches, work)
+        try:
+            wanted = msgspec.convert(decode_json_object(await request_body(request)), _CreateBatch)
+        except msgspec.ValidationError as exc:  # it names the field
+            raise BatchInputError(f"Invalid batch request: {exc}") from None
+        batch = await service.create(
+            tenant.tenant_id,
+            call.api_key_id,
+            input_file_id=wanted.input_file_id,
+            endpoint=wanted.endpoint,
+            completion_window=wanted.completion_window,
+            metadata=wanted.metadata,
+            callback_url=wanted.callback_url,
+        )
+        return Answer.json(batch_object(batch), call.headers)
 
     @get("/")
     async def page(
-        self, request: Request[Any, Any, Any], call: Call, tenant: Tenant, batches: Batches | None
+        self, request: Request[Any, Any, Any], call: Call, tenant: Tenant, service: Service
     ) -> ASGIApp:
-        async def work(ctx: CallContext, tenant: TenantPolicy, found: Batches) -> Any:
-            limit = query_count(request.query_params.get("limit", "20"))
-            if limit is None:
-                raise BatchInputError("limit must be a whole number from 1 to 100.", param="limit")
-            rows, more = await found.page(
-                tenant.tenant_id, limit=limit, after=request.query_params.get("after") or None
-            )
-            return batch_list(rows, has_more=more)
-
-        return await _serve(call, tenant, batches, work)
+        limit = query_count(request.query_params.get("limit", "20"))
+        if limit is None:
+            raise BatchInputError("limit must be a whole number from 1 to 100.", param="limit")
+        rows, more = await service.page(
+            tenant.tenant_id, limit=limit, after=request.query_params.get("after") or None
+        )
+        return Answer.json(batch_list(rows, has_more=more), call.headers)
 
     @get("/{batch_id:str}")
-    async def retrieve(
-        self,
-        request: Request[Any, Any, Any],
-        batch_id: str,
-        call: Call,
-        tenant: Tenant,
-        batches: Batches | None,
-    ) -> ASGIApp:
-        async def work(ctx: CallContext, tenant: TenantPolicy, found: Batches) -> Any:
-            return batch_object(await found.batch(batch_id, tenant.tenant_id))
-
-        return await _serve(call, tenant, batches, work)
+    async def retrieve(self, batch_id: str, call: Call, tenant: Tenant, service: Service) -> ASGIApp:
+        return Answer.json(batch_object(await service.batch(batch_id, tenant.tenant_id)), call.headers)
 
     @post("/{batch_id:str}/cancel", status_code=200)
-    async def cancel(
-        self,
-        request: Request[Any, Any, Any],
-        batch_id: str,
-        call: Call,
-        tenant: Tenant,
-        batches: Batches | None,
-    ) -> ASGIApp:
-        async def work(ctx: CallContext, tenant: TenantPolicy, found: Batches) -> Any:
-            return batch_object(await found.cancel(batch_id, tenant.tenant_id))
-
-        return await _serve(call, tenant, batches, work)
+    async def cancel(self, batch_id: str, call: Call, tenant: Tenant, service: Service) -> ASGIApp:
+        return Answer.json(batch_object(await service.cancel(batch_id, tenant.tenant_id)), call.headers)

@@ -132,3 +132,27 @@ def test_the_pipeline_hands_the_layers_below_it_values_not_functions_to_call_bac
     ]
     # `_settle` names its shielded step; nothing else defines a function inside a method.
     assert [n.name for n in nested] == ["settle"]
+
+
+@pytest.mark.parametrize("path", sorted((GATEWAY / "api").glob("*_routes.py")), ids=lambda p: p.name)
+def test_a_door_handler_is_parse_pipeline_encode_with_no_function_of_its_own(path: Path) -> None:
+    """Handlers call down (the pipeline, the batches service) and encode what comes back; none
+    wraps its work in a function for a shared frame to call (the Files and Batches doors did, until
+    their service became a dependency). A lambda may only be `run_shielded`'s, run at once."""
+    tree = ast.parse(path.read_text())
+    shielded = {
+        id(arg)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "run_shielded"
+        for arg in node.args
+    }
+    for cls in (node for node in tree.body if isinstance(node, ast.ClassDef)):
+        for handler in (m for m in cls.body if isinstance(m, ast.FunctionDef | ast.AsyncFunctionDef)):
+            for node in ast.walk(handler):
+                if node is handler:
+                    continue
+                assert not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef), (
+                    f"{path.name}:{node.lineno}: {cls.name}.{handler.name} defines {node.name}"
+                )
+                if isinstance(node, ast.Lambda):
+                    assert id(node) in shielded, f"{path.name}:{node.lineno}: a lambda handed down"

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.gateway.conftest import RunningGateway, gateway_config, run_gateway
+from tests.gateway.conftest import GLOBAL_KEY, RunningGateway, gateway_config, run_gateway
 
 BODY = b'{"model":"meridian-small","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}'
 
@@ -99,3 +99,19 @@ def test_options_lists_exactly_the_methods_each_documented_path_serves(gw: Runni
         assert response.status_code == 204, (path, response.text)
         allowed = {m.strip() for m in response.headers["allow"].split(",")}
         assert allowed == {m.upper() for m in operations} | {"OPTIONS"}, path
+
+
+def test_files_and_batches_switched_off_are_a_404_after_the_key_is_checked(tmp_path: Path) -> None:
+    (tmp_path / "regions.yaml").write_text("nodes: []\n")
+    config = gateway_config(tmp_path / "regions.yaml", batches={"enabled": False})
+    with run_gateway(config) as off:
+        for method, path in [
+            ("GET", "/v1/batches"),
+            ("POST", "/v1/files"),
+            ("GET", "/v1/files/file-x/content"),
+        ]:
+            keyed = httpx.request(method, off.url + path, headers={"authorization": f"Bearer {GLOBAL_KEY}"})
+            assert keyed.status_code == 404, keyed.text
+            assert keyed.json()["error"]["code"] == "not_enabled"
+            unkeyed = httpx.request(method, off.url + path)
+            assert unkeyed.status_code == 401, unkeyed.text
