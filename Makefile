@@ -5,15 +5,19 @@
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
-VLLM_STAMP := $(VENV)/.vllm-installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+# constraints.txt pins every version the suite last passed with (its header says why and how to
+# move forward); a change to it or to pyproject.toml reinstalls.
+PINS := -c constraints.txt
+DEPS_SUM := $(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
+STAMP := $(VENV)/.installed-$(DEPS_SUM)
+VLLM_STAMP := $(VENV)/.vllm-installed-$(DEPS_SUM)
 
 .PHONY: up test lint bench loadtest drill venv clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[node,test]'
+	$(PY) -m pip install --quiet $(PINS) -e '.[node,test]'
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
@@ -25,7 +29,7 @@ venv: $(STAMP)
 # mismatched torchvision breaks `import transformers`. vLLM's text-only models use none of the
 # three, so they are removed; the last line checks that torch, transformers and vLLM's kernels load.
 $(VLLM_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet -e '.[node,test,vllm]'
+	$(PY) -m pip install --quiet $(PINS) -e '.[node,test,vllm]'
 	$(PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	$(PY) -c "import torch, transformers.models.llama.modeling_llama, vllm._custom_ops; assert torch.__version__ == '2.13.0+cpu', torch.__version__"
 	rm -f $(VENV)/.vllm-installed-*

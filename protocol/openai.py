@@ -264,16 +264,21 @@ def decode_json_object(body: bytes) -> dict[str, Any]:
         )
     try:
         raw = msgspec.json.decode(body)
-    except msgspec.DecodeError as exc:
-        raise InvalidRequestError(f"The request body is not valid JSON: {exc}") from None
-    except UnicodeDecodeError as exc:
-        # msgspec validates UTF-8 as it reads strings, and raises this rather than a DecodeError.
-        raise InvalidRequestError(
-            f"The request body is not valid UTF-8 (byte {exc.start}: {exc.reason})."
-        ) from None
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        # msgspec checks UTF-8 as it reads strings; before 0.23 it raised UnicodeDecodeError, since
+        # then a DecodeError without the byte. The message names the byte either way.
+        raise InvalidRequestError(_why_not_json(body, exc)) from None
     if not isinstance(raw, dict):
         raise InvalidRequestError(f"The request body must be a JSON object, not {type(raw).__name__}.")
     return raw
+
+
+def _why_not_json(body: bytes, exc: Exception) -> str:
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as bad:
+        return f"The request body is not valid UTF-8 (byte {bad.start}: {bad.reason})."
+    return f"The request body is not valid JSON: {exc}"
 
 
 @functools.cache

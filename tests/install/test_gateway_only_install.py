@@ -3,7 +3,9 @@ tokenizers that serves a request: a chat completion through it to a real node (t
 the test run's own environment, which has the `node` extra).
 
 pip resolves the gateway's dependencies from its configured indexes and wheel folders (this
-machine's pip.conf names local ones; elsewhere PyPI) and its own cache, so a second run is quick.
+machine's pip.conf names local ones; elsewhere PyPI) and its own cache, so a second run is quick,
+within the versions `make test` installs (constraints.txt), so that a new release elsewhere
+cannot fail this test alone.
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ def _install_gateway(venv: Path, work: Path) -> None:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(REPO_ROOT / name, source / name)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    pins = REPO_ROOT / "constraints.txt"
     subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", str(source)],
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", str(source), "-c", str(pins)],
         check=True,
         timeout=900,
         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
