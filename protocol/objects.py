@@ -122,7 +122,12 @@ class ResponseDeleted(msgspec.Struct, kw_only=True):
 class FileUpload(msgspec.Struct, kw_only=True):
     """The multipart form of an upload: the JSONL file and `purpose: batch`."""
 
-    file: Annotated[str, msgspec.Meta(extra_json_schema={"contentMediaType": "application/octet-stream"})]
+    # `format: binary`, as OpenAI's own document has it: generators (schemathesis) then send a
+    # file's bytes, never a JSON value they think breaks the type (a part's bytes cannot).
+    file: Annotated[
+        str,
+        msgspec.Meta(extra_json_schema={"format": "binary", "contentMediaType": "application/octet-stream"}),
+    ]
     purpose: Literal["batch"]
 
 

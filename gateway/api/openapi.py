@@ -114,8 +114,8 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ),
     ("POST", "/v1/files"): Operation(
         "createFile",
-        "Uploads a batch input file; JSONL lines are checked (a bad line, unknown url or duplicate "
-        "custom_id is a 400 naming the line).",
+        "Uploads a batch input file (purpose `batch`), whatever it holds; its JSONL lines are read "
+        "when a batch is created from it (a fault fails that batch, its `errors` naming the line).",
         FileObject,
         (400, 401, 413),
         form=FileUpload,
@@ -129,7 +129,8 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ),
     ("POST", "/v1/batches"): Operation(
         "createBatch",
-        "Runs a file's requests at batch priority through the gateway (24h window).",
+        "Runs a file's requests at batch priority through the gateway (24h window). A file that is "
+        "not a batch input file makes the batch `failed` at once, its `errors` naming the line.",
         Batch,
         (400, 401, 404),
         body=CreateBatch,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from gateway.batches.config import BatchesConfig
 from gateway.batches.errors import BatchInputError, BatchNotCancellable, BatchNotFound, FileTooLarge
-from gateway.batches.input import ENDPOINTS, parse_input
+from gateway.batches.input import ENDPOINTS, InputLine, parse_input
 from gateway.batches.records import BatchRecord, FileRecord
 from gateway.batches.runner import BatchRunner
 from gateway.batches.storage import FileStorage, LocalFileStorage
@@ -64,7 +64,8 @@ class Batches:
             )
         if len(data) > self.config.max_file_bytes:
             raise FileTooLarge(len(data), self.config.max_file_bytes)
-        parse_input(data, max_lines=self.config.max_lines)
+        # Any content is taken, as OpenAI's Files API does: a batch created from the file reads it,
+        # and a fault in it fails that batch with the line named in the batch's `errors`.
         record = FileRecord(
             "file-" + os.urandom(12).hex(), tenant_id, filename, purpose, len(data), int(time.time())
         )
@@ -118,14 +119,7 @@ class Batches:
         record = await self.file(input_file_id, tenant_id)
         if record.purpose != "batch":
             raise BatchInputError(f"File '{input_file_id}' is not a batch input file.", param="input_file_id")
-        lines = parse_input(await self.content(input_file_id, tenant_id), max_lines=self.config.max_lines)
-        for line in lines:
-            if line.url != endpoint:
-                raise BatchInputError(
-                    f"Line {line.line_no}: url {line.url!r} does not match the batch's endpoint {endpoint!r}.",
-                    param="endpoint",
-                    code="mismatched_endpoint",
-                )
+        data = await self.content(input_file_id, tenant_id)
         now = int(time.time())
         batch = BatchRecord(
             id="batch_" + os.urandom(12).hex(),
@@ -139,8 +133,17 @@ class Batches:
             status="validating",
             created_at=now,
             expires_at=now + COMPLETION_WINDOWS[completion_window],
-            total=len(lines),
         )
+        try:
+            lines = self._read_input(data, endpoint)
+        except BatchInputError as exc:
+            # The batch is created and has failed in validation, as OpenAI's does: the caller's
+            # request was valid, the file it names is not (stored ended, with no lines).
+            batch.status, batch.times["failed_at"], batch.errors = "failed", now, [exc.batch_error()]
+            await self.store.add_batch(batch, (), enqueued_limit=self.config.max_enqueued_lines)
+            self.runner.wake()  # an ended batch's callback is due
+            return batch
+        batch.total = len(lines)
         limit = self.config.max_enqueued_lines
         batch.errors = [
             {
@@ -154,10 +157,23 @@ class Batches:
         ]
         if await self.store.add_batch(batch, lines, enqueued_limit=limit):
             batch.errors = None
-            self.runner.wake()
         else:
             batch.status, batch.times["failed_at"] = "failed", now
+        self.runner.wake()  # lines to run, or an ended batch's callback due
         return batch
+
+    def _read_input(self, data: bytes, endpoint: str) -> list[InputLine]:
+        """The file's lines, each for the batch's `endpoint` (BatchInputError names a fault)."""
+        lines = parse_input(data, max_lines=self.config.max_lines)
+        for line in lines:
+            if line.url != endpoint:
+                raise BatchInputError(
+                    f"Line {line.line_no}: url {line.url!r} does not match the batch's endpoint {endpoint!r}.",
+                    param="endpoint",
+                    code="mismatched_endpoint",
+                    line=line.line_no,
+                )
+        return lines
 
     async def batch(self, batch_id: str, tenant_id: str) -> BatchRecord:
         record = await self.store.get_batch(batch_id, tenant_id)

@@ -2,15 +2,30 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class BatchInputError(Exception):
-    """An upload or a batch request the API refuses: what is wrong, and where (param, line)."""
+    """A request the Files or Batches API refuses (a 400), or a batch input file's fault (the
+    batch's `errors`): what is wrong, and where (param, and the file's line where there is one)."""
 
-    def __init__(self, message: str, *, param: str | None = None, code: str = "invalid_request") -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str = "invalid_request",
+        line: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.code = code
+        self.line = line
+
+    def batch_error(self) -> dict[str, Any]:
+        """As an item of a failed batch's `errors.data` (OpenAI's BatchError)."""
+        return {"code": self.code, "message": self.message, "param": self.param, "line": self.line}
 
 
 class BatchNotCancellable(Exception):

@@ -153,21 +153,68 @@ def test_a_file_is_uploaded_retrieved_read_and_deleted(gw: RunningGateway) -> No
 
 
 @pytest.mark.parametrize(
-    ("data", "code"),
+    ("data", "code", "line"),
     [
         (
             b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {}}\n{oops\n',
             "invalid_json_line",
+            2,
         ),
-        (jsonl([{**chat_line("a", "x"), "url": "/v1/embeddings"}]), "invalid_url"),
-        (jsonl([chat_line("same", "x"), chat_line("same", "y")]), "duplicate_custom_id"),
+        (jsonl([{**chat_line("a", "x"), "url": "/v1/embeddings"}]), "invalid_url", 1),
+        (
+            jsonl([chat_line("same", "x"), chat_line("other", "y"), chat_line("same", "z")]),
+            "duplicate_custom_id",
+            3,
+        ),
+        (
+            jsonl([chat_line("a", "x"), {**chat_line("b", "y"), "url": "/v1/completions"}]),
+            "mismatched_endpoint",
+            2,
+        ),
+        (b"", "empty_file", None),
+        (b"\x89PNG\r\n\x1a\n\x00\x00", "invalid_request", None),  # not UTF-8
     ],
 )
-def test_a_bad_input_file_is_refused_with_its_error(gw: RunningGateway, data: bytes, code: str) -> None:
-    with pytest.raises(openai.BadRequestError) as refused:
-        sdk(gw).files.create(file=("bad.jsonl", data), purpose="batch")
-    assert refused.value.code == code
-    assert refused.value.body["message"]  # type: ignore[index]
+def test_any_file_is_taken_and_a_batch_from_a_bad_one_has_failed_naming_the_line(
+    gw: RunningGateway, data: bytes, code: str, line: int | None
+) -> None:
+    """OpenAI's way: the upload takes the file; the batch created from it has failed in
+    validation, no line run, its `errors` naming the fault and the line, and reads so later."""
+    client = sdk(gw)
+    file_id = client.files.create(file=("input.jsonl", data), purpose="batch").id
+    assert client.files.content(file_id).content == data
+    batch = client.batches.create(
+        input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    for seen in (batch, client.batches.retrieve(batch.id)):
+        assert seen.status == "failed" and seen.failed_at is not None
+        assert seen.errors is not None and seen.errors.data is not None
+        [error] = seen.errors.data
+        assert (error.code, error.line) == (code, line)
+        assert error.message
+        assert seen.request_counts is not None and seen.request_counts.total == 0
+        assert seen.output_file_id is None and seen.error_file_id is None
+
+
+def test_a_batch_failed_for_its_file_calls_back_like_any_ended_batch(gw: RunningGateway) -> None:
+    client = sdk(gw)
+    callbacks = Callbacks()
+    try:
+        file_id = client.files.create(file=("input.jsonl", b"not jsonl"), purpose="batch").id
+        batch = client.batches.create(
+            input_file_id=file_id,
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+            extra_body={"callback_url": callbacks.url},
+        )
+        assert batch.status == "failed"
+        deadline = time.monotonic() + 30
+        while not callbacks.received and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [(c["id"], c["status"]) for c in callbacks.received] == [(batch.id, "failed")]
+        assert callbacks.received[0]["errors"]["data"][0]["code"] == "invalid_json_line"
+    finally:
+        callbacks.close()
 
 
 def test_a_file_over_the_size_limit_is_refused(gw: RunningGateway) -> None:
@@ -183,9 +230,6 @@ def test_a_batch_with_an_unknown_endpoint_or_window_is_refused(gw: RunningGatewa
     file_id = upload(client, [chat_line("a", "x")])
     with pytest.raises(openai.BadRequestError):
         client.batches.create(input_file_id=file_id, endpoint="/v1/embeddings", completion_window="24h")  # type: ignore[arg-type]
-    with pytest.raises(openai.BadRequestError) as refused:
-        client.batches.create(input_file_id=file_id, endpoint="/v1/completions", completion_window="24h")
-    assert refused.value.code == "mismatched_endpoint"
     with pytest.raises(openai.BadRequestError):
         client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="1h")  # type: ignore[arg-type]
 

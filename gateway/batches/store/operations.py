@@ -86,16 +86,20 @@ class BatchStore(ABC):
         (pending lines of its runnable batches) plus these would pass `enqueued_limit`, the batch
         is stored `failed` instead (failed_at = created_at, `batch.errors` kept, no lines) and
         False is returned. The count and the insert are atomic: two concurrent creates never
-        both pass the limit."""
-        if self.dialect.tenant_lock is not None:
-            yield Statement(self.dialect.tenant_lock, (batch.tenant_id,), fetch=True)
-        enqueued = (yield Statement(sql.ENQUEUED, (batch.tenant_id,), fetch=True)).rows[0][0]
-        accepted = enqueued + len(lines) <= enqueued_limit
-        if accepted:
-            row = sql.batch_row(batch, total=len(lines))
+        both pass the limit. A batch that comes `failed` (its input file's fault) is stored as
+        it is, with no lines, and False is returned."""
+        if batch.status == "failed":  # refused before it was stored: ended, with no lines to count
+            accepted, row = False, sql.batch_row(batch, total=0)
         else:
-            failed = {**batch.times, "failed_at": batch.created_at}
-            row = sql.batch_row(replace(batch, status="failed", times=failed), total=len(lines))
+            if self.dialect.tenant_lock is not None:
+                yield Statement(self.dialect.tenant_lock, (batch.tenant_id,), fetch=True)
+            enqueued = (yield Statement(sql.ENQUEUED, (batch.tenant_id,), fetch=True)).rows[0][0]
+            accepted = enqueued + len(lines) <= enqueued_limit
+            if accepted:
+                row = sql.batch_row(batch, total=len(lines))
+            else:
+                failed = {**batch.times, "failed_at": batch.created_at}
+                row = sql.batch_row(replace(batch, status="failed", times=failed), total=len(lines))
         yield Statement(
             f"INSERT INTO batches ({', '.join(sql.BATCH_FIELDS)}, seq, callback_pending) "
             f"VALUES ({', '.join(['%s'] * len(row))}, {self.dialect.next_seq}, %s)",
