@@ -1,7 +1,7 @@
 """Batch input files (gateway/batches/input.py): what a batch's file is refused for, naming the
 line; and that whatever a file holds, it is read or refused with a BatchInputError (a failed
-batch naming the fault), never another exception (a 500: schemathesis-style bodies found a `url` that was a JSON array, and a
-line nesting deeper than json's parser can recurse)."""
+batch naming the fault), never another exception (a 500: schemathesis-style bodies found a `url`
+that was a JSON array, and a line nesting deeper than json's parser can recurse)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 (openapi-spec-validator), self-contained (every $ref resolves), covering every public route and
 nothing operator-only, and true to the live gateway: bodies its schemas accept are served, bodies
 they reject are 400s, and schemathesis's generated requests get no server error, no answer
-outside the document, and no refusal of a request the document allows (its positive-data check)."""
+outside the document, no refusal of a request the document allows (its positive-data check) and
+no acceptance of a body it forbids (its negative-data check)."""
 
 from __future__ import annotations
 
