@@ -11,7 +11,13 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from gateway.batches.config import BatchesConfig
-from gateway.batches.errors import BatchInputError, BatchNotCancellable, BatchNotFound, FileTooLarge
+from gateway.batches.errors import (
+    BatchInputError,
+    BatchNotCancellable,
+    BatchNotFound,
+    FileTooLarge,
+    batch_error,
+)
 from gateway.batches.input import ENDPOINTS, InputLine, parse_input
 from gateway.batches.records import BatchRecord, FileRecord
 from gateway.batches.runner import BatchRunner
@@ -146,14 +152,12 @@ class Batches:
         batch.total = len(lines)
         limit = self.config.max_enqueued_lines
         batch.errors = [
-            {
-                "code": "enqueued_limit_exceeded",
-                "message": f"This batch's {len(lines)} requests, with those already waiting in your running "
+            batch_error(
+                "enqueued_limit_exceeded",
+                f"This batch's {len(lines)} requests, with those already waiting in your running "
                 f"batches, pass the limit of {limit} enqueued requests. Wait for running batches to finish, "
                 "or split the file.",
-                "param": None,
-                "line": None,
-            }
+            )
         ]
         if await self.store.add_batch(batch, lines, enqueued_limit=limit):
             batch.errors = None

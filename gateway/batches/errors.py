@@ -24,8 +24,15 @@ class BatchInputError(Exception):
         self.line = line
 
     def batch_error(self) -> dict[str, Any]:
-        """As an item of a failed batch's `errors.data` (OpenAI's BatchError)."""
-        return {"code": self.code, "message": self.message, "param": self.param, "line": self.line}
+        """As an item of a failed batch's `errors.data`."""
+        return batch_error(self.code, self.message, param=self.param, line=self.line)
+
+
+def batch_error(
+    code: str, message: str, *, param: str | None = None, line: int | None = None
+) -> dict[str, Any]:
+    """An item of a failed batch's `errors.data` (OpenAI's BatchError)."""
+    return {"code": code, "message": message, "param": param, "line": line}
 
 
 class BatchNotCancellable(Exception):
