@@ -6,6 +6,7 @@ Fleets are module-scoped: starting a node costs seconds, so each test module sha
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -196,6 +197,63 @@ class RunningGateway:
     def metric(self, name: str, **labels: str) -> float:
         value = self.gateway.metrics.registry.get_sample_value(name, labels)
         return value or 0.0
+
+    def wait_healthy(self, nodes: Sequence[NodeProcess], timeout: float = 20.0) -> None:
+        """Start any of `nodes` that is down, then wait until this gateway has seen all healthy."""
+        start_nodes(nodes)
+        deadline = time.monotonic() + timeout
+        while httpx.get(self.url + "/health").json()["healthy_nodes"] < len(nodes):
+            assert time.monotonic() < deadline, "the gateway did not see every node healthy"
+            time.sleep(0.1)
+
+
+@dataclass
+class BrokenStream:
+    """A stream whose serving node was frozen, then killed, while it was still answering."""
+
+    serving: NodeProcess
+    headers: httpx.Headers
+    lines: list[str]  # every line the client read, to the stream's end
+
+
+def _carries_output(line: str) -> bool:
+    if not line.startswith("data: {"):
+        return False
+    choices = json.loads(line[6:]).get("choices") or []
+    return any(c.get("token_ids") or c.get("text") or (c.get("delta") or {}).get("content") for c in choices)
+
+
+def break_stream_midway(
+    gw: RunningGateway, nodes: Sequence[NodeProcess], body: dict[str, Any], *, after: int = 20, tries: int = 5
+) -> BrokenStream:
+    """Stream `body` as GLOBAL_KEY; once `after` chunks carrying output have arrived, freeze the node
+    serving it (so it cannot finish the answer before it dies) and kill it; read on to the end.
+
+    A toy node makes a token in well under a millisecond, so a client held back for a moment (a busy
+    2-core machine) can find its node has already sent the whole answer, and the kill breaks
+    nothing. The gateway counts every stream that broke on a target (`upstream_attempts_total`,
+    outcome="broken"); where this try added none, the nodes are brought back and it is tried again.
+    """
+    headers = {"authorization": f"Bearer {GLOBAL_KEY}"}
+    for _ in range(tries):
+        gw.wait_healthy(nodes)
+        with httpx.stream(
+            "POST", gw.url + "/v1/chat/completions", json=body, headers=headers, timeout=60.0
+        ) as response:
+            assert response.status_code == 200, response.read()
+            serving = next(n for n in nodes if n.node_id == response.headers["x-meridian-node"])
+            labels = {"target": serving.node_id, "region": serving.region, "outcome": "broken"}
+            broken_before = gw.metric("meridian_gateway_upstream_attempts_total", **labels)
+            lines, seen = [], 0
+            for line in response.iter_lines():
+                lines.append(line)
+                seen += _carries_output(line)
+                if serving.alive() and seen >= after:
+                    serving.freeze()
+                    serving.kill()
+        if gw.metric("meridian_gateway_upstream_attempts_total", **labels) > broken_before:
+            return BrokenStream(serving, response.headers, lines)
+    raise AssertionError(f"in {tries} tries, the node always finished its answer before it was killed")
 
 
 @contextmanager

@@ -25,9 +25,9 @@ from tests.gateway.conftest import (
     GLOBAL_KEY,
     NodeProcess,
     RunningGateway,
+    break_stream_midway,
     gateway_over,
     running_fleet,
-    start_nodes,
 )
 
 REQUEST_TIMEOUT_S = 45.0
@@ -56,11 +56,7 @@ def gw(nodes: list[NodeProcess], tmp_path_factory: pytest.TempPathFactory) -> It
 @pytest.fixture
 def fleet(nodes: list[NodeProcess], gw: RunningGateway) -> list[NodeProcess]:
     """Every node alive and seen healthy by the gateway (restarting those a test killed)."""
-    start_nodes(nodes)
-    deadline = time.monotonic() + 20
-    while httpx.get(gw.url + "/health").json()["healthy_nodes"] < len(nodes):
-        assert time.monotonic() < deadline, "the gateway did not readmit the restarted nodes"
-        time.sleep(0.1)
+    gw.wait_healthy(nodes)
     return nodes
 
 
@@ -234,18 +230,9 @@ def test_stream_broken_midway_continues_token_exact_on_another_node(
         "stream": True,
     }
     body |= {"temperature": 0, "max_tokens": 400, "ignore_eos": True, "return_token_ids": True}
-    headers = {"authorization": f"Bearer {GLOBAL_KEY}"}
     broken = Outcome(200, None, True)
-    with httpx.stream(
-        "POST", gw.url + "/v1/chat/completions", json=body, headers=headers, timeout=REQUEST_TIMEOUT_S
-    ) as response:
-        serving = next(n for n in fleet if n.node_id == response.headers["x-meridian-node"])
-        for line in response.iter_lines():
-            read_sse_line(broken, line)
-            if serving.alive() and len(broken.token_ids) >= 20:
-                # Freeze first so the node cannot finish the answer before it dies.
-                serving.freeze()
-                serving.kill()
+    for line in break_stream_midway(gw, fleet, body).lines:
+        read_sse_line(broken, line)
     assert broken.error_event is None, broken.error_event
     assert gw.metric("meridian_gateway_failovers_total", kind="continuation") == continuations + 1
     assert broken.token_ids == reference.token_ids

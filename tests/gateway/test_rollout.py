@@ -25,6 +25,7 @@ from tests.gateway.conftest import (
     GLOBAL_KEY,
     NodeProcess,
     RunningGateway,
+    break_stream_midway,
     gateway_config,
     run_gateway,
     start_nodes,
@@ -177,24 +178,11 @@ def test_a_broken_stream_is_never_continued_on_another_version(
         _wait_versions_known(gw, len(nodes))
         body = {"model": MODEL, "messages": [{"role": "user", "content": "Go on"}], "stream": True}
         body |= {"temperature": 0, "max_tokens": 400, "ignore_eos": True}
-        fingerprints, errors = set(), []
-        with httpx.stream(
-            "POST", gw.url + "/v1/chat/completions", json=body, headers=HEADERS, timeout=TIMEOUT_S
-        ) as response:
-            serving = next(n for n in nodes if n.node_id == response.headers["x-meridian-node"])
-            seen = 0
-            for line in response.iter_lines():
-                if not line.startswith("data: {"):
-                    continue
-                event = json.loads(line[6:])
-                if "error" in event:
-                    errors.append(event["error"]["message"])
-                    continue
-                fingerprints.add(event.get("system_fingerprint"))
-                seen += 1
-                if serving.alive() and seen >= 20:
-                    serving.freeze()  # so it cannot finish the answer before it dies
-                    serving.kill()
+        broken = break_stream_midway(gw, nodes, body)
+    events = [json.loads(line[6:]) for line in broken.lines if line.startswith("data: {")]
+    fingerprints = {e.get("system_fingerprint") for e in events if "error" not in e}
+    errors = [e["error"]["message"] for e in events if "error" in e]
+    serving = broken.serving
     version = "v1" if serving.node_id == "old-1" else "v2"
     assert fingerprints == {version}
     assert len(errors) == 1 and f"version '{version}'" in errors[0], errors

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,10 +22,10 @@ from tests.gateway.conftest import (
     TEST_TENANTS,
     NodeProcess,
     RunningGateway,
+    break_stream_midway,
     gateway_config,
     run_gateway,
     running_fleet,
-    start_nodes,
     write_regions,
 )
 from tests.safety.conftest import write_policies
@@ -77,11 +76,7 @@ def gw(
 @pytest.fixture
 def fleet(nodes: list[NodeProcess], gw: RunningGateway) -> list[NodeProcess]:
     """Every node alive and seen healthy by the gateway (restarting one a test killed)."""
-    start_nodes(nodes)
-    deadline = time.monotonic() + 20
-    while httpx.get(gw.url + "/health").json()["healthy_nodes"] < len(nodes):
-        assert time.monotonic() < deadline, "the gateway did not readmit the restarted nodes"
-        time.sleep(0.1)
+    gw.wait_healthy(nodes)
     return nodes
 
 
@@ -299,10 +294,7 @@ def test_a_call_the_sampler_leaves_out_is_served_and_left_out_on_the_node_too(
 ) -> None:
     env = tracing_env(receiver, "meridian-gateway-unsampled", OTEL_TRACES_SAMPLER="always_off")
     with run_gateway(gateway_config(write_regions(tmp_path / "regions.yaml", nodes)), env=env) as unsampled:
-        deadline = time.monotonic() + 20
-        while httpx.get(unsampled.url + "/health").json()["healthy_nodes"] < len(nodes):
-            assert time.monotonic() < deadline, "the second gateway never saw the nodes healthy"
-            time.sleep(0.1)
+        unsampled.wait_healthy(nodes)
         answered = post(unsampled, body("Nobody traces me"))
         headers = {"authorization": f"Bearer {GLOBAL_KEY}"}
         with httpx.stream(
@@ -338,21 +330,15 @@ def test_a_stream_continued_after_its_node_is_killed_shows_both_attempts_and_the
     gw: RunningGateway, fleet: list[NodeProcess], receiver: OTLPReceiver
 ) -> None:
     payload = body("Continue this story", stream=True, max_tokens=400, return_token_ids=True)
-    headers = {"authorization": f"Bearer {GLOBAL_KEY}"}
-    token_ids: list[int] = []
-    with httpx.stream(
-        "POST", gw.url + "/v1/chat/completions", json=payload, headers=headers, timeout=REQUEST_TIMEOUT_S
-    ) as response:
-        request_id = response.headers["x-request-id"]
-        serving = next(n for n in fleet if n.node_id == response.headers["x-meridian-node"])
-        for line in response.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            for choice in json.loads(line[6:]).get("choices", []):
-                token_ids += choice.get("token_ids") or []
-            if serving.alive() and len(token_ids) >= 20:
-                serving.freeze()  # so it cannot finish the answer before it dies
-                serving.kill()
+    broken = break_stream_midway(gw, fleet, payload)
+    request_id, serving = broken.headers["x-request-id"], broken.serving
+    token_ids = [
+        token
+        for line in broken.lines
+        if line.startswith("data: {")
+        for choice in json.loads(line[6:]).get("choices", [])
+        for token in choice.get("token_ids") or []
+    ]
     assert len(token_ids) == 400
     survivor = next(n for n in fleet if n is not serving)
 
