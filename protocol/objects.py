@@ -67,6 +67,16 @@ class AnthropicMessage(msgspec.Struct, kw_only=True):
 
 # Metadata as OpenAI limits it (batches, responses): keys, each key's and each value's characters.
 METADATA_KEYS, METADATA_KEY_LEN, METADATA_VALUE_LEN = 16, 64, 512
+# A batch's callback_url: what the gateway can POST to. http(s), optional user info, a host name
+# or IPv4 address in ASCII (an international name in its xn-- form), a port up to 65535, then
+# printable ASCII. The door and the document both check this one pattern (JSON Schema syntax).
+_PORT = r"(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4})"
+_USER = r"[A-Za-z0-9._~%!$&'()*+,;=-]"
+CALLBACK_URL_PATTERN = (
+    rf"^https?://(?:{_USER}+(?::{_USER}*)?@)?"
+    rf"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::{_PORT})?"
+    r"(?:[/?#][!-~]*)?$"
+)
 
 
 class ResponsesInputText(msgspec.Struct, kw_only=True):
@@ -167,7 +177,9 @@ class CreateBatch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         Annotated[
             str,
             msgspec.Meta(
-                pattern="^https?://", description="Meridian extension: POSTed the batch when it ends."
+                pattern=CALLBACK_URL_PATTERN,
+                description="Meridian extension: POSTed the batch when it ends. An http(s) URL with "
+                "an ASCII host name (xn-- form) or IPv4 address, in printable ASCII.",
             ),
         ]
         | None

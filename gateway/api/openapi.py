@@ -6,7 +6,9 @@
   OpenAPI 3.1's dialect): the requests the front doors decode (`protocol.openai`,
   `protocol.anthropic`) and the answers they build (`protocol.objects`).
 - What no signature says is the table `OPERATIONS`: each operation's id, summary, body and answer
-  structs and the error statuses it may answer. The front doors read their own bodies (size, time
+  structs, the error statuses it may answer, and the operations its answer links to (OpenAPI
+  links: the object it created, by its `id`, is what they act on; clients and stateful fuzzers
+  such as schemathesis follow them from a create to its reads, cancels and deletes). The front doors read their own bodies (size, time
   and depth limits come before decoding), so Litestar's generator cannot see their types.
 
 Operator endpoints (/health, /ready, /metrics) are left out. The document is built once per app.
@@ -60,6 +62,34 @@ class Operation:
     error: type = ErrorResponse
     tenant_query: bool = False  # ?tenant= (global keys read another tenant's)
     anthropic_key: bool = False  # also takes Anthropic's x-api-key header
+    links: tuple[Link, ...] = ()  # what the 200 answer's object can be used for next
+
+
+@dataclass(frozen=True)
+class Link:
+    """An OpenAPI link from an answer to `operation_id`: `parameter` (a path parameter) takes the
+    answer's `id`; or, without one, `body` is the request body with the id in `body_field`."""
+
+    name: str
+    operation_id: str
+    parameter: str | None = None
+    body: dict[str, Any] | None = None
+    body_field: str | None = None
+
+    def document(self) -> dict[str, Any]:
+        link: dict[str, Any] = {"operationId": self.operation_id}
+        if self.parameter is not None:
+            link["parameters"] = {self.parameter: _ANSWER_ID}
+        if self.body is not None and self.body_field is not None:
+            link["requestBody"] = {**self.body, self.body_field: _ANSWER_ID}
+        return link
+
+
+_ANSWER_ID = "$response.body#/id"
+
+
+def _by_id(parameter: str, *operations: tuple[str, str]) -> tuple[Link, ...]:
+    return tuple(Link(name, operation_id, parameter) for name, operation_id in operations)
 
 
 _GENERATION_ERRORS = (400, 401, 403, 404, 408, 413, 429, 503)
@@ -98,6 +128,12 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         ResponseObject,
         _GENERATION_ERRORS,
         body=ResponsesRequest,
+        links=_by_id(
+            "response_id",
+            ("GetResponse", "getResponse"),
+            ("CancelResponse", "cancelResponse"),
+            ("DeleteResponse", "deleteResponse"),
+        ),
         events="The Responses event sequence (`event:` named, with sequence_number): response.created, "
         "response.in_progress, response.output_item.added, response.content_part.added, "
         "response.output_text.delta..., response.output_text.done, response.content_part.done, "
@@ -119,6 +155,20 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         FileObject,
         (400, 401, 413),
         form=FileUpload,
+        links=(
+            *_by_id(
+                "file_id",
+                ("RetrieveFile", "retrieveFile"),
+                ("DownloadFile", "downloadFile"),
+                ("DeleteFile", "deleteFile"),
+            ),
+            Link(
+                "CreateBatch",
+                "createBatch",
+                body={"endpoint": "/v1/chat/completions", "completion_window": "24h"},
+                body_field="input_file_id",
+            ),
+        ),
     ),
     ("GET", "/v1/files/{file_id}"): Operation(
         "retrieveFile", "A file of this key's tenant.", FileObject, (401, 404)
@@ -134,6 +184,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         Batch,
         (400, 401, 404),
         body=CreateBatch,
+        links=_by_id("batch_id", ("RetrieveBatch", "retrieveBatch"), ("CancelBatch", "cancelBatch")),
     ),
     ("GET", "/v1/batches"): Operation(
         "listBatches", "This tenant's batches, newest first (limit, after).", BatchList, (400, 401)
@@ -317,6 +368,8 @@ def _operation(
     if op.anthropic_key:
         document["security"] = [{"bearerAuth": []}, {"anthropicApiKey": []}]
     ok = {"description": op.summary, "headers": {h: _ref("headers", h) for h in headers}, "content": answer}
+    if op.links:
+        ok["links"] = {link.name: link.document() for link in op.links}
     document["responses"] = {"200": ok, **{str(s): error(s) for s in op.errors}, "default": error(None)}
     return document
 

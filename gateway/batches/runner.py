@@ -212,6 +212,13 @@ class BatchRunner:
         gateway that dies before marking it sent leaves it for the next to send again)."""
         assert batch.callback_url is not None
         config = self._config
+        if (unusable := unusable_url(batch.callback_url)) is not None:
+            # No try could succeed, and httpx would raise outside its HTTPError: the task would
+            # die with the callback still pending, to be started again at every poll. Batches
+            # are checked for this when made; one stored before that check can have it.
+            logger.warning("batch %s: not called back, its callback_url %s", batch.id, unusable)
+            await self._store.callback_done(batch.id)
+            return
         async with httpx.AsyncClient(timeout=config.callback_timeout_s) as client:
             for attempt in range(config.callback_attempts):
                 try:
@@ -225,6 +232,19 @@ class BatchRunner:
                 if attempt + 1 < config.callback_attempts:
                     await asyncio.sleep(2.0**attempt)
         await self._store.callback_done(batch.id)
+
+
+def unusable_url(url: str) -> str | None:
+    """Why a callback could not be POSTed to `url`, or None."""
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, ValueError) as exc:  # idna's errors are ValueErrors
+        return f"is not a valid URL: {exc}"
+    if parsed.scheme not in ("http", "https") or not parsed.raw_host:
+        return "must be an absolute http(s) URL with a host"
+    if parsed.port is not None and parsed.port > 65535:
+        return f"has port {parsed.port}, over 65535"
+    return None
 
 
 def _output_line(line: LineResult, ending: str) -> dict[str, Any]:

@@ -3,7 +3,10 @@
 nothing operator-only, and true to the live gateway: bodies its schemas accept are served, bodies
 they reject are 400s, and schemathesis's generated requests get no server error, no answer
 outside the document, no refusal of a request the document allows (its positive-data check) and
-no acceptance of a body it forbids (its negative-data check)."""
+no acceptance of a body it forbids (its negative-data check). Its links (a created file, batch or
+response, then the operations that act on it) name real operations and parameters, and
+schemathesis's stateful scenarios that follow them find the same, a deleted object gone and a
+created one there."""
 
 from __future__ import annotations
 
@@ -24,9 +27,11 @@ from openapi_spec_validator import validate
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
+    ensure_resource_availability,
     negative_data_rejection,
     positive_data_acceptance,
     response_schema_conformance,
+    use_after_free,
 )
 
 from gateway.app import create_app
@@ -199,6 +204,89 @@ def _fuzz(url: str, operation: Any, mode: GenerationMode, check: Any) -> None:
         )
 
     fuzz()
+
+
+def operations_by_id(document: dict[str, Any]) -> dict[str, tuple[str, str, dict[str, Any]]]:
+    return {
+        op["operationId"]: (path, method, op)
+        for path, item in document["paths"].items()
+        for method, op in item.items()
+    }
+
+
+def test_each_created_object_links_to_every_operation_on_it(document: dict[str, Any]) -> None:
+    """A create (POST /v1/files) links each operation under its object's path (/v1/files/{file_id}
+    ...) with that parameter taken from the answer's id."""
+    by_id = operations_by_id(document)
+    creates = {path: item["post"] for path, item in document["paths"].items() if "post" in item}
+    expected = 0
+    for path, item in document["paths"].items():
+        found = re.match(r"^(/v1/\w+)/\{(\w+)\}", path)
+        if found is None:
+            continue
+        collection, parameter = found.groups()
+        links = creates[collection]["responses"]["200"]["links"]
+        for method, op in item.items():
+            expected += 1
+            linked = [link for link in links.values() if link["operationId"] == op["operationId"]]
+            assert linked, f"{method} {path} is not linked from POST {collection}"
+            assert linked[0]["parameters"] == {parameter: "$response.body#/id"}
+    assert expected == 8  # files x3, batches x2, responses x3
+    for path, _, op in by_id.values():
+        for link in op["responses"]["200"].get("links", {}).values():
+            assert link["operationId"] in by_id, link
+            target = by_id[link["operationId"]][2]
+            declared = {p["name"] for p in target.get("parameters", ()) if p.get("in") == "path"}
+            assert set(link.get("parameters", {})) <= declared, (path, link)
+
+
+def test_the_file_to_batch_link_makes_a_body_the_batch_schema_accepts(document: dict[str, Any]) -> None:
+    by_id = operations_by_id(document)
+    link = by_id["createFile"][2]["responses"]["200"]["links"]["CreateBatch"]
+    assert link["operationId"] == "createBatch"
+    body = {k: "file-abc" if v == "$response.body#/id" else v for k, v in link["requestBody"].items()}
+    assert body["input_file_id"] == "file-abc"
+    assert accepts(document, request_schema(document, "/v1/batches"), body)
+
+
+# Scenarios of linked calls, each a create then up to a few calls its links allow: bounded as the
+# fuzzing above (every call is a short answer or a 4xx).
+STATEFUL_SCENARIOS = 25
+
+
+def test_scenarios_along_the_links_get_no_server_error_and_find_what_they_created(
+    gw: RunningGateway, document: dict[str, Any]
+) -> None:
+    """schemathesis's stateful phase: a created file, batch or response, then its reads, downloads,
+    cancels and deletes, in generated orders. Besides no server error and only documented answers:
+    a deleted object is not found again (use-after-free), a created one is (availability)."""
+    schema = schemathesis.openapi.from_dict(document)
+    checks = [not_a_server_error, response_schema_conformance, use_after_free, ensure_resource_availability]
+    answered: set[tuple[str, int]] = set()
+
+    class Scenarios(schema.as_state_machine()):  # type: ignore[misc]
+        def get_call_kwargs(self, case: Any) -> dict[str, Any]:
+            return {"base_url": gw.url, "headers": {"authorization": f"Bearer {SMALL_KEY}"}, "timeout": 60}
+
+        def validate_response(
+            self, response: Any, case: Any, additional_checks: Any = None, **kwargs: Any
+        ) -> None:
+            answered.add((case.operation.definition.raw["operationId"], response.status_code))
+            case.validate_response(response, checks=checks, transport_kwargs=kwargs, recorder=self.recorder)
+
+    Scenarios.run(
+        settings=settings(
+            max_examples=STATEFUL_SCENARIOS,
+            stateful_step_count=4,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
+    )
+    # The scenarios reached objects through the links: some read of a created one was served.
+    reads = {"retrieveFile", "downloadFile", "getResponse", "retrieveBatch", "deleteFile", "deleteResponse"}
+    assert {op for op, status in answered if status == 200} & reads, sorted(answered)
 
 
 def test_every_ref_resolves_within_the_document(document: dict[str, Any]) -> None:

@@ -72,7 +72,9 @@ def test_gateway_installed_alone_serves_a_chat_completion(llama_checkpoint: Path
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         env["MERIDIAN_NODE_TOKEN"] = NODE_TOKEN
         command = [str(venv / "bin" / "meridian"), "gateway", "--config", str(config_path)]
-        command += ["--host", "127.0.0.1", "--port", str(port)]
+        # The admin listener (/metrics) on a free port too: 9464, its default, may be taken (a
+        # `make up` running beside the tests holds it).
+        command += ["--host", "127.0.0.1", "--port", str(port), "--admin-port", str(free_port())]
         url = f"http://127.0.0.1:{port}"
         with start_process(command, env=env, ready_url=url + "/ready", timeout=120, cwd=tmp_path) as gateway:
             answer = httpx.post(
