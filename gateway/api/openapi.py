@@ -8,8 +8,9 @@
 - What no signature says is the table `OPERATIONS`: each operation's id, summary, body and answer
   structs, the error statuses it may answer, and the operations its answer links to (OpenAPI
   links: the object it created, by its `id`, is what they act on; clients and stateful fuzzers
-  such as schemathesis follow them from a create to its reads, cancels and deletes). The front doors read their own bodies (size, time
-  and depth limits come before decoding), so Litestar's generator cannot see their types.
+  such as schemathesis follow them from a create to its reads, cancels and deletes). The front
+  doors read their own bodies (size, time and depth limits come before decoding), so Litestar's
+  generator cannot see their types.
 
 Operator endpoints (/health, /ready, /metrics) are left out. The document is built once per app.
 """
