@@ -2,12 +2,14 @@
 
 Only what Meridian can serve is modelled: text content. Other block types (images, tools,
 documents) decode as `ContentBlock` with their `type` and are refused with a 400 that names
-them. Unknown top-level fields are accepted and ignored, as the SDKs send optional ones.
+them. The fields that would change the answer if ignored (`tools`, `tool_choice`, `thinking`) are
+decoded so the door can refuse them by name; other unknown top-level fields are accepted and
+ignored, as the SDKs send optional ones.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -26,6 +28,16 @@ class Metadata(msgspec.Struct, kw_only=True):
     user_id: str | None = None
 
 
+class ToolChoice(msgspec.Struct, kw_only=True):
+    type: str
+    name: str | None = None
+
+
+class Thinking(msgspec.Struct, kw_only=True):
+    type: str
+    budget_tokens: int | None = None
+
+
 class MessagesRequest(msgspec.Struct, kw_only=True):
     model: str
     max_tokens: Annotated[int, msgspec.Meta(ge=1)]
@@ -37,3 +49,6 @@ class MessagesRequest(msgspec.Struct, kw_only=True):
     top_k: int | None = None
     stream: bool = False
     metadata: Metadata | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: Thinking | None = None

@@ -123,6 +123,24 @@ class ResponseObject(msgspec.Struct, kw_only=True):
     usage: dict[str, Any] | None
 
 
+class InputItem(msgspec.Struct, kw_only=True):
+    """One input message of a response, as `GET /v1/responses/{id}/input_items` lists it."""
+
+    type: Literal["message"]
+    id: str
+    status: str
+    role: Literal["user", "assistant", "system", "developer"]
+    content: list[dict[str, Any]]
+
+
+class InputItemList(msgspec.Struct, kw_only=True):
+    object: Literal["list"]
+    data: list[InputItem]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
 class ResponseDeleted(msgspec.Struct, kw_only=True):
     id: str
     object: Literal["response"]
@@ -242,6 +260,16 @@ class Batch(msgspec.Struct, kw_only=True):
 class BatchList(msgspec.Struct, kw_only=True):
     object: Literal["list"]
     data: list[Batch]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class FileList(msgspec.Struct, kw_only=True):
+    """A page of the tenant's files: while `has_more`, the next page is the one `after` `last_id`."""
+
+    object: Literal["list"]
+    data: list[FileObject]
     first_id: str | None
     last_id: str | None
     has_more: bool

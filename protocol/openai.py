@@ -13,6 +13,7 @@ from itertools import accumulate
 from typing import Any, Literal, TypeVar
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from protocol.errors import InvalidRequestError
 
@@ -89,6 +90,12 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    # Refused by the node like `tools` (server/sampling.py): the legacy form of tools, and output
+    # in other modalities than text.
+    functions: list[Any] | None = None
+    function_call: str | dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    audio: dict[str, Any] | None = None
     # Meridian/vLLM extensions for the chat template.
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -145,6 +152,10 @@ class ChatChoice(msgspec.Struct, kw_only=True):
     logprobs: ChatLogprobs | None = None
     # Meridian extension: the generated token ids, when the request set return_token_ids.
     token_ids: list[int] | None = None
+    # vLLM's: the stop string or stop token id that ended the choice, null when something else
+    # did (EOS, length). The node sets it on every finished choice; UNSET keeps it off the chunks
+    # that do not finish, as vLLM's chat stream does.
+    stop_reason: str | int | UnsetType | None = UNSET
 
 
 class ChatCompletionResponse(msgspec.Struct, kw_only=True):
@@ -168,6 +179,7 @@ class ChatChunkChoice(msgspec.Struct, kw_only=True):
     finish_reason: str | None = None
     logprobs: ChatLogprobs | None = None
     token_ids: list[int] | None = None
+    stop_reason: str | int | UnsetType | None = UNSET  # as ChatChoice's
 
 
 class ChatCompletionChunk(msgspec.Struct, kw_only=True):
@@ -192,6 +204,7 @@ class CompletionChoice(msgspec.Struct, kw_only=True):
     finish_reason: str | None = None
     logprobs: CompletionLogprobs | None = None
     token_ids: list[int] | None = None
+    stop_reason: str | int | UnsetType | None = UNSET  # as ChatChoice's
 
 
 class CompletionResponse(msgspec.Struct, kw_only=True):

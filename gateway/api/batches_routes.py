@@ -20,12 +20,12 @@ from litestar.types import ASGIApp
 from gateway.api.answer import Answer
 from gateway.api.body import request_body
 from gateway.api.doors import DEPENDENCIES, Call, Tenant, every_method_in_allow, openai_errors
+from gateway.api.paging import cursor_page, page_query
 from gateway.batches import BatchInputError
 from gateway.batches.batches import Batches
-from gateway.batches.objects import batch_list, batch_object, file_object
+from gateway.batches.objects import FILES_PAGE_LIMIT, batch_object, file_object
 from protocol.errors import NotFoundError
 from protocol.openai import decode_json_object
-from protocol.query import query_count
 
 
 class _CreateBatch(msgspec.Struct, forbid_unknown_fields=True):
@@ -101,6 +101,21 @@ class FilesController(Controller):
         uploaded = await service.upload(tenant.tenant_id, filename, purpose, data)
         return Answer.json(file_object(uploaded), call.headers)
 
+    @get("/")
+    async def page(
+        self, request: Request[Any, Any, Any], call: Call, tenant: Tenant, service: Service
+    ) -> ASGIApp:
+        query = request.query_params
+        wanted = page_query(query, max_limit=FILES_PAGE_LIMIT, default_limit=FILES_PAGE_LIMIT, ordered=True)
+        rows, more = await service.file_page(
+            tenant.tenant_id,
+            purpose=query.get("purpose") or None,
+            limit=wanted.limit,
+            order=wanted.order,
+            after=wanted.after,
+        )
+        return Answer.json(cursor_page([file_object(f) for f in rows], has_more=more), call.headers)
+
     @get("/{file_id:str}")
     async def retrieve(self, file_id: str, call: Call, tenant: Tenant, service: Service) -> ASGIApp:
         return Answer.json(file_object(await service.file(file_id, tenant.tenant_id)), call.headers)
@@ -145,13 +160,9 @@ class BatchesController(Controller):
     async def page(
         self, request: Request[Any, Any, Any], call: Call, tenant: Tenant, service: Service
     ) -> ASGIApp:
-        limit = query_count(request.query_params.get("limit", "20"))
-        if limit is None:
-            raise BatchInputError("limit must be a whole number from 1 to 100.", param="limit")
-        rows, more = await service.page(
-            tenant.tenant_id, limit=limit, after=request.query_params.get("after") or None
-        )
-        return Answer.json(batch_list(rows, has_more=more), call.headers)
+        wanted = page_query(request.query_params, max_limit=100, default_limit=20, ordered=False)
+        rows, more = await service.page(tenant.tenant_id, limit=wanted.limit, after=wanted.after)
+        return Answer.json(cursor_page([batch_object(b) for b in rows], has_more=more), call.headers)
 
     @get("/{batch_id:str}")
     async def retrieve(self, batch_id: str, call: Call, tenant: Tenant, service: Service) -> ASGIApp:

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any
 
 import msgspec
 from litestar import Controller, Request, Response, get
 from litestar.routes import HTTPRoute
 
+from gateway.batches.objects import FILES_PAGE_LIMIT
 from protocol import ChatCompletionRequest, CompletionRequest
 from protocol.anthropic import MessagesRequest
 from protocol.objects import (
@@ -35,15 +37,23 @@ from protocol.objects import (
     CreateBatch,
     ErrorResponse,
     FileDeleted,
+    FileList,
     FileObject,
     FileUpload,
+    InputItemList,
     LedgerPage,
     QuotaUsage,
     ResponseDeleted,
     ResponseObject,
     ResponsesRequest,
 )
-from protocol.openai import ChatCompletionChunk, ChatCompletionResponse, CompletionResponse, ModelList
+from protocol.openai import (
+    ChatCompletionChunk,
+    ChatCompletionResponse,
+    CompletionResponse,
+    ModelCard,
+    ModelList,
+)
 
 OPERATOR_PATHS = frozenset({"/health", "/ready", "/metrics", "/openapi.json"})
 
@@ -62,6 +72,7 @@ class Operation:
     answer_type: str = "application/json"
     error: type = ErrorResponse
     tenant_query: bool = False  # ?tenant= (global keys read another tenant's)
+    query: tuple[dict[str, Any], ...] = ()  # its own query parameters (OpenAPI parameter objects)
     anthropic_key: bool = False  # also takes Anthropic's x-api-key header
     links: tuple[Link, ...] = ()  # what the 200 answer's object can be used for next
 
@@ -69,24 +80,49 @@ class Operation:
 @dataclass(frozen=True)
 class Link:
     """An OpenAPI link from an answer to `operation_id`: `parameter` (a path parameter) takes the
-    answer's `id`; or, without one, `body` is the request body with the id in `body_field`."""
+    answer's `id` (or what `source` points at); or, without one, `body` is the request body with
+    the id in `body_field`."""
 
     name: str
     operation_id: str
     parameter: str | None = None
     body: dict[str, Any] | None = None
     body_field: str | None = None
+    source: str = "$response.body#/id"
 
     def document(self) -> dict[str, Any]:
         link: dict[str, Any] = {"operationId": self.operation_id}
         if self.parameter is not None:
-            link["parameters"] = {self.parameter: _ANSWER_ID}
+            link["parameters"] = {self.parameter: self.source}
         if self.body is not None and self.body_field is not None:
-            link["requestBody"] = {**self.body, self.body_field: _ANSWER_ID}
+            link["requestBody"] = {**self.body, self.body_field: self.source}
         return link
 
 
-_ANSWER_ID = "$response.body#/id"
+def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
+    """An optional query parameter: a bad value is a 400 naming it."""
+    return {"name": name, "in": "query", "required": False, "schema": schema, "description": description}
+
+
+def _page_query(what: str, *, max_limit: int, default_limit: int) -> tuple[dict[str, Any], ...]:
+    """A list's `limit`, `order` and `after` (gateway/api/paging.py reads them)."""
+    return (
+        _query(
+            "limit",
+            {"type": "integer", "minimum": 1, "maximum": max_limit, "default": default_limit},
+            f"At most this many {what}.",
+        ),
+        _query(
+            "order",
+            {"type": "string", "enum": ["asc", "desc"], "default": "desc"},
+            "`desc`: newest first; `asc`: oldest first.",
+        ),
+        _query(
+            "after",
+            {"type": "string"},
+            "The last id of the previous page: this page starts after it (an unknown id: an empty page).",
+        ),
+    )
 
 
 def _by_id(parameter: str, *operations: tuple[str, str]) -> tuple[Link, ...]:
@@ -132,6 +168,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         links=_by_id(
             "response_id",
             ("GetResponse", "getResponse"),
+            ("ListInputItems", "listInputItems"),
             ("CancelResponse", "cancelResponse"),
             ("DeleteResponse", "deleteResponse"),
         ),
@@ -142,6 +179,13 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ),
     ("GET", "/v1/responses/{response_id}"): Operation(
         "getResponse", "A stored response of this key's tenant.", ResponseObject, (401, 404)
+    ),
+    ("GET", "/v1/responses/{response_id}/input_items"): Operation(
+        "listInputItems",
+        "A stored response's input messages (not its instructions), in pages.",
+        InputItemList,
+        (400, 401, 404),
+        query=_page_query("items", max_limit=100, default_limit=20),
     ),
     ("DELETE", "/v1/responses/{response_id}"): Operation(
         "deleteResponse", "Cancels and forgets a response.", ResponseDeleted, (401, 404)
@@ -171,6 +215,16 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
             ),
         ),
     ),
+    ("GET", "/v1/files"): Operation(
+        "listFiles",
+        "This tenant's files, deleted ones left out, by created_at (ties by id), in pages.",
+        FileList,
+        (400, 401),
+        query=(
+            _query("purpose", {"type": "string"}, "Only files of this purpose (`batch`, `batch_output`)."),
+            *_page_query("files", max_limit=FILES_PAGE_LIMIT, default_limit=FILES_PAGE_LIMIT),
+        ),
+    ),
     ("GET", "/v1/files/{file_id}"): Operation(
         "retrieveFile", "A file of this key's tenant.", FileObject, (401, 404)
     ),
@@ -196,7 +250,16 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("POST", "/v1/batches/{batch_id}/cancel"): Operation(
         "cancelBatch", "Cancels a running batch.", Batch, (401, 404, 409)
     ),
-    ("GET", "/v1/models"): Operation("listModels", "The models this key may use.", ModelList, (401,)),
+    ("GET", "/v1/models"): Operation(
+        "listModels",
+        "The models this key may use.",
+        ModelList,
+        (401,),
+        links=(Link("RetrieveModel", "retrieveModel", "model", source="$response.body#/data/0/id"),),
+    ),
+    ("GET", "/v1/models/{model}"): Operation(
+        "retrieveModel", "One model this key may use; any other is a 404.", ModelCard, (401, 404)
+    ),
     ("GET", "/v1/quota"): Operation(
         "getQuota",
         "Meridian extension: the tenant's quota use in the current windows.",
@@ -260,6 +323,10 @@ _EXTENSIONS = {
 _CHECKED_AFTER_DECODING: dict[tuple[str, str], dict[str, Any]] = {
     # gateway/translate/anthropic_to_openai.py: only text blocks (images, tools, documents: a 400).
     ("ContentBlock", "type"): {"enum": ["text"]},
+    # The same translator: no tools, no tool_choice that needs them, no extended thinking.
+    ("MessagesRequest", "tools"): {"maxItems": 0},
+    ("ToolChoice", "type"): {"enum": ["auto", "none"]},
+    ("Thinking", "type"): {"enum": ["disabled"]},
     # gateway/responses/translate.py: a background response is not streamed, and is stored.
     ("ResponsesRequest", ""): {
         "not": {
@@ -344,15 +411,22 @@ def _operation(
     if op.events is not None:
         answer["text/event-stream"] = {"schema": {"type": "string", "description": op.events}}
         headers = tuple(h for h in _RESPONSE_HEADERS if h != "retry-after")
-    # Litestar's parameter types (`{file_id:str}`), as JSON Schema.
+    # Litestar's parameter types (`{file_id:str}`), as JSON Schema; a `:path` one (a model name,
+    # which may hold a slash) is a string on the wire.
     parameters: list[dict[str, Any]] = [
-        {"name": name, "in": "path", "required": True, "schema": msgspec.json.schema(parameter.type)}
+        {
+            "name": name,
+            "in": "path",
+            "required": True,
+            "schema": {"type": "string"} if parameter.type is Path else msgspec.json.schema(parameter.type),
+        }
         for name, parameter in path_parameters.items()
     ]
     if op.events is not None:
         parameters.append(_ref("parameters", "ClientRegion"))
     if op.tenant_query:
         parameters.append(_ref("parameters", "Tenant"))
+    parameters += op.query
     document: dict[str, Any] = {"operationId": op.operation_id, "summary": op.summary}
     if parameters:
         document["parameters"] = parameters

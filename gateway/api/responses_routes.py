@@ -1,5 +1,5 @@
 """Responses API front door (text subset): `POST /v1/responses`, `GET /v1/responses/{id}`,
-`POST /v1/responses/{id}/cancel`, `DELETE /v1/responses/{id}`.
+`GET /v1/responses/{id}/input_items`, `POST /v1/responses/{id}/cancel`, `DELETE /v1/responses/{id}`.
 
 Like /v1/messages, a request is translated to a chat request and served by the same pipeline
 (policy, residency, quotas, usage, routing). Every response, foreground or background, is a run
@@ -22,6 +22,7 @@ from litestar.types import ASGIApp, Receive, Scope, Send
 from gateway.api.answer import Answer
 from gateway.api.body import request_body
 from gateway.api.doors import DEPENDENCIES, Call, Tenant, every_method_in_allow, openai_errors
+from gateway.api.paging import page_of, page_query
 from gateway.api.sse import EventStream
 from gateway.responses import Run, parse_request
 from gateway.responses.store import ResponseStore
@@ -120,6 +121,19 @@ class ResponsesController(Controller):
         if request.query_params.get("stream") in ("true", "1"):
             raise InvalidRequestError("Streaming a stored response is not supported.", param="stream")
         return Answer.json(run.to_object(), call.headers)
+
+    @get("/{response_id:str}/input_items")
+    async def input_items(
+        self,
+        request: Request[Any, Any, Any],
+        response_id: str,
+        call: Call,
+        tenant: Tenant,
+        responses: ResponseStore,
+    ) -> ASGIApp:
+        items = _owned(responses, response_id, tenant.tenant_id).input_items()
+        wanted = page_query(request.query_params, max_limit=100, default_limit=20, ordered=True)
+        return Answer.json(page_of(items, wanted), call.headers)
 
     @post("/{response_id:str}/cancel", status_code=200)
     async def cancel(self, response_id: str, call: Call, tenant: Tenant, responses: ResponseStore) -> ASGIApp:

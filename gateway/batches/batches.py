@@ -20,7 +20,8 @@ from gateway.batches.errors import (
     batch_error,
 )
 from gateway.batches.input import ENDPOINTS, InputLine, parse_input
-from gateway.batches.records import BatchRecord, FileRecord
+from gateway.batches.objects import FILES_PAGE_LIMIT
+from gateway.batches.records import BatchRecord, FileRecord, storable
 from gateway.batches.runner import BatchRunner
 from gateway.batches.storage import FileStorage, LocalFileStorage
 from gateway.batches.store import BatchStore, SqliteBatchStore
@@ -71,6 +72,8 @@ class Batches:
             )
         if len(data) > self.config.max_file_bytes:
             raise FileTooLarge(len(data), self.config.max_file_bytes)
+        if not storable(filename):
+            raise BatchInputError("The file's name must not hold NUL or unpaired surrogates.", param="file")
         # Any content is taken, as OpenAI's Files API does: a batch created from the file reads it,
         # and a fault in it fails that batch with the line named in the batch's `errors`.
         record = FileRecord(
@@ -81,7 +84,7 @@ class Batches:
         return record
 
     async def file(self, file_id: str, tenant_id: str) -> FileRecord:
-        record = await self.store.get_file(file_id, tenant_id)
+        record = await self.store.get_file(file_id, tenant_id) if storable(file_id) else None
         if record is None:
             raise BatchNotFound("file", file_id)
         return record
@@ -93,8 +96,23 @@ class Batches:
         except FileNotFoundError:
             raise BatchNotFound("file", file_id) from None
 
+    async def file_page(
+        self, tenant_id: str, *, purpose: str | None, limit: int, order: str, after: str | None
+    ) -> tuple[list[FileRecord], bool]:
+        """A page of the tenant's files by `created_at` (`order` asc or desc), and whether more follow."""
+        if not 1 <= limit <= FILES_PAGE_LIMIT:
+            raise BatchInputError(f"limit must be between 1 and {FILES_PAGE_LIMIT}.", param="limit")
+        if order not in ("asc", "desc"):
+            raise BatchInputError("order must be 'asc' or 'desc'.", param="order")
+        if not all(storable(text) for text in (purpose or "", after or "")):
+            return [], False  # no file has that purpose, or that id
+        rows = await self.store.list_files(
+            tenant_id, purpose=purpose, limit=limit + 1, newest_first=order == "desc", after=after
+        )
+        return rows[:limit], len(rows) > limit
+
     async def delete_file(self, file_id: str, tenant_id: str) -> None:
-        if not await self.store.delete_file(file_id, tenant_id):
+        if not storable(file_id) or not await self.store.delete_file(file_id, tenant_id):
             raise BatchNotFound("file", file_id)
         await self.storage.delete(file_id)
 
@@ -181,7 +199,7 @@ class Batches:
         return lines
 
     async def batch(self, batch_id: str, tenant_id: str) -> BatchRecord:
-        record = await self.store.get_batch(batch_id, tenant_id)
+        record = await self.store.get_batch(batch_id, tenant_id) if storable(batch_id) else None
         if record is None:
             raise BatchNotFound("batch", batch_id)
         return record
@@ -197,6 +215,8 @@ class Batches:
     async def page(self, tenant_id: str, *, limit: int, after: str | None) -> tuple[list[BatchRecord], bool]:
         if not 1 <= limit <= 100:
             raise BatchInputError("limit must be between 1 and 100.", param="limit")
+        if after is not None and not storable(after):
+            return [], False  # no batch has that id
         rows = await self.store.list_batches(tenant_id, limit=limit + 1, after=after)
         return rows[:limit], len(rows) > limit
 

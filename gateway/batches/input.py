@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.batches.errors import BatchInputError
+from gateway.batches.records import storable
 from gateway.upstreams.base import Endpoint
 from protocol.openai import MAX_JSON_DEPTH, json_depth_exceeds
 
@@ -81,9 +82,11 @@ def _parse_line(raw: str, line_no: int) -> InputLine:
             f"Line {line_no} is not a JSON object.", param="file", code="invalid_json_line", line=line_no
         )
     custom_id, method, url, body = (item.get(k) for k in ("custom_id", "method", "url", "body"))
-    if not isinstance(custom_id, str) or not custom_id:
+    if not isinstance(custom_id, str) or not custom_id or not storable(custom_id):
         raise BatchInputError(
-            f"Line {line_no}: custom_id must be a non-empty string.", param="custom_id", line=line_no
+            f"Line {line_no}: custom_id must be a non-empty string without NUL or unpaired surrogates.",
+            param="custom_id",
+            line=line_no,
         )
     if method != "POST":
         raise BatchInputError(

@@ -6,6 +6,9 @@ from typing import Any
 
 from gateway.batches.records import TIMESTAMPS, BatchRecord, FileRecord
 
+# The most files on a page of `GET /v1/files`, and the default: OpenAI's.
+FILES_PAGE_LIMIT = 10_000
+
 
 def file_object(record: FileRecord) -> dict[str, Any]:
     return {
@@ -44,14 +47,4 @@ def batch_object(batch: BatchRecord) -> dict[str, Any]:
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": batch.usage.prompt_tokens + batch.usage.completion_tokens,
         },
-    }
-
-
-def batch_list(batches: list[BatchRecord], *, has_more: bool) -> dict[str, Any]:
-    return {
-        "object": "list",
-        "data": [batch_object(b) for b in batches],
-        "first_id": batches[0].id if batches else None,
-        "last_id": batches[-1].id if batches else None,
-        "has_more": has_more,
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -19,6 +20,16 @@ TIMESTAMPS = (
     "cancelling_at",
     "cancelled_at",
 )
+
+# A lone surrogate: JSON's "\ud800" escape decodes to one, and no UTF-8 database can hold it.
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def storable(text: str) -> bool:
+    """Whether every store can hold `text` as it is: PostgreSQL's text cannot hold NUL, and no
+    store a lone surrogate. No id the gateway made fails this, so an id that does names nothing;
+    a name the client gives that does (a filename, a custom_id) is refused by name."""
+    return "\x00" not in text and _LONE_SURROGATE.search(text) is None
 
 
 @dataclass(frozen=True)

@@ -175,6 +175,25 @@ class Run:
     def to_object(self) -> dict[str, Any]:
         return self._snapshot(self.status, with_output=True)
 
+    def input_items(self) -> list[dict[str, Any]]:
+        """The request's input messages as the Responses API lists them, oldest first, each with an
+        id of its own that every read gives alike (`instructions` are not an input item)."""
+        stem = self.id.removeprefix("resp_")
+        return [
+            {
+                "type": "message",
+                "id": f"msg_{stem}_in{i}",
+                "status": "completed",
+                "role": message.role,
+                "content": [
+                    _part(message.text)
+                    if message.role == "assistant"
+                    else {"type": "input_text", "text": message.text}
+                ],
+            }
+            for i, message in enumerate(self.request.input)
+        ]
+
     def _end(self, status: Status, *, error: dict[str, Any] | None = None) -> None:
         self.status = status
         self.error = error

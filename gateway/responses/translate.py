@@ -43,10 +43,20 @@ _TEXT_PARTS = {"input_text", "output_text"}
 
 
 @dataclass(frozen=True)
+class InputMessage:
+    """One message of `input` as the client sent it (its role as given, its text joined), for the
+    response's input items."""
+
+    role: str
+    text: str
+
+
+@dataclass(frozen=True)
 class ResponsesRequest:
     """What the response object echoes back, and how the run is driven."""
 
     model: str
+    input: tuple[InputMessage, ...] = ()
     instructions: str | None = None
     max_output_tokens: int | None = None
     temperature: float | None = None
@@ -105,9 +115,9 @@ def _content_text(content: Any, param: str) -> str:
     return "".join(texts)
 
 
-def _messages(value: Any) -> list[dict[str, str]]:
+def _input(value: Any) -> tuple[InputMessage, ...]:
     if isinstance(value, str):
-        return [{"role": "user", "content": value}]
+        return (InputMessage("user", value),)
     if not isinstance(value, list) or not value:
         raise InvalidRequestError("'input' must be a string or a non-empty list of messages.", param="input")
     messages = []
@@ -118,13 +128,12 @@ def _messages(value: Any) -> list[dict[str, str]]:
         if item.get("type", "message") != "message":
             raise _unsupported(param, f"An input item of type {item.get('type')!r}")
         role = item.get("role")
-        role = _ROLES.get(role) if isinstance(role, str) else None
-        if role is None:
+        if not isinstance(role, str) or role not in _ROLES:
             raise InvalidRequestError(
                 "'role' must be one of user, assistant, system, developer.", param=f"{param}.role"
             )
-        messages.append({"role": role, "content": _content_text(item.get("content"), f"{param}.content")})
-    return messages
+        messages.append(InputMessage(role, _content_text(item.get("content"), f"{param}.content")))
+    return tuple(messages)
 
 
 def _number(body: dict[str, Any], name: str, low: float, high: float) -> float | None:
@@ -170,7 +179,8 @@ def parse_request(raw: bytes) -> tuple[ResponsesRequest, dict[str, Any], ChatCom
         raise InvalidRequestError("'model' is required.", param="model")
     if "input" not in body:
         raise InvalidRequestError("'input' is required.", param="input")
-    messages = _messages(body["input"])
+    given = _input(body["input"])
+    messages = [{"role": _ROLES[m.role], "content": m.text} for m in given]
     instructions = body.get("instructions")
     if instructions is not None:
         if not isinstance(instructions, str):
@@ -189,6 +199,7 @@ def parse_request(raw: bytes) -> tuple[ResponsesRequest, dict[str, Any], ChatCom
         raise InvalidRequestError("'user' must be a string.", param="user")
     request = ResponsesRequest(
         model=model,
+        input=given,
         instructions=instructions,
         max_output_tokens=max_output,
         temperature=_number(body, "temperature", 0, 2),

@@ -83,7 +83,26 @@ def _blocks_text(content: str | list[ContentBlock], where: str) -> str:
     return "".join(texts)
 
 
+def _refuse_what_would_change_the_answer(request: MessagesRequest) -> None:
+    """Dropped silently, these would answer another question than the one asked (a model told
+    of tools, or to think first): a 400 naming them, as the OpenAI door's nodes refuse tools."""
+    if request.tools:
+        raise TranslationError("Tool use is not supported; omit `tools`.", param="tools")
+    if request.tool_choice is not None and request.tool_choice.type not in ("auto", "none"):
+        raise TranslationError(
+            f"tool_choice {request.tool_choice.type!r} needs tools, which are not supported; "
+            "omit `tool_choice`.",
+            param="tool_choice",
+        )
+    if request.thinking is not None and request.thinking.type != "disabled":
+        raise TranslationError(
+            "Extended thinking is not supported; omit `thinking` or set its type to 'disabled'.",
+            param="thinking",
+        )
+
+
 def messages_request_to_chat(request: MessagesRequest) -> dict[str, Any]:
+    _refuse_what_would_change_the_answer(request)
     messages: list[dict[str, Any]] = []
     if request.system:
         messages.append({"role": "system", "content": _blocks_text(request.system, "system")})

@@ -21,7 +21,7 @@ from regional_node.engine.fairness import VirtualTokenCounter
 from regional_node.engine.loading import load_checkpoint
 from regional_node.engine.model_runner import ModelRunner, SamplingRequest
 from regional_node.engine.output_processor import RequestState, append_tokens
-from regional_node.engine.outputs import RequestDelta, RequestOutput
+from regional_node.engine.outputs import Finish, RequestDelta, RequestOutput
 from regional_node.engine.request_intake import RequestIntake
 from regional_node.engine.sampling_params import SamplingParams
 from regional_node.engine.scheduler import ScheduledChunk, Scheduler
@@ -175,7 +175,7 @@ class LLMEngine:
         if state is None:
             return
         self._finish(state)
-        self._pending.append(state.delta([], "", [], "abort"))
+        self._pending.append(state.delta([], "", [], Finish("abort")))
 
     def _finish(self, state: RequestState) -> None:
         self.scheduler.finish(state.seq)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from regional_node.engine.detokenizer import IncrementalDetokenizer
-from regional_node.engine.outputs import FinishReason, RequestDelta
+from regional_node.engine.outputs import Finish, RequestDelta
 from regional_node.engine.sampling_params import SamplingParams
 from regional_node.engine.sequence import Sequence
 from regional_node.engine.stop_strings import StopStringMatcher
@@ -19,7 +19,8 @@ class RequestState:
     seq: Sequence
     params: SamplingParams
     generator: Any  # torch.Generator for sampled requests, None for greedy ones
-    stop_token_ids: frozenset[int]
+    stop_token_ids: frozenset[int]  # EOS (unless ignore_eos) and the request's stop_token_ids
+    eos_token_ids: frozenset[int]  # those of stop_token_ids that are EOS: no stop_reason for them
     detokenizer: IncrementalDetokenizer | None
     stop_matcher: StopStringMatcher | None
     arrival_time: float = 0.0  # time.monotonic() when the request was added
@@ -30,7 +31,7 @@ class RequestState:
             self.first_scheduled_time = now
 
     def delta(
-        self, token_ids: list[int], text: str, logprobs: list[float], finish: FinishReason | None
+        self, token_ids: list[int], text: str, logprobs: list[float], finish: Finish | None
     ) -> RequestDelta:
         seq = self.seq
         return RequestDelta(
@@ -39,10 +40,11 @@ class RequestState:
             new_text=text,
             new_logprobs=logprobs,
             finished=finish is not None,
-            finish_reason=finish,
+            finish_reason=finish.reason if finish is not None else None,
             prompt_tokens=seq.num_prompt_tokens,
             cached_tokens=seq.num_cached_prompt_tokens,
             num_output_tokens=seq.num_output_tokens,
+            stop_reason=finish.stop_reason if finish is not None else None,
         )
 
 
@@ -55,8 +57,8 @@ def append_token(state: RequestState, token: int, logprob: float | None) -> Requ
     seq.token_ids.append(token)
     text, finish = _token_text(state, token)
     if finish is None and seq.num_output_tokens >= state.params.max_tokens:
-        finish = "length"
-        text += _flush(state)
+        rest, finish = _end(state, Finish("length"))
+        text += rest
     logprobs = [logprob] if state.params.logprobs and logprob is not None else []
     delta = state.delta([token], text, logprobs, finish)
     if seq.num_output_tokens == 1 and state.first_scheduled_time is not None:
@@ -79,11 +81,12 @@ def append_tokens(state: RequestState, tokens: list[tuple[int, float | None]]) -
         delta.new_text += more.new_text
         delta.new_logprobs += more.new_logprobs
         delta.finished, delta.finish_reason = more.finished, more.finish_reason
+        delta.stop_reason = more.stop_reason
         delta.num_output_tokens = more.num_output_tokens
     return delta
 
 
-def replay_tokens(state: RequestState, token_ids: list[int]) -> FinishReason | None:
+def replay_tokens(state: RequestState, token_ids: list[int]) -> Finish | None:
     """Take a continuation's tokens (generated earlier, their chunks already with the client)
     through the same per-token text logic as `append_token`, dropping the text the client has.
 
@@ -98,28 +101,34 @@ def replay_tokens(state: RequestState, token_ids: list[int]) -> FinishReason | N
         _, finish = _token_text(state, token)
         if finish is not None:
             return finish
-    return "length" if state.params.max_tokens == 0 else None
+    # As append_token ends a request at its last token: the held-back text may complete a stop string.
+    return _end(state, Finish("length"))[1] if state.params.max_tokens == 0 else None
 
 
-def _token_text(state: RequestState, token: int) -> tuple[str, FinishReason | None]:
-    """The text one token releases, and "stop" if it ends the request (a stop token, or the end of
-    a stop string); the length limit is the caller's."""
+def _token_text(state: RequestState, token: int) -> tuple[str, Finish | None]:
+    """The text one token releases, and a "stop" Finish if it ends the request (a stop token, or
+    the end of a stop string); the length limit is the caller's."""
     if token in state.stop_token_ids:
-        return _flush(state), "stop"
+        # vLLM checks EOS before stop_token_ids: EOS has no stop_reason even when also listed.
+        return _end(state, Finish("stop", None if token in state.eos_token_ids else token))
     piece = state.detokenizer.push(token) if state.detokenizer is not None else ""
     if state.stop_matcher is not None and piece:
-        piece, stopped = state.stop_matcher.feed(piece)
-        if stopped:
-            return piece, "stop"
+        piece, matched = state.stop_matcher.feed(piece)
+        if matched is not None:
+            return piece, Finish("stop", matched)
     return piece, None
 
 
-def _flush(state: RequestState) -> str:
-    """Text still held back when a request ends for a reason other than a stop string."""
+def _end(state: RequestState, finish: Finish) -> tuple[str, Finish]:
+    """The request ends for `finish`: the text still held back, released. Should that text complete
+    a stop string, the text stops before it and the stop string is what ended the request (in vLLM
+    too a stop string found in the last text overrides the length or stop token)."""
     if state.detokenizer is None:
-        return ""
+        return "", finish
     text = state.detokenizer.flush()
-    if state.stop_matcher is not None:
-        emitted, stopped = state.stop_matcher.feed(text)
-        return emitted if stopped else emitted + state.stop_matcher.flush()
-    return text
+    if state.stop_matcher is None:
+        return text, finish
+    emitted, matched = state.stop_matcher.feed(text)
+    if matched is not None:
+        return emitted, Finish("stop", matched)
+    return emitted + state.stop_matcher.flush(), finish

@@ -8,6 +8,15 @@ from typing import Literal
 FinishReason = Literal["stop", "length", "abort"]
 
 
+@dataclass(frozen=True)
+class Finish:
+    """How a request ended. `stop_reason` is vLLM's: the stop string or stop token id that ended it,
+    None when something else did (EOS included, as vLLM reports it)."""
+
+    reason: FinishReason
+    stop_reason: str | int | None = None
+
+
 @dataclass
 class RequestDelta:
     """What one step added to a request. The last delta of a request has finished=True."""
@@ -21,6 +30,8 @@ class RequestDelta:
     prompt_tokens: int
     cached_tokens: int
     num_output_tokens: int
+    # With finish_reason "stop": the stop string or stop token id that ended the request (Finish).
+    stop_reason: str | int | None = None
     # Set on the delta carrying a request's first generated token: arrival → first scheduled,
     # and first scheduled → first token (the prefill, chunks and preemptions included).
     queue_time_s: float | None = None
@@ -40,6 +51,7 @@ class RequestOutput:
     output_token_ids: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
     logprobs: list[float] = field(default_factory=list)
@@ -52,3 +64,4 @@ class RequestOutput:
         self.prompt_tokens = delta.prompt_tokens
         if delta.finished:
             self.finish_reason = delta.finish_reason
+            self.stop_reason = delta.stop_reason

@@ -16,7 +16,7 @@ import torch
 from regional_node.engine.detokenizer import IncrementalDetokenizer
 from regional_node.engine.errors import ContextLengthExceededError, InvalidRequestError
 from regional_node.engine.output_processor import RequestState, replay_tokens
-from regional_node.engine.outputs import FinishReason
+from regional_node.engine.outputs import Finish
 from regional_node.engine.sampling_params import SamplingParams
 from regional_node.engine.sequence import PRIORITY_RANK, Sequence
 from regional_node.engine.stop_strings import StopStringMatcher
@@ -52,7 +52,7 @@ class RequestIntake:
         cache_salt: str | None,
         continuation_token_ids: list[int] | None,
         arrival: int,
-    ) -> tuple[RequestState, FinishReason | None]:
+    ) -> tuple[RequestState, Finish | None]:
         """The request's state, and how it ends if its continuation tokens already end it (then
         it must not be scheduled: nothing is left to generate)."""
         if priority not in PRIORITY_RANK:
@@ -90,14 +90,13 @@ class RequestIntake:
             # Per request, so its draws do not depend on what else shares the batch.
             generator = torch.Generator(device=self.device)
             generator.manual_seed(params.seed if params.seed is not None else secrets.randbits(63))
-        stop_ids = set(params.stop_token_ids)
-        if not params.ignore_eos:
-            stop_ids.update(self.eos_token_ids)
+        eos_ids: frozenset[int] = frozenset() if params.ignore_eos else frozenset(self.eos_token_ids)
         state = RequestState(
             seq=seq,
             params=params,
             generator=generator,
-            stop_token_ids=frozenset(stop_ids),
+            stop_token_ids=frozenset(params.stop_token_ids) | eos_ids,
+            eos_token_ids=eos_ids,
             detokenizer=(
                 IncrementalDetokenizer(self.tokenizer, prompt_ids) if self.tokenizer is not None else None
             ),

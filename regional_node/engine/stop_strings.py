@@ -12,20 +12,25 @@ class StopStringMatcher:
         self._stops = [s for s in stops if s]
         self._pending = ""
 
-    def feed(self, text: str) -> tuple[str, bool]:
-        """Returns (text safe to emit now, whether a stop string was found)."""
+    def feed(self, text: str) -> tuple[str, str | None]:
+        """Returns (text safe to emit now, the stop string found or None).
+
+        Of the stop strings this text completes, the one that starts first wins (at the same start,
+        the first listed), so the text emitted is exactly the text before the stop string reported.
+        """
         if not self._stops:
-            return text, False
+            return text, None
         # Emitted text never ends with the start of a stop string (that part stays pending), so
         # any match must start inside the pending text.
         pending = self._pending + text
-        cut = min((i for i in (pending.find(s) for s in self._stops) if i >= 0), default=-1)
-        if cut >= 0:
+        found = [(at, i) for i, at in enumerate(pending.find(s) for s in self._stops) if at >= 0]
+        if found:
+            cut, first = min(found)
             self._pending = ""
-            return pending[:cut], True
+            return pending[:cut], self._stops[first]
         hold = self._held_suffix(pending)
         self._pending = pending[len(pending) - hold :] if hold else ""
-        return pending[: len(pending) - hold], False
+        return pending[: len(pending) - hold], None
 
     def flush(self) -> str:
         """The held-back text, when the sequence ends for another reason."""

@@ -42,6 +42,7 @@ class ChatFormat(ResponseFormat[ChatCompletionRequest]):
             index=0,
             message=ResponseMessage(content=result.text),
             finish_reason=result.finish_reason,
+            stop_reason=result.stop_reason,
             logprobs=self._logprobs(result.token_ids, result.logprobs),
             token_ids=self._token_ids(result.token_ids),
         )
@@ -77,8 +78,11 @@ class ChatFormat(ResponseFormat[ChatCompletionRequest]):
         )
         return self._chunk([choice])
 
-    def closing(self, finish_reason: str) -> ChatCompletionChunk:
-        return self._chunk([ChatChunkChoice(index=0, delta=ChatDelta(), finish_reason=finish_reason)])
+    def closing(self, finish_reason: str, stop_reason: str | int | None) -> ChatCompletionChunk:
+        choice = ChatChunkChoice(
+            index=0, delta=ChatDelta(), finish_reason=finish_reason, stop_reason=stop_reason
+        )
+        return self._chunk([choice])
 
     def usage_chunk(self, chunk_usage: Usage) -> ChatCompletionChunk:
         return self._chunk([], chunk_usage)

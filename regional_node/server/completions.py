@@ -46,6 +46,7 @@ class CompletionFormat(ResponseFormat[CompletionRequest]):
             index=0,
             text=result.text,
             finish_reason=result.finish_reason,
+            stop_reason=result.stop_reason,
             logprobs=self._logprobs(result.token_ids, result.logprobs, 0),
             token_ids=self._token_ids(result.token_ids),
         )
@@ -69,8 +70,9 @@ class CompletionFormat(ResponseFormat[CompletionRequest]):
         self._offset += len(delta.new_text)
         return self._body([choice], None)
 
-    def closing(self, finish_reason: str) -> CompletionResponse:
-        return self._body([CompletionChoice(index=0, text="", finish_reason=finish_reason)], None)
+    def closing(self, finish_reason: str, stop_reason: str | int | None) -> CompletionResponse:
+        choice = CompletionChoice(index=0, text="", finish_reason=finish_reason, stop_reason=stop_reason)
+        return self._body([choice], None)
 
     def usage_chunk(self, chunk_usage: Usage) -> CompletionResponse:
         return self._body([], chunk_usage)

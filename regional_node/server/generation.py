@@ -54,6 +54,7 @@ class Result:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str
+    stop_reason: str | int | None  # the stop string or stop token id that ended it (RequestDelta)
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
@@ -297,6 +298,7 @@ async def collect(generation: Generation) -> Result:
         token_ids=token_ids,
         logprobs=logprobs,
         finish_reason=last.finish_reason,
+        stop_reason=last.stop_reason,
         prompt_tokens=last.prompt_tokens,
         cached_tokens=last.cached_tokens,
         completion_tokens=last.num_output_tokens,

@@ -1,7 +1,8 @@
 """OpenAI request fields to the engine's SamplingParams, and the features this node refuses.
 
 Refusals are explicit 400s naming the field (n > 1, penalties, logit_bias, structured output,
-tools, echo, suffix, best_of): silently ignoring them would return text the client did not ask for.
+tools and legacy functions, audio output, echo, suffix, best_of): silently ignoring them would
+return text the client did not ask for.
 """
 
 from __future__ import annotations
@@ -54,6 +55,18 @@ def check_supported(request: ChatCompletionRequest | CompletionRequest) -> None:
                 f"`logprobs` must be between 0 and {MAX_COMPLETION_LOGPROBS}.", param="logprobs"
             )
     else:
+        if request.functions and request.function_call != "none":
+            raise InvalidRequestError(
+                "Function calling is not supported on this node; omit `functions` or set "
+                "`function_call` to 'none'.",
+                param="functions",
+            )
+        if request.audio is not None or set(request.modalities or ()) - {"text"}:
+            raise InvalidRequestError(
+                "Only text output is supported on this node; omit `audio` and ask only for the "
+                "'text' modality.",
+                param="audio" if request.audio is not None else "modalities",
+            )
         top = request.top_logprobs
         if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
             raise InvalidRequestError(

@@ -40,7 +40,7 @@ class ChunkSource(Protocol):
 
     def piece(self, delta: RequestDelta) -> Any | None: ...
 
-    def closing(self, finish_reason: str) -> Any: ...
+    def closing(self, finish_reason: str, stop_reason: str | int | None) -> Any: ...
 
     def usage_chunk(self, chunk_usage: Usage) -> Any: ...
 
@@ -61,7 +61,7 @@ async def sse_stream(
             # An engine abort (shutdown) is never passed off as a finished answer.
             yield sse_event(aborted_error().to_body())
         else:
-            yield sse_event(source.closing(last.finish_reason))
+            yield sse_event(source.closing(last.finish_reason, last.stop_reason))
             if include_usage:
                 chunk = source.usage_chunk(
                     usage(last.prompt_tokens, last.num_output_tokens, last.cached_tokens)

@@ -42,7 +42,7 @@ from regional_node.engine.drain import DrainMeter
 from regional_node.engine.errors import EngineConfigError, EngineError, InvalidRequestError
 from regional_node.engine.kv_pool import DEFAULT_FRACTION, available_memory_bytes
 from regional_node.engine.output_processor import RequestState, append_token
-from regional_node.engine.outputs import FinishReason, RequestDelta
+from regional_node.engine.outputs import Finish, RequestDelta
 from regional_node.engine.request_intake import RequestIntake
 from regional_node.engine.sampling_params import SamplingParams
 from regional_node.engine.sequence import PRIORITY_RANK
@@ -376,7 +376,7 @@ def _delta(state: RequestState, output: Any) -> RequestDelta:
     ids: list[int] = []
     text: list[str] = []
     logprobs: list[float] = []
-    finish: FinishReason | None = None
+    finish: Finish | None = None
     for i, token in enumerate(completion.token_ids):
         entry = completion.logprobs[i] if completion.logprobs else None
         logprob = float(entry[token].logprob) if entry and token in entry else 0.0
@@ -384,13 +384,18 @@ def _delta(state: RequestState, output: Any) -> RequestDelta:
         ids.extend(step.new_token_ids)
         text.append(step.new_text)
         logprobs.extend(step.new_logprobs)
-        if step.finished:
-            finish = step.finish_reason
+        if step.finished and step.finish_reason is not None:
+            finish = Finish(step.finish_reason, step.stop_reason)
             break
     if finish is None and output.finished:
         # Every stop rule vLLM applies is also ours, so this is an abort (or a rule we lack).
         reason = completion.finish_reason
-        finish = reason if reason in ("stop", "length") else "abort"
+        if reason == "stop":
+            # vLLM reports our EOS as a stop token id (it runs with ignore_eos); we report none.
+            matched = completion.stop_reason
+            finish = Finish("stop", None if matched in state.eos_token_ids else matched)
+        else:
+            finish = Finish("length" if reason == "length" else "abort")
     delta = state.delta(ids, "".join(text), logprobs, finish)
     # vLLM (0.32 on) reports a request's verify steps all at once, with the output that finishes it
     # (not when one of our stop strings ends it first: that request is aborted in vLLM).

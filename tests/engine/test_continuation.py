@@ -1,5 +1,5 @@
 """Continuing a stream from any point: the client's text so far plus the continuation's text is
-exactly the unbroken stream's, with the same token ids and finish reason.
+exactly the unbroken stream's, with the same token ids, finish reason and stop reason.
 
 The breaks that matter are those where the node holds text back: the start of a possible stop
 string, half a UTF-8 character (these random checkpoints produce many), and a break after the last
@@ -40,6 +40,10 @@ class Stream:
     def finish_reason(self) -> str | None:
         return self.deltas[-1].finish_reason
 
+    @property
+    def stop_reason(self) -> str | int | None:
+        return self.deltas[-1].stop_reason
+
 
 def run(engine: LLMEngine, requests: dict[str, tuple[SamplingParams, list[int]]]) -> dict[str, Stream]:
     """Each request (params, continuation tokens) on PROMPT, batched, until all have finished."""
@@ -74,6 +78,7 @@ def assert_continuable_at_every_chunk(engine: LLMEngine, params: SamplingParams)
         assert received.text + rest.text == whole.text, f"broken after chunk {k} of {n}"
         assert received.token_ids + rest.token_ids == whole.token_ids, f"broken after chunk {k} of {n}"
         assert rest.finish_reason == whole.finish_reason, f"broken after chunk {k} of {n}"
+        assert rest.stop_reason == whole.stop_reason, f"broken after chunk {k} of {n}"
         assert rest.deltas[0].prompt_tokens == whole.deltas[0].prompt_tokens + k
     return whole
 
@@ -92,7 +97,7 @@ def test_text_held_back_for_a_stop_string_start_comes_after_the_break(engine: LL
     text, _ = unbroken_text(engine)
     assert sum(text.count(stop[0]) for stop in NEVER_MATCHING) >= 5, "the stops' starts are common"
     whole = assert_continuable_at_every_chunk(engine, replace(GREEDY, stop=NEVER_MATCHING))
-    assert whole.finish_reason == "length"
+    assert (whole.finish_reason, whole.stop_reason) == ("length", None)
     assert whole.text == text
     assert any(d.new_text == "" for d in whole.deltas), "text was held back at some chunk"
 
@@ -104,7 +109,7 @@ def test_a_stop_string_that_matches_ends_the_continuation_where_it_ended_the_str
     # A stop string from the middle of the text, among stops whose starts are common.
     stop = text[len(text) // 2 : len(text) // 2 + 3]
     whole = assert_continuable_at_every_chunk(engine, replace(GREEDY, stop=[*NEVER_MATCHING, stop]))
-    assert whole.finish_reason == "stop"
+    assert (whole.finish_reason, whole.stop_reason) == ("stop", stop)
     assert whole.text == text[: text.index(stop)]
 
 
@@ -114,7 +119,7 @@ def test_a_carried_stop_token_ends_the_continuation_at_once(engine: LLMEngine) -
     whole = assert_continuable_at_every_chunk(
         engine, replace(GREEDY, stop=NEVER_MATCHING, stop_token_ids=[stop_token])
     )
-    assert whole.finish_reason == "stop"
+    assert (whole.finish_reason, whole.stop_reason) == ("stop", stop_token)
     assert whole.token_ids[-1] == stop_token
 
 
@@ -124,6 +129,8 @@ def test_without_budget_left_a_continuation_only_says_how_the_carried_tokens_end
     _, ids = unbroken_text(engine)
     params = replace(GREEDY, max_tokens=0, stop=NEVER_MATCHING)
     [rest] = run(engine, {"spent": (params, ids)}).values()
-    assert [(d.new_token_ids, d.new_text, d.finish_reason) for d in rest.deltas] == [([], "", "length")]
+    assert [(d.new_token_ids, d.new_text, d.finish_reason, d.stop_reason) for d in rest.deltas] == [
+        ([], "", "length", None)
+    ]
     with pytest.raises(Exception, match="max_tokens must be an integer >= 1"):
         engine.add_request("no-carried", PROMPT, params)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -92,21 +93,34 @@ def test_incremental_detokenizer_never_splits_a_character(tokenizer: Tokenizer) 
 
 def test_stop_string_split_across_pieces_is_held_back_then_dropped() -> None:
     matcher = StopStringMatcher(["STOP"])
-    assert matcher.feed("Hello S") == ("Hello ", False)
-    assert matcher.feed("T") == ("", False)
-    assert matcher.feed("OP and more") == ("", True)
+    assert matcher.feed("Hello S") == ("Hello ", None)
+    assert matcher.feed("T") == ("", None)
+    assert matcher.feed("OP and more") == ("", "STOP")
 
 
 def test_false_alarm_is_released() -> None:
     matcher = StopStringMatcher(["STOP", "\n\n"])
-    assert matcher.feed("a ST") == ("a ", False)
-    assert matcher.feed("ART\n") == ("START", False)
+    assert matcher.feed("a ST") == ("a ", None)
+    assert matcher.feed("ART\n") == ("START", None)
     assert matcher.flush() == "\n"
 
 
 def test_earliest_stop_string_wins() -> None:
     matcher = StopStringMatcher(["bb", "a"])
-    assert matcher.feed("xxbba") == ("xx", True)
+    assert matcher.feed("xxbba") == ("xx", "bb")
+
+
+def test_at_the_same_start_the_first_listed_stop_string_wins() -> None:
+    assert StopStringMatcher(["ab", "abc"]).feed("xabc") == ("x", "ab")
+    assert StopStringMatcher(["abc", "ab"]).feed("xabc") == ("x", "abc")
+
+
+def test_the_first_stop_string_completed_ends_the_text_even_if_a_longer_one_started_earlier() -> None:
+    """Generation stops at the token that completes a stop string: a longer one starting earlier
+    could only complete with text that is never generated."""
+    matcher = StopStringMatcher(["abc", "b"])
+    assert matcher.feed("xa") == ("x", None)
+    assert matcher.feed("b") == ("a", "b")
 
 
 def test_engine_text_and_stop_strings(llama_dir: Path) -> None:
@@ -127,9 +141,12 @@ def test_engine_text_and_stop_strings(llama_dir: Path) -> None:
     while engine.has_unfinished_requests():
         for delta in engine.step():
             streamed.append(delta.new_text)
-            finish = delta.finish_reason
+            finish = (delta.finish_reason, delta.stop_reason)
     assert "".join(streamed) == full.text[:cut]
-    assert finish == "stop"
+    assert finish == ("stop", stop)
+    assert full.stop_reason is None  # ignore_eos: it ended by length
+    [stopped] = engine.generate(["héllo wörld"], replace(base, stop=[stop]))
+    assert (stopped.text, stopped.finish_reason, stopped.stop_reason) == (full.text[:cut], "stop", stop)
     assert all(stop not in piece for piece in streamed)
 
 

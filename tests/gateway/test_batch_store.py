@@ -1,7 +1,8 @@
 """The batch store's contract (gateway/batches/store/), run against a real SQLite file and a real
 PostgreSQL alike: each line is held by one gateway at a time and gets exactly one answer; a dead
 holder's lines come back; a tenant's enqueued lines are capped atomically; claims are dealt
-fairly across tenants; a batch's usage sums its lines'."""
+fairly across tenants; a batch's usage sums its lines'; a tenant's files are listed in pages whose
+order does not change under ties."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gateway.batches.input import InputLine
-from gateway.batches.records import BatchRecord, LineUsage
+from gateway.batches.records import BatchRecord, FileRecord, LineUsage
 from gateway.batches.store import BatchStore, PostgresBatchStore, SqliteBatchStore
 
 OpenStore = Callable[[], Awaitable[BatchStore]]
@@ -263,3 +264,65 @@ async def test_claims_are_dealt_round_robin_across_tenants(store: BatchStore) ->
     assert [(ln.batch_id, ln.line_no) for ln in more] == [("batch_a", n) for n in range(4, 51)] + [
         ("batch_a2", 1)
     ]
+
+
+# -- files -----------------------------------------------------------------------------------------
+
+
+async def _walk_files(store: BatchStore, *, limit: int, newest_first: bool) -> list[list[str]]:
+    """Tenant t's files, page after page, each page `after` the last id of the one before."""
+    pages: list[list[str]] = []
+    after = None
+    while len(pages) < 50:
+        records = await store.list_files(
+            "t", purpose=None, limit=limit, newest_first=newest_first, after=after
+        )
+        if not records:
+            return pages
+        pages.append([f.id for f in records])
+        after = pages[-1][-1]
+    raise AssertionError("the pages never end")
+
+
+async def test_files_are_listed_by_creation_time_then_id_in_pages_of_the_tenant_only(
+    store: BatchStore,
+) -> None:
+    # Random ids in two seconds: the id decides within a second, created_at across them.
+    files = [
+        FileRecord(f"file-{uuid.uuid4().hex}", "t", "f.jsonl", "batch", 1, 1_800_000_000 + i % 2)
+        for i in range(13)
+    ]
+    for record in [*files, FileRecord("file-other", "other", "f.jsonl", "batch", 1, 1_800_000_000)]:
+        await store.add_file(record)
+    oldest_first = [f.id for f in sorted(files, key=lambda f: (f.created_at, f.id))]
+    for newest_first, expected in ((True, oldest_first[::-1]), (False, oldest_first)):
+        pages = await _walk_files(store, limit=5, newest_first=newest_first)
+        assert [len(p) for p in pages] == [5, 5, 3]
+        assert [file_id for page in pages for file_id in page] == expected
+    assert [
+        f.id for f in await store.list_files("other", purpose=None, limit=10, newest_first=True, after=None)
+    ] == ["file-other"]
+
+
+async def test_deleted_files_are_not_listed_but_still_mark_their_place_and_purpose_filters(
+    store: BatchStore,
+) -> None:
+    for i, purpose in enumerate(["batch", "batch_output", "batch", "batch_output", "batch"]):
+        await store.add_file(FileRecord(f"file-{i}", "t", "f.jsonl", purpose, 1, 1_800_000_000 + i))
+
+    async def listed(*, purpose: str | None = None, after: str | None = None) -> list[str]:
+        return [
+            f.id
+            for f in await store.list_files("t", purpose=purpose, limit=10, newest_first=False, after=after)
+        ]
+
+    assert await store.delete_file("file-2", "t")
+    assert await listed() == ["file-0", "file-1", "file-3", "file-4"]
+    # A client deleting each file of a page as it walks goes on after the deleted one.
+    assert await listed(after="file-2") == ["file-3", "file-4"]
+    assert await listed(purpose="batch_output") == ["file-1", "file-3"]
+    assert await listed(purpose="batch", after="file-1") == ["file-4"]
+    assert await listed(purpose="fine-tune") == []
+    assert await listed(after="file-unknown") == []  # as the batches list answers an unknown id
+    await store.add_file(FileRecord("file-theirs", "other", "f.jsonl", "batch", 1, 1_800_000_000))
+    assert await listed(after="file-theirs") == []  # another tenant's id is unknown here

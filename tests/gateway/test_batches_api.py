@@ -11,13 +11,15 @@ import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+from urllib.parse import quote
 
 import httpx
 import openai
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from openai.types import FileObject
 
 from gateway.batches import BatchInputError
 from gateway.batches.batches import checked_callback_url
@@ -38,6 +40,12 @@ from tests.gateway.conftest import (
 )
 
 MAX_FILE_BYTES = 16 * 1024
+# Tenants of their own for the file-list tests, which need to know every file their tenant has.
+LIST_KEYS = {name: f"sk-test-files-{name}" for name in ("own", "other", "page", "walk", "purpose", "emptied")}
+LIST_TENANTS = tuple(
+    TenantPolicy(tenant_id=f"t-files-{name}", api_key_hashes=frozenset({key_digest(key)}))
+    for name, key in LIST_KEYS.items()
+)
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +76,7 @@ def batch_config(regions: Path, work: Path, **batches: Any) -> dict[str, Any]:
 def gw(node: NodeProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
     work = tmp_path_factory.mktemp("gw")
     regions = write_regions(work / "regions.yaml", [node])
-    with run_gateway(batch_config(regions, work)) as running:
+    with run_gateway(batch_config(regions, work), tenants=(*TEST_TENANTS, *LIST_TENANTS)) as running:
         yield running
 
 
@@ -516,6 +524,65 @@ def test_a_batch_runs_on_a_postgres_ledger_database(
         )
         assert ended.usage is not None and ended.usage.output_tokens > 0
         assert batch.id in [b.id for b in client.batches.list()]
+        check_unstorable_text_is_refused_or_not_found(running)
+
+
+# Text no store can hold as it is: PostgreSQL's text refuses NUL, and UTF-8 a lone surrogate
+# (JSON's "\ud800" escape decodes to one). They were a 503 (PostgreSQL) and a 500 (both).
+UNSTORABLE = ("\x00", "file-\x00", "a\x00b", "\ud800", "x\udfffy")
+
+
+def check_unstorable_text_is_refused_or_not_found(gw: RunningGateway) -> None:
+    """An id holding such text names nothing (404, an empty page); a filename or a custom_id
+    holding it is refused by name; never a 5xx, and the gateway goes on serving."""
+    client = sdk(gw)
+    http = httpx.Client(base_url=gw.url, headers={"authorization": f"Bearer {GLOBAL_KEY}"}, timeout=30)
+    for text in UNSTORABLE:
+        if "\x00" in text:  # a URL cannot carry a lone surrogate (it is not UTF-8)
+            quoted = quote(text, safe="")
+            for method, path in (
+                ("GET", f"/v1/files/{quoted}"),
+                ("GET", f"/v1/files/{quoted}/content"),
+                ("DELETE", f"/v1/files/{quoted}"),
+                ("GET", f"/v1/batches/{quoted}"),
+                ("POST", f"/v1/batches/{quoted}/cancel"),
+            ):
+                assert http.request(method, path).status_code == 404, (method, path)
+            # Written by hand: HTTP clients percent-encode a NUL in a filename (and a lone
+            # surrogate cannot be sent: it is not UTF-8).
+            form = (
+                b'--B\r\nContent-Disposition: form-data; name="file"; filename="'
+                + text.encode()
+                + b'"\r\n\r\n{}\r\n--B\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n--B--\r\n'
+            )
+            named = http.post(
+                "/v1/files", content=form, headers={"content-type": "multipart/form-data; boundary=B"}
+            )
+            assert named.status_code == 400 and named.json()["error"]["param"] == "file", named.text
+            for path, param in (("/v1/files", "after"), ("/v1/files", "purpose"), ("/v1/batches", "after")):
+                page = http.get(path, params={param: text})
+                assert page.status_code == 200 and page.json()["data"] == [], (path, param, page.text)
+        # json.dumps escapes the text as JSON ("\\u0000", "\\ud800"), as a client would send it.
+        wanted = {"input_file_id": text, "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+        created = http.post(
+            "/v1/batches", content=json.dumps(wanted), headers={"content-type": "application/json"}
+        )
+        # A lone surrogate's escape is not JSON the door's decoder takes: a 400 before any lookup.
+        assert created.status_code == (404 if "\x00" in text else 400), created.text
+        file_id = client.files.create(
+            file=("input.jsonl", jsonl([chat_line("fine", "Hi"), chat_line(text, "Hi")])), purpose="batch"
+        ).id
+        batch = client.batches.create(
+            input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        assert batch.status == "failed" and batch.errors is not None and batch.errors.data is not None
+        [error] = batch.errors.data
+        assert (error.param, error.line) == ("custom_id", 2)
+    assert http.get("/v1/files", params={"limit": 1}).status_code == 200
+
+
+def test_text_no_store_can_hold_is_refused_or_not_found(gw: RunningGateway) -> None:
+    check_unstorable_text_is_refused_or_not_found(gw)
 
 
 RPM_KEY = "sk-test-two-a-minute"
@@ -577,3 +644,115 @@ def test_a_list_limit_that_is_not_1_to_100_is_a_400_naming_it(gw: RunningGateway
     )
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == "limit"
+
+
+# -- GET /v1/files ----------------------------------------------------------------------------------
+
+
+def newest_first(files: list[FileObject]) -> list[FileObject]:
+    """In the list's order: by created_at (whole seconds, so often tied), then by id."""
+    return sorted(files, key=lambda f: (f.created_at, f.id), reverse=True)
+
+
+def test_files_are_listed_for_their_tenant_only_newest_first_or_oldest_first(gw: RunningGateway) -> None:
+    own, other = sdk(gw, LIST_KEYS["own"]), sdk(gw, LIST_KEYS["other"])
+    mine = [own.files.create(file=(f"{i}.jsonl", b"{}\n"), purpose="batch") for i in range(4)]
+    theirs = [other.files.create(file=(f"{i}.jsonl", b"{}\n"), purpose="batch") for i in range(2)]
+    assert own.files.list().data == newest_first(mine)  # each file object as its upload answered
+    assert other.files.list().data == newest_first(theirs)
+    assert own.files.list(order="asc").data == newest_first(mine)[::-1]
+    own.files.delete(mine[1].id)
+    assert own.files.list().data == newest_first([mine[0], *mine[2:]])
+
+
+def test_the_list_answers_as_openai_s_with_the_page_s_first_and_last_ids(gw: RunningGateway) -> None:
+    """Raw HTTP: it was a 405 (only the upload was routed), which the SDK's `files.list()` raised."""
+    key = {"authorization": f"Bearer {LIST_KEYS['page']}"}
+    client = sdk(gw, LIST_KEYS["page"])
+    client.files.create(file=("a.jsonl", b"{}\n"), purpose="batch")
+    client.files.create(file=("b.jsonl", b"{}\n"), purpose="batch")
+    response = httpx.get(gw.url + "/v1/files", params={"limit": 1}, headers=key, timeout=30)
+    assert response.status_code == 200, response.text
+    page = response.json()
+    assert page["object"] == "list" and page["has_more"] is True
+    [listed] = page["data"]
+    assert page["first_id"] == page["last_id"] == listed["id"]
+    assert listed == client.files.retrieve(listed["id"]).model_dump()
+    beyond = httpx.get(gw.url + "/v1/files", params={"after": "file-none"}, headers=key, timeout=30).json()
+    assert beyond == {"object": "list", "data": [], "first_id": None, "last_id": None, "has_more": False}
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    uploads=st.integers(0, 7),
+    deleted=st.sets(st.integers(0, 6), max_size=3),
+    limit=st.integers(1, 8),
+    order=st.sampled_from(["asc", "desc"]),
+)
+def test_walking_the_pages_returns_each_live_file_once_in_order(
+    gw: RunningGateway, uploads: int, deleted: set[int], limit: int, order: Literal["asc", "desc"]
+) -> None:
+    """Each example's tenant holds only its own uploads (it deletes them at the end)."""
+    client = sdk(gw, LIST_KEYS["walk"])
+    files = [client.files.create(file=(f"{i}.jsonl", b"{}\n"), purpose="batch") for i in range(uploads)]
+    gone: set[str] = set()
+    try:
+        for i in sorted(deleted & set(range(uploads))):
+            client.files.delete(files[i].id)
+            gone.add(files[i].id)
+        expected = [f.id for f in newest_first([f for f in files if f.id not in gone])]
+        if order == "asc":
+            expected.reverse()
+        pages = list(client.files.list(limit=limit, order=order).iter_pages())  # each `after` the last
+        assert [f.id for page in pages for f in page.data] == expected
+        assert [len(page.data) for page in pages] == [
+            min(limit, len(expected) - start) for start in range(0, max(len(expected), 1), limit)
+        ]
+        assert [page.has_more for page in pages] == [True] * (len(pages) - 1) + [False]
+    finally:
+        for f in files:
+            if f.id not in gone:
+                client.files.delete(f.id)
+
+
+def test_deleting_each_file_while_walking_the_list_deletes_them_all(gw: RunningGateway) -> None:
+    """The next page is read after the last file of this one, which is deleted by then."""
+    client = sdk(gw, LIST_KEYS["emptied"])
+    for i in range(5):
+        client.files.create(file=(f"{i}.jsonl", b"{}\n"), purpose="batch")
+    for listed in client.files.list(limit=2):
+        client.files.delete(listed.id)
+    assert client.files.list().data == []
+
+
+def test_the_purpose_filter_lists_a_batch_s_output_apart_from_its_input(gw: RunningGateway) -> None:
+    client = sdk(gw, LIST_KEYS["purpose"])
+    input_id = upload(client, [chat_line("one", "hi", max_tokens=1)])
+    batch = client.batches.create(
+        input_file_id=input_id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    ended = wait_until_ended(client, batch.id)
+    assert ended.status == "completed" and ended.output_file_id is not None
+    assert [f.id for f in client.files.list(purpose="batch_output")] == [ended.output_file_id]
+    assert [f.id for f in client.files.list(purpose="batch")] == [input_id]
+    assert {f.id for f in client.files.list()} == {input_id, ended.output_file_id}
+    assert client.files.list(purpose="fine-tune").data == []
+
+
+@pytest.mark.parametrize(
+    ("param", "value"),
+    [
+        *(("limit", v) for v in ["0", "10001", "-1", "ten", "²", "1.0", "9" * 5000, ""]),
+        *(("order", v) for v in ["newest", "ASC", ""]),
+    ],
+)
+def test_a_bad_file_list_parameter_is_a_400_naming_it(gw: RunningGateway, param: str, value: str) -> None:
+    response = httpx.get(
+        gw.url + "/v1/files",
+        params={param: value},
+        headers={"authorization": f"Bearer {LIST_KEYS['own']}"},
+        timeout=30,
+    )
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and error["type"] == "invalid_request_error" and error["message"]

@@ -162,6 +162,24 @@ def test_models_list_only_what_the_tenant_may_use(gw: RunningGateway) -> None:
     assert [m.id for m in sdk(gw, SMALL_KEY).models.list()] == ["meridian-small"]
 
 
+def test_a_model_is_retrieved_by_name_and_one_the_tenant_may_not_use_is_not_found(gw: RunningGateway) -> None:
+    card = sdk(gw).models.retrieve("meridian-large")
+    assert (card.id, card.object, card.owned_by) == ("meridian-large", "model", "meridian")
+    assert card.created == next(m for m in sdk(gw).models.list() if m.id == "meridian-large").created
+    # Listed for one key, not found for a key whose tenant may not use it, nor for unknown names
+    # (a slash in a name is part of it, as in "org/model").
+    for key, name in (
+        (SMALL_KEY, "meridian-large"),
+        (GLOBAL_KEY, "nope"),
+        (GLOBAL_KEY, "org/meridian-small"),
+    ):
+        with pytest.raises(openai.NotFoundError) as info:
+            sdk(gw, key).models.retrieve(name)
+        assert (info.value.code, info.value.param) == ("model_not_found", "model")
+    unauthenticated = httpx.get(gw.url + "/v1/models/meridian-small", timeout=10)
+    assert unauthenticated.status_code == 401
+
+
 def test_bad_or_missing_key_is_401_in_openai_format(gw: RunningGateway) -> None:
     with pytest.raises(openai.AuthenticationError) as info:
         sdk(gw, "sk-wrong").chat.completions.create(

@@ -156,7 +156,7 @@ def test_document_is_a_valid_openapi_3_1_document(document: dict[str, Any]) -> N
 
 def test_every_path_parameter_is_declared_as_a_required_string(document: dict[str, Any]) -> None:
     templated = {path for path in document["paths"] if "{" in path}
-    assert len(templated) == 6
+    assert len(templated) == 8
     for path in templated:
         names = set(re.findall(r"{(\w+)}", path))
         for method, operation in document["paths"][path].items():
@@ -216,22 +216,29 @@ def operations_by_id(document: dict[str, Any]) -> dict[str, tuple[str, str, dict
 
 def test_each_created_object_links_to_every_operation_on_it(document: dict[str, Any]) -> None:
     """A create (POST /v1/files) links each operation under its object's path (/v1/files/{file_id}
-    ...) with that parameter taken from the answer's id."""
+    ...) with that parameter taken from the answer's id; where nothing is created (the models),
+    the list links to them with its first item's id."""
     by_id = operations_by_id(document)
-    creates = {path: item["post"] for path, item in document["paths"].items() if "post" in item}
+    sources = {
+        path: (item["post"], "$response.body#/id")
+        if "post" in item
+        else (item["get"], "$response.body#/data/0/id")
+        for path, item in document["paths"].items()
+    }
     expected = 0
     for path, item in document["paths"].items():
         found = re.match(r"^(/v1/\w+)/\{(\w+)\}", path)
         if found is None:
             continue
         collection, parameter = found.groups()
-        links = creates[collection]["responses"]["200"]["links"]
+        source, value = sources[collection]
+        links = source["responses"]["200"]["links"]
         for method, op in item.items():
             expected += 1
             linked = [link for link in links.values() if link["operationId"] == op["operationId"]]
-            assert linked, f"{method} {path} is not linked from POST {collection}"
-            assert linked[0]["parameters"] == {parameter: "$response.body#/id"}
-    assert expected == 8  # files x3, batches x2, responses x3
+            assert linked, f"{method} {path} is not linked from {collection}"
+            assert linked[0]["parameters"] == {parameter: value}
+    assert expected == 10  # files x3, batches x2, responses x4, models x1
     for path, _, op in by_id.values():
         for link in op["responses"]["200"].get("links", {}).values():
             assert link["operationId"] in by_id, link
@@ -411,6 +418,13 @@ _RESPONSE = {"model": "meridian-small", "input": "Hi", "max_output_tokens": 4}
     [
         ("/v1/messages", {**MINIMAL["/v1/messages"], "max_tokens": 0}, "max_tokens"),
         ("/v1/messages", {**MINIMAL["/v1/messages"], "messages": []}, "messages"),
+        ("/v1/messages", {**MINIMAL["/v1/messages"], "tools": [{"name": "f", "input_schema": {}}]}, "tools"),
+        ("/v1/messages", {**MINIMAL["/v1/messages"], "tool_choice": {"type": "any"}}, "tool_choice"),
+        (
+            "/v1/messages",
+            {**MINIMAL["/v1/messages"], "thinking": {"type": "enabled", "budget_tokens": 1024}},
+            "thinking",
+        ),
         ("/v1/responses", {**_RESPONSE, "model": ""}, "model"),
         ("/v1/responses", {**_RESPONSE, "input": []}, "input"),
         ("/v1/responses", {**_RESPONSE, "max_output_tokens": 0}, "max_output_tokens"),
@@ -447,6 +461,16 @@ def test_what_a_door_refuses_its_schema_refuses_too(
     ("path", "body", "status"),
     [
         ("/v1/messages", {**MINIMAL["/v1/messages"], "max_tokens": 1}, 200),
+        (
+            "/v1/messages",
+            {
+                **MINIMAL["/v1/messages"],
+                "tools": [],
+                "tool_choice": {"type": "auto"},
+                "thinking": {"type": "disabled"},
+            },
+            200,
+        ),
         # A whole number is an integer to JSON Schema (schemathesis sends 2.0 for one).
         ("/v1/messages", {**MINIMAL["/v1/messages"], "max_tokens": 2.0}, 200),
         ("/v1/chat/completions", {**MINIMAL["/v1/chat/completions"], "max_tokens": 2.0, "n": 1.0}, 200),
@@ -500,3 +524,33 @@ def test_each_generation_door_answers_with_a_documented_media_type(
         assert response.headers["cache-control"] == "no-cache" and data.startswith((b"data: ", b"event: "))
     else:
         assert int(response.headers["content-length"]) == len(data) and json.loads(data)
+
+
+@pytest.mark.parametrize(
+    ("template", "names"),
+    [
+        ("/v1/files", {"purpose", "limit", "order", "after"}),
+        ("/v1/responses/{response_id}/input_items", {"limit", "order", "after"}),
+    ],
+)
+def test_a_list_declares_the_query_parameters_its_door_reads(
+    gw: RunningGateway, document: dict[str, Any], template: str, names: set[str]
+) -> None:
+    """A value its schema allows is served as documented; one it refuses is a 400 naming it."""
+    operation = document["paths"][template]["get"]
+    declared = {p["name"]: p["schema"] for p in operation["parameters"] if p["in"] == "query"}
+    assert set(declared) == names
+    most = declared["limit"]["maximum"]
+    headers = {"authorization": f"Bearer {GLOBAL_KEY}"}
+    created = httpx.post(gw.url + "/v1/responses", json=_RESPONSE, headers=headers, timeout=60).json()
+    path = template.format(response_id=created["id"])
+    for name, value in [("limit", 1), ("limit", most), ("order", "asc"), ("order", "desc"), ("after", "x")]:
+        assert _validator(document, declared[name]).is_valid(value)
+        response = httpx.get(gw.url + path, params={name: value}, headers=headers, timeout=30)
+        assert response.status_code == 200, response.text
+        assert _validator(document, answer_schema(document, template, "get", "200")).is_valid(response.json())
+    for name, value in [("limit", 0), ("limit", most + 1), ("order", "newest")]:
+        assert not _validator(document, declared[name]).is_valid(value)
+        response = httpx.get(gw.url + path, params={name: value}, headers=headers, timeout=30)
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == name

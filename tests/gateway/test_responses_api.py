@@ -11,6 +11,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.responses.run import Run
@@ -236,6 +238,73 @@ def test_another_tenants_response_is_not_found(gw: RunningGateway) -> None:
     with pytest.raises(openai.NotFoundError):
         other.responses.delete(response.id)
     assert sdk(gw).responses.retrieve(response.id).id == response.id
+
+
+def test_a_response_lists_its_input_messages_as_sent_not_its_instructions(gw: RunningGateway) -> None:
+    client = sdk(gw)
+    given = [
+        {"role": "developer", "content": "Be brief."},
+        {
+            "role": "user",
+            "content": [{"type": "input_text", "text": "Hi "}, {"type": "input_text", "text": "there"}],
+        },
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Again"},
+    ]
+    response = client.responses.create(
+        model="meridian-small", input=given, instructions="Answer in English.", max_output_tokens=1
+    )
+    oldest_first = list(client.responses.input_items.list(response.id, order="asc"))
+    assert [(item.role, item.content[0].text) for item in oldest_first] == [  # type: ignore[union-attr]
+        ("developer", "Be brief."),
+        ("user", "Hi there"),
+        ("assistant", "Hello."),
+        ("user", "Again"),
+    ]
+    assert [item.content[0].type for item in oldest_first] == [  # type: ignore[union-attr]
+        "input_text",
+        "input_text",
+        "output_text",
+        "input_text",
+    ]
+    newest_first = list(client.responses.input_items.list(response.id))
+    assert [item.id for item in newest_first] == [item.id for item in reversed(oldest_first)]
+    assert len({item.id for item in newest_first}) == 4
+    one = client.responses.create(model="meridian-small", input="Hi", max_output_tokens=1)
+    [only] = client.responses.input_items.list(one.id)
+    assert (only.role, only.content[0].text) == ("user", "Hi")  # type: ignore[union-attr]
+    with pytest.raises(openai.NotFoundError):
+        sdk(gw, EU_KEY).responses.input_items.list(response.id)
+    client.responses.delete(response.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_items.list(response.id)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    count=st.integers(min_value=1, max_value=7),
+    limit=st.integers(min_value=1, max_value=4),
+    order=st.sampled_from(["asc", "desc"]),
+)
+def test_walking_the_input_item_pages_returns_each_message_once_in_order(
+    gw: RunningGateway, count: int, limit: int, order: str
+) -> None:
+    messages = [{"role": "user", "content": f"m{i}"} for i in range(count)]
+    response = sdk(gw).responses.create(model="meridian-small", input=messages, max_output_tokens=1)
+    http = httpx.Client(base_url=gw.url, headers={"authorization": f"Bearer {GLOBAL_KEY}"}, timeout=30)
+    seen: list[str] = []
+    after: str | None = None
+    while True:
+        params = {"limit": limit, "order": order, **({"after": after} if after else {})}
+        page = http.get(f"/v1/responses/{response.id}/input_items", params=params).json()
+        seen += [item["content"][0]["text"] for item in page["data"]]
+        assert len(page["data"]) <= limit
+        if not page["has_more"]:
+            break
+        assert len(page["data"]) == limit
+        after = page["last_id"]
+    expected = [m["content"] for m in messages]
+    assert seen == (expected if order == "asc" else expected[::-1])
 
 
 @pytest.mark.parametrize(

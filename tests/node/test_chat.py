@@ -38,6 +38,8 @@ def test_max_completion_tokens_limits_output(client: openai.OpenAI) -> None:
     )
     assert reply.usage.completion_tokens == 3
     assert reply.choices[0].finish_reason == "length"
+    extra = reply.choices[0].model_extra
+    assert "stop_reason" in extra and extra["stop_reason"] is None, "present, and null (as vLLM)"
 
 
 def test_repeated_prompt_reports_cached_tokens(client: openai.OpenAI) -> None:
@@ -63,6 +65,10 @@ def test_streaming_chat_sends_role_content_finish_usage(client: openai.OpenAI) -
     assert len({chunk.id for chunk in chunks}) == 1
     finishing = [c for c in chunks if c.choices and c.choices[0].finish_reason is not None]
     assert [c.choices[0].finish_reason for c in finishing] == ["length"]
+    extra = finishing[0].choices[0].model_extra
+    assert "stop_reason" in extra and extra["stop_reason"] is None
+    # Only the finishing chunk says how it stopped (vLLM's chat chunks leave it out otherwise).
+    assert [c for c in chunks if c.choices and "stop_reason" in c.choices[0].model_extra] == finishing
     usage_chunk = chunks[-1]
     assert usage_chunk.choices == [] and usage_chunk.usage.completion_tokens == 6
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -90,9 +96,26 @@ def test_stop_string_ends_text_before_it(client: openai.OpenAI) -> None:
     expected = full[: full.index(stop)]
     stopped = client.chat.completions.create(**args, stop=[stop], extra_body={"ignore_eos": True}).choices[0]
     assert stopped.finish_reason == "stop"
+    assert stopped.model_extra["stop_reason"] == stop
     assert stopped.message.content == expected
     single = client.chat.completions.create(**args, stop=stop, extra_body={"ignore_eos": True}).choices[0]
     assert single.message.content == expected
+    assert single.model_extra["stop_reason"] == stop
+
+
+def test_streamed_stop_string_is_the_finish_chunks_stop_reason(client: openai.OpenAI) -> None:
+    args = {"model": CHAT_MODEL, "messages": MESSAGES, "max_tokens": 24, "temperature": 0}
+    full = client.chat.completions.create(**args, extra_body={"ignore_eos": True}).choices[0].message.content
+    assert len(full) > 12, full
+    stop = full[9:12]
+    chunks = list(
+        client.chat.completions.create(
+            **args, stop=["never ☃", stop], stream=True, extra_body={"ignore_eos": True}
+        )
+    )
+    finishing = [c.choices[0] for c in chunks if c.choices and c.choices[0].finish_reason is not None]
+    assert [(c.finish_reason, c.model_extra["stop_reason"]) for c in finishing] == [("stop", stop)]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == full[: full.index(stop)]
 
 
 def test_seeded_sampling_is_reproducible(client: openai.OpenAI) -> None:

@@ -73,6 +73,11 @@ def test_streaming_completion_matches_non_streaming(client: openai.OpenAI) -> No
         "length"
     ]
     assert chunks[-1].usage.completion_tokens == 7
+    finishing = [c.choices[0] for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishing[0].model_extra["stop_reason"] is None and "stop_reason" in finishing[0].model_extra
+    assert (
+        whole.choices[0].model_extra["stop_reason"] is None and "stop_reason" in whole.choices[0].model_extra
+    )
 
 
 def test_stop_token_ids_end_generation(client: openai.OpenAI) -> None:
@@ -84,7 +89,25 @@ def test_stop_token_ids_end_generation(client: openai.OpenAI) -> None:
         **args, extra_body={"stop_token_ids": [stopper], "return_token_ids": True, "ignore_eos": True}
     )
     assert stopped.choices[0].finish_reason == "stop"
+    assert stopped.choices[0].model_extra["stop_reason"] == stopper
     assert stopped.choices[0].model_extra["token_ids"] == ids[: ids.index(stopper) + 1]
+
+
+def test_stop_string_is_reported_as_stop_reason_whole_and_streamed(client: openai.OpenAI) -> None:
+    args = {"model": CHAT_MODEL, "prompt": PROMPT, "max_tokens": 24, "temperature": 0}
+    full = client.completions.create(**args, extra_body={"ignore_eos": True}).choices[0].text
+    assert len(full) > 10, full
+    stop = full[6:10]
+    expected = full[: full.index(stop)]
+    stopped = client.completions.create(**args, stop=[stop, "never ☃"], extra_body={"ignore_eos": True})
+    choice = stopped.choices[0]
+    assert (choice.finish_reason, choice.model_extra["stop_reason"], choice.text) == ("stop", stop, expected)
+    chunks = list(
+        client.completions.create(**args, stop=[stop], stream=True, extra_body={"ignore_eos": True})
+    )
+    finishing = [c.choices[0] for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert [(c.finish_reason, c.model_extra["stop_reason"]) for c in finishing] == [("stop", stop)]
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == expected
 
 
 def test_models_list_names_every_served_model(client: openai.OpenAI) -> None:

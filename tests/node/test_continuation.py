@@ -1,7 +1,7 @@
 """continuation_token_ids: a stream broken after any chunk continues exactly, on this node or any.
 
 The client's chunks so far plus the continuation's chunks give the unbroken stream's text, token
-ids and finish_reason, also where the node held text back (the start of a possible stop string,
+ids, finish_reason and stop_reason, also where the node held text back (the start of a possible stop string,
 half a UTF-8 character) and where the break came after the last token's chunk but before the
 finish chunk.
 """
@@ -29,6 +29,7 @@ NEVER_MATCHING = ["s☃☃", "h☃☃", "\ufffd☃"]
 class Streamed:
     chunks: list[tuple[list[int], str]] = field(default_factory=list)  # (token ids, text)
     finish_reason: str | None = None
+    stop_reason: str | int | None = None
     usage: Any = None
 
     @property
@@ -58,6 +59,8 @@ def stream_completion(client: openai.OpenAI, max_tokens: int, **extra: Any) -> S
             if ids or choice.text:
                 out.chunks.append((ids, choice.text))
             out.finish_reason = choice.finish_reason or out.finish_reason
+            if choice.finish_reason:
+                out.stop_reason = (choice.model_extra or {})["stop_reason"]
     return out
 
 
@@ -104,7 +107,10 @@ def test_a_stream_broken_after_any_chunk_continues_exactly(client: openai.OpenAI
         stops.append(text[len(text) // 2 : len(text) // 2 + 3])
     extra = {"stop": stops, "ignore_eos": True}
     whole = stream_completion(client, 30, **extra)
-    assert whole.finish_reason == ("length" if stop_kind == "never-matching stops" else "stop")
+    if stop_kind == "never-matching stops":
+        assert (whole.finish_reason, whole.stop_reason) == ("length", None)
+    else:
+        assert (whole.finish_reason, whole.stop_reason) == ("stop", stops[-1])
     assert any(not text for _, text in whole.chunks), "text was held back at some chunk"
 
     def continued(k: int) -> Streamed:
@@ -116,11 +122,14 @@ def test_a_stream_broken_after_any_chunk_continues_exactly(client: openai.OpenAI
         rests = list(pool.map(continued, range(1, n + 1)))
     for k, rest in enumerate(rests, start=1):
         received = Streamed(whole.chunks[:k])
-        assert (received.text + rest.text, received.token_ids + rest.token_ids, rest.finish_reason) == (
-            whole.text,
-            whole.token_ids,
-            whole.finish_reason,
-        ), f"broken after chunk {k} of {n}"
+        assert (
+            received.text + rest.text,
+            received.token_ids + rest.token_ids,
+            rest.finish_reason,
+            rest.stop_reason,
+        ) == (whole.text, whole.token_ids, whole.finish_reason, whole.stop_reason), (
+            f"broken after chunk {k} of {n}"
+        )
     # Broken after the last token's chunk: the continuation only closes the stream.
     assert (rests[-1].chunks, rests[-1].usage.completion_tokens) == ([], 0)
     assert rests[-1].usage.prompt_tokens == whole.usage.prompt_tokens + len(whole.token_ids)
@@ -131,6 +140,7 @@ def test_a_carried_stop_token_closes_the_stream_at_once(client: openai.OpenAI) -
     stop_token = ids[10]
     whole = stream_completion(client, 30, ignore_eos=True, stop_token_ids=[stop_token])
     assert whole.finish_reason == "stop" and whole.token_ids == ids[: ids.index(stop_token) + 1]
+    assert whole.stop_reason == stop_token
     rest = stream_completion(
         client,
         30 - len(whole.token_ids),
@@ -138,7 +148,12 @@ def test_a_carried_stop_token_closes_the_stream_at_once(client: openai.OpenAI) -
         stop_token_ids=[stop_token],
         continuation_token_ids=whole.token_ids,
     )
-    assert (rest.chunks, rest.finish_reason, rest.usage.completion_tokens) == ([], "stop", 0)
+    assert (rest.chunks, rest.finish_reason, rest.stop_reason, rest.usage.completion_tokens) == (
+        [],
+        "stop",
+        stop_token,
+        0,
+    )
 
 
 def test_max_tokens_zero_is_only_for_continuations(client: openai.OpenAI) -> None:

@@ -98,6 +98,9 @@ CASES = [
     ("json_mode", CHAT, chat(response_format={"type": "json_object"}), 400, "response_format", None),
     ("tools", CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools", None),
     ("best_of", COMPLETIONS, completion(best_of=3), 400, "best_of", None),
+    ("functions", CHAT, chat(functions=[{"name": "f", "parameters": {}}]), 400, "functions", None),
+    ("audio", CHAT, chat(audio={"voice": "alloy", "format": "wav"}), 400, "audio", None),
+    ("audio_modality", CHAT, chat(modalities=["text", "audio"]), 400, "modalities", None),
 ]
 
 
@@ -121,6 +124,9 @@ def test_bad_request_gets_openai_error(
 def test_text_response_format_and_tools_switched_off_are_served(http: httpx.Client) -> None:
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     body = chat(response_format={"type": "text"}, tools=tools, tool_choice="none", logit_bias={})
+    assert http.post(CHAT, json=body).status_code == 200
+    functions = [{"name": "f", "parameters": {"type": "object"}}]
+    body = chat(functions=functions, function_call="none", modalities=["text"])
     assert http.post(CHAT, json=body).status_code == 200
 
 

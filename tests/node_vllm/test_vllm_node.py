@@ -91,8 +91,41 @@ def test_stop_strings_logprobs_and_usage(vllm_node: Node, our_node: Node) -> Non
         )
     choice = response.choices[0]
     assert choice.finish_reason == "stop" and text.startswith(choice.text) and stop not in choice.text
+    assert choice.model_extra["stop_reason"] == stop
     assert choice.logprobs is not None and all(lp <= 0 for lp in choice.logprobs.token_logprobs)
     assert response.usage.completion_tokens == len(choice.logprobs.token_logprobs)
+
+
+def test_stop_reason_is_our_engines(vllm_node: Node, our_node: Node) -> None:
+    """The stop string or stop token id that ended a choice (vLLM's `stop_reason`), null when the
+    length did; on a stream, the finishing chunk carries it."""
+    ids, _, _ = completion(our_node)
+    stop_token = ids[10]
+    story = "".join(text for _, text in stream_chat(our_node, 24)[0])
+    stop = story[len(story) // 2 : len(story) // 2 + 3]
+
+    def stop_reasons(node: Node) -> list[tuple[str | None, Any]]:
+        with node.client() as client:
+            by_length, by_token = (
+                client.completions.create(
+                    model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0, extra_body=extra
+                ).choices[0]
+                for extra in ({"ignore_eos": True}, {"ignore_eos": True, "stop_token_ids": [stop_token]})
+            )
+            chunks = client.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": "Tell a story"}],
+                max_tokens=24,
+                temperature=0,
+                stop=[stop],
+                stream=True,
+                extra_body={"ignore_eos": True},
+            )
+            finishing = [c.choices[0] for c in chunks if c.choices and c.choices[0].finish_reason]
+        return [(c.finish_reason, c.model_extra["stop_reason"]) for c in (by_length, by_token, *finishing)]
+
+    assert stop_reasons(vllm_node) == [("length", None), ("stop", stop_token), ("stop", stop)]
+    assert stop_reasons(our_node) == [("length", None), ("stop", stop_token), ("stop", stop)]
 
 
 def test_a_seeded_sample_repeats_on_the_vllm_node(vllm_node: Node) -> None:

@@ -234,6 +234,31 @@ def test_messages_request_with_image_names_the_block() -> None:
     assert info.value.param == "messages[0].content[0]"
 
 
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"tools": [{"name": "f", "input_schema": {"type": "object"}}]}, "tools"),
+        ({"tools": [{"name": "f"}], "tool_choice": {"type": "none"}}, "tools"),
+        ({"tool_choice": {"type": "any"}}, "tool_choice"),
+        ({"tool_choice": {"type": "tool", "name": "f"}}, "tool_choice"),
+        ({"thinking": {"type": "enabled", "budget_tokens": 2048}}, "thinking"),
+        ({"thinking": {"type": "adaptive"}}, "thinking"),
+    ],
+)
+def test_tools_and_thinking_are_refused_by_name(fields: dict, param: str) -> None:
+    base = {"model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}]}
+    with pytest.raises(TranslationError) as info:
+        messages_request_to_chat(decode_messages({**base, **fields}))
+    assert info.value.param == param
+
+
+def test_what_asks_for_no_tools_or_thinking_is_served() -> None:
+    base = {"model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}]}
+    for fields in ({"tools": []}, {"tool_choice": {"type": "auto"}}, {"thinking": {"type": "disabled"}}):
+        body = messages_request_to_chat(decode_messages({**base, **fields}))
+        assert not {"tools", "tool_choice", "thinking"} & set(body)
+
+
 def test_chat_response_becomes_message() -> None:
     response = {
         "id": "chatcmpl-abc",

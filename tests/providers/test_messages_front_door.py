@@ -126,6 +126,31 @@ def test_image_blocks_are_refused_as_invalid(gateway: RunningGateway) -> None:
     assert info.value.body["error"]["type"] == "invalid_request_error"
 
 
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"tools": [{"name": "lookup", "input_schema": {"type": "object"}}]}, "tools"),
+        ({"tool_choice": {"type": "tool", "name": "lookup"}}, "tool_choice"),
+        ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
+    ],
+)
+def test_what_would_change_the_answer_is_refused_by_name_not_dropped(
+    gateway: RunningGateway, fake_openai: FakeProvider, fields: dict, param: str
+) -> None:
+    """Answering without the tools (or the thinking) asked for would be a different answer."""
+    sent = len(fake_openai.requests)
+    response = httpx.post(
+        f"{gateway.url}/v1/messages",
+        json={"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}], **fields},
+        headers={"x-api-key": US_KEY},
+        timeout=20,
+    )
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and f"`{param}`" in error["message"]
+    assert len(fake_openai.requests) == sent  # nothing went upstream
+
+
 def test_unknown_model_is_not_found(gateway: RunningGateway) -> None:
     with pytest.raises(anthropic.NotFoundError) as info:
         client(gateway).messages.create(

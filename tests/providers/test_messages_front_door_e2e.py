@@ -84,3 +84,28 @@ def test_node_serves_messages_stream_with_the_same_greedy_text(gateway: RunningG
     assert final.content[0].text == expected.content[0].text
     assert final.stop_reason == expected.stop_reason
     assert final.usage.output_tokens == expected.usage.output_tokens
+
+
+def test_a_stop_sequence_the_node_matched_is_named_streamed_or_not(gateway: RunningGateway) -> None:
+    """The node reports the stop string it matched (vLLM's `stop_reason`), so the door answers
+    `stop_sequence` with that string, as Anthropic does, rather than `end_turn`. Any piece of the
+    greedy answer, as the stop sequence, ends the answer just before its first occurrence."""
+    client = sdk(gateway)
+    request = {**REQUEST, "max_tokens": 16}
+    text = client.messages.create(**request).content[0].text  # type: ignore[arg-type]
+    pieces = {text[i : i + k] for k in (1, 2, 4) for i in range(len(text) - k + 1)}
+    pieces = sorted(p for p in pieces if p.strip())  # Anthropic refuses blank stop sequences
+    assert pieces, text
+    unmatched = "\x1fnever"
+    for piece in pieces[:: max(1, len(pieces) // 6)]:
+        stops = [unmatched, piece]
+        message = client.messages.create(**request, stop_sequences=stops)  # type: ignore[arg-type]
+        with client.messages.stream(**request, stop_sequences=stops) as stream:  # type: ignore[arg-type]
+            streamed = stream.get_final_message()
+        for answer in (message, streamed):
+            assert (answer.stop_reason, answer.stop_sequence) == ("stop_sequence", piece), text
+            assert answer.content[0].text == text[: text.index(piece)]
+    # A stop sequence that never comes leaves the answer as it was, ended by its length.
+    message = client.messages.create(**request, stop_sequences=[unmatched])  # type: ignore[arg-type]
+    assert (message.content[0].text, message.stop_sequence) == (text, None)
+    assert message.stop_reason in ("end_turn", "max_tokens")

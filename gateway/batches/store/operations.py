@@ -69,6 +69,34 @@ class BatchStore(ABC):
         return FileRecord(*reply.rows[0]) if reply.rows else None
 
     @operation()
+    def list_files(
+        self, tenant_id: str, *, purpose: str | None, limit: int, newest_first: bool, after: str | None
+    ) -> Operation[list[FileRecord]]:
+        """The tenant's files not deleted, by `created_at` and then id (whole seconds tie often, and
+        the order must not change between pages); `after`: the last id of the previous page."""
+        direction, beyond = ("DESC", "<") if newest_first else ("ASC", ">")
+        where, params = "tenant_id = %s AND NOT deleted", [tenant_id]
+        if purpose is not None:
+            where += " AND purpose = %s"
+            params.append(purpose)
+        if after is not None:
+            # A deleted file still marks its place, so a client that deletes each file of a page
+            # as it walks the pages goes on after it; an unknown id gives an empty page, as the
+            # batches list does.
+            where += (
+                f" AND (created_at, id) {beyond} "
+                "(SELECT created_at, id FROM batch_files WHERE id = %s AND tenant_id = %s)"
+            )
+            params += [after, tenant_id]
+        reply = yield Statement(
+            f"SELECT {sql.FILE_COLUMNS} FROM batch_files WHERE {where} "
+            f"ORDER BY created_at {direction}, id {direction} LIMIT %s",
+            (*params, limit),
+            fetch=True,
+        )
+        return [FileRecord(*row) for row in reply.rows]
+
+    @operation()
     def delete_file(self, file_id: str, tenant_id: str) -> Operation[bool]:
         reply = yield Statement(
             "UPDATE batch_files SET deleted = TRUE WHERE id = %s AND tenant_id = %s AND NOT deleted",

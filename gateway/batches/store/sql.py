@@ -25,6 +25,7 @@ def schema(dialect: Dialect) -> tuple[str, ...]:
         """CREATE TABLE IF NOT EXISTS batch_files (
         id TEXT PRIMARY KEY, tenant_id TEXT NOT NULL, filename TEXT NOT NULL, purpose TEXT NOT NULL,
         bytes BIGINT NOT NULL, created_at BIGINT NOT NULL, deleted BOOLEAN NOT NULL DEFAULT FALSE)""",
+        "CREATE INDEX IF NOT EXISTS batch_files_by_tenant ON batch_files (tenant_id, created_at, id)",
         f"""CREATE TABLE IF NOT EXISTS batches (
         id TEXT PRIMARY KEY, {dialect.seq_column}, tenant_id TEXT NOT NULL, api_key_id TEXT NOT NULL,
         endpoint TEXT NOT NULL, input_file_id TEXT NOT NULL, completion_window TEXT NOT NULL,
