@@ -94,18 +94,30 @@ def _one(params: Params, name: str) -> str | None:
     return values[0]
 
 
+def _tenant(params: Params) -> str | None:
+    tenant = _one(params, "tenant")
+    if tenant is not None and "\x00" in tenant:  # PostgreSQL's text cannot even be asked for one
+        raise BadUsageQuery("tenant", "'tenant' must be a tenant id; none holds NUL.")
+    return tenant
+
+
+# The last second of the year 9999: later times overflow the stores' 64-bit milliseconds (an
+# end_time of 10**20 was a 500).
+LAST_TIME_S = 253_402_300_799
+
+
 def _int(params: Params, name: str) -> int | None:
+    """A whole number in ASCII digits (int() also takes "1_000", "+5" and other scripts' digits),
+    from 0 to LAST_TIME_S."""
     text = _one(params, name)
     if text is None:
         return None
-    try:
-        value = int(text)
-    except ValueError:
+    value = query_count(text)
+    if value is None or value > LAST_TIME_S:
         raise BadUsageQuery(
-            name, f"'{name}' must be an integer (Unix seconds for times), got {text!r}."
-        ) from None
-    if value < 0:
-        raise BadUsageQuery(name, f"'{name}' must not be negative.")
+            name,
+            f"'{name}' must be a whole number from 0 to {LAST_TIME_S} (Unix seconds for times), got {text[:40]!r}.",
+        )
     return value
 
 
@@ -135,7 +147,7 @@ def parse_day(params: Params) -> DayQuery:
         raise BadUsageQuery("date", f"'date' must be a day as YYYY-MM-DD, got {text!r}.")
     start = int(dt.datetime(day.year, day.month, day.day, tzinfo=dt.UTC).timestamp() * 1000)
     return DayQuery(
-        date=day.isoformat(), start_ms=start, end_ms=start + WIDTH_MS["1d"], tenant=_one(params, "tenant")
+        date=day.isoformat(), start_ms=start, end_ms=start + WIDTH_MS["1d"], tenant=_tenant(params)
     )
 
 
@@ -189,7 +201,7 @@ def parse_buckets(kind: Kind, params: Params, *, now_s: int) -> BucketQuery:
         page_start_ms=page_start,
         limit=limit,
         group_by=tuple(group_by),
-        tenant=_one(params, "tenant"),
+        tenant=_tenant(params),
     )
 
 

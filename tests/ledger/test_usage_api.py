@@ -208,6 +208,16 @@ async def test_the_operator_sees_all_tenants_or_the_one_it_names(client: AsyncTe
     assert day["tenant_id"] is None and day["num_model_requests"] == 4
 
 
+@pytest.mark.parametrize("params", [{"date": "2026-11-01"}, {"start_time": T0}])
+async def test_a_tenant_named_with_nul_is_a_400_not_a_question_the_store_cannot_take(
+    client: AsyncTestClient, params: dict[str, Any]
+) -> None:
+    """An operator may name any tenant; PostgreSQL's text cannot hold NUL, so asking it for one
+    was a 503 there (and an empty answer on SQLite): it is a 400 on both."""
+    response = await client.get("/v1/usage", params={**params, "tenant": "al\x00pha"}, headers=OPERATOR)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "tenant", response.text
+
+
 async def test_the_quota_view_moved_to_v1_quota(client: AsyncTestClient) -> None:
     body = await get(client, "/v1/quota", auth("alpha"))
     assert body["object"] == "quota.usage" and body["tenant"] == "alpha"
@@ -235,6 +245,13 @@ async def test_the_quota_view_moved_to_v1_quota(client: AsyncTestClient) -> None
         ("/v1/usage", {"start_time": T0, "end_time": T0 + 86400, "page": "page_²"}, "page"),
         ("/v1/costs", {"start_time": T0, "end_time": T0 + 86400, "page": "page_" + "9" * 5000}, "page"),
         ("/v1/usage", {"start_time": "9" * 5000}, "start_time"),
+        # Past the year 9999 the stores' 64-bit milliseconds overflow (10**20 was a 500).
+        ("/v1/usage", {"end_time": 10**20}, "end_time"),
+        ("/v1/costs", {"end_time": 253_402_300_800}, "end_time"),
+        # int() takes these; a query's numbers are ASCII digits only.
+        ("/v1/usage", {"start_time": "1_700_000_000"}, "start_time"),
+        ("/v1/usage", {"start_time": "+1700000000"}, "start_time"),
+        ("/v1/usage", {"start_time": T0, "limit": "٣"}, "limit"),
         ("/v1/usage", {"start_time": T0, "end_time": T0 + 86400, "page": f"page_{T0 + 7 * 86400}"}, "page"),
         ("/v1/usage", {"start_time": T0, "end_time": T0 + 86400, "page": f"page_{T0 + 60}"}, "page"),
         ("/v1/usage", {"start_time": T0, "colour": "red"}, "colour"),
