@@ -111,6 +111,12 @@ def messages_request_to_chat(request: MessagesRequest) -> dict[str, Any]:
             {"role": message.role, "content": _blocks_text(message.content, f"messages[{i}].content")}
         )
     body: dict[str, Any] = {"model": request.model, "messages": messages, "max_tokens": request.max_tokens}
+    if request.messages[-1].role == "assistant":
+        # Anthropic's prefill: the answer goes on from the last assistant message's text, not in a
+        # new turn (vLLM's and our nodes' chat template fields; an Anthropic provider gets the
+        # message back as it was, and an OpenAI one, which has no prefill, loses the two fields).
+        body["continue_final_message"] = True
+        body["add_generation_prompt"] = False
     if request.stop_sequences:
         body["stop"] = list(request.stop_sequences)
     for name in ("temperature", "top_p", "top_k"):

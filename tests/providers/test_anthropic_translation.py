@@ -252,6 +252,15 @@ def test_tools_and_thinking_are_refused_by_name(fields: dict, param: str) -> Non
     assert info.value.param == param
 
 
+def test_a_last_assistant_message_is_continued_not_answered_in_a_new_turn() -> None:
+    turns = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello,"}]
+    base = {"model": "tiny", "max_tokens": 5}
+    body = messages_request_to_chat(decode_messages({**base, "messages": turns}))
+    assert (body["continue_final_message"], body["add_generation_prompt"]) == (True, False)
+    body = messages_request_to_chat(decode_messages({**base, "messages": turns[:1]}))
+    assert not {"continue_final_message", "add_generation_prompt"} & set(body)
+
+
 def test_what_asks_for_no_tools_or_thinking_is_served() -> None:
     base = {"model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}]}
     for fields in ({"tools": []}, {"tool_choice": {"type": "auto"}}, {"thinking": {"type": "disabled"}}):

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import anthropic
+import httpx
 import pytest
 
 from tests.gateway.conftest import NodeProcess, RunningGateway, start_nodes
@@ -109,3 +110,34 @@ def test_a_stop_sequence_the_node_matched_is_named_streamed_or_not(gateway: Runn
     message = client.messages.create(**request, stop_sequences=[unmatched])  # type: ignore[arg-type]
     assert (message.content[0].text, message.stop_sequence) == (text, None)
     assert message.stop_reason in ("end_turn", "max_tokens")
+
+
+def test_a_last_assistant_message_is_continued_as_anthropic_prefills(gateway: RunningGateway) -> None:
+    """Anthropic's prefill: the answer goes on from the last assistant message's text. The node
+    serves it as the OpenAI door's `continue_final_message` does, not as a new assistant turn."""
+    messages = [
+        {"role": "user", "content": "Count: one two three"},
+        {"role": "assistant", "content": "one two"},
+    ]
+    prefilled = sdk(gateway).messages.create(**{**REQUEST, "messages": messages})  # type: ignore[arg-type]
+
+    def chat(**fields: object) -> str:
+        body = {
+            "model": "tiny",
+            "max_tokens": 8,
+            "temperature": 0.0,
+            "messages": [{"role": "system", "content": REQUEST["system"]}, *messages],
+            **fields,
+        }
+        answer = httpx.post(
+            gateway.url + "/v1/chat/completions",
+            json=body,
+            headers={"authorization": f"Bearer {US_KEY}"},
+            timeout=60,
+        )
+        assert answer.status_code == 200, answer.text
+        return answer.json()["choices"][0]["message"]["content"]
+
+    continued = chat(continue_final_message=True, add_generation_prompt=False)
+    assert continued != chat()  # a new turn answers otherwise, so the two are told apart
+    assert prefilled.content[0].text == continued
