@@ -13,7 +13,8 @@ field is under the tenant's output policy**:
   first carries the replacement, each keeps its characters outside the redaction, and none keeps
   its alternatives (so the tokens joined read as the redacted text);
 - an alternative in `top_logprobs` is itself checked, and left out when any rule or blocklist
-  entry finds something in it (an alternative is never released, so there is nothing to redact).
+  entry finds something in it (an alternative is never released, so there is nothing to redact);
+  so is a choice's `stop_reason` (vLLM's: the stop string the text matched), then null.
 
 Streams feed each chunk's choices as they come; a whole answer is one final feed. When the
 stream ends however it ends, `flush` checks every hold as its final window and releases what
@@ -125,6 +126,10 @@ class ChoiceChecks:
 
     def feed(self, choice: Choice, *, final: bool) -> list[Piece] | Blocked:
         """What may go out now of `choice`'s text (and everything held before it, when final)."""
+        # vLLM's stop_reason names the stop string the model's text matched: model text, left
+        # out (as an alternative is) when a rule or blocklist entry finds something in it.
+        if isinstance(choice.stop_reason, str) and self._finds(choice.stop_reason):
+            choice.stop_reason = None
         texts = choice.channels()
         names = list(texts)
         for channel in (CONTENT, REFUSAL):

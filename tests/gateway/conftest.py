@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -268,11 +270,16 @@ def run_gateway(
     the config is written there as YAML and loaded from the file (what reloads re-read)."""
     import uvicorn
 
+    # Relative paths (the ledger's and the batch files' defaults, `.meridian/...`) resolve against
+    # a folder of this gateway's own, not the working directory: there every test gateway, on
+    # every xdist worker, shared one ledger and one batch queue with each other and with the
+    # developer's `make up` state (a batch fuzzed in one test had its callbacks retried in others).
+    state = Path(tempfile.mkdtemp(prefix="meridian-test-gw-"))
     if path is not None:
         path.write_text(yaml.safe_dump(config), encoding="utf-8")
         parsed = load_config(path)
     else:
-        parsed = config_from_dict(config, source="test-gateway.yaml")
+        parsed = config_from_dict(config, source="test-gateway.yaml", base_dir=state)
     gateway = build_gateway(
         parsed, extra_policies=tenants, env={"MERIDIAN_NODE_TOKEN": NODE_TOKEN, **(env or {})}
     )
@@ -304,6 +311,7 @@ def run_gateway(
         server.should_exit = True
         thread.join(timeout=15)
         admin_sock.close()
+        shutil.rmtree(state, ignore_errors=True)
 
 
 @contextmanager

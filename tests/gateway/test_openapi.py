@@ -257,8 +257,10 @@ def test_the_file_to_batch_link_makes_a_body_the_batch_schema_accepts(document: 
 
 
 # Scenarios of linked calls, each a create then up to a few calls its links allow: bounded as the
-# fuzzing above (every call is a short answer or a 4xx).
-STATEFUL_SCENARIOS = 25
+# fuzzing above (every call is a short answer or a 4xx). On a gateway with a state folder of its
+# own (not the working directory's, which earlier tests had filled with files to list and read),
+# the first 25 (derandomized) scenarios never followed a create to a read; 60 do, in a second more.
+STATEFUL_SCENARIOS = 60
 
 
 def test_scenarios_along_the_links_get_no_server_error_and_find_what_they_created(
@@ -293,7 +295,7 @@ def test_scenarios_along_the_links_get_no_server_error_and_find_what_they_create
     )
     # The scenarios reached objects through the links: some read of a created one was served.
     reads = {"retrieveFile", "downloadFile", "getResponse", "retrieveBatch", "deleteFile", "deleteResponse"}
-    assert {op for op, status in answered if status == 200} & reads, sorted(answered)
+    assert {op for op, status in answered if status == 200} & reads, repr(sorted(answered))
 
 
 def test_every_ref_resolves_within_the_document(document: dict[str, Any]) -> None:

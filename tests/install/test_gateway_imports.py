@@ -38,11 +38,14 @@ for module in (
 ):
     importlib.import_module(module)
 
+from pathlib import Path
 from litestar.testing import TestClient
 from gateway.app import create_app
 from tests.support.gateway_config import gateway_config
 
-app = create_app(gateway_config(policies=sys.argv[2], directory={"type": "static", "file": sys.argv[3]}))
+# Its state (the ledger's default `.meridian/ledger.sqlite`) goes in the test's folder, not the repo.
+directory = {"type": "static", "file": sys.argv[3]}
+app = create_app(gateway_config(policies=sys.argv[2], directory=directory, base_dir=Path(sys.argv[3]).parent))
 with TestClient(app) as client:
     assert client.get("/openapi.json").status_code == 200
     answer = client.get("/v1/models", headers={"authorization": "Bearer sk-meridian-us-example"})

@@ -1,8 +1,9 @@
 """The two guarantees of issue 32, as invariants driven by hypothesis through a real gateway:
 
 1. **Nothing the client receives carries text the tenant's output policy removed, in any field**:
-   content, completion text, logprobs (`token`, `bytes`, `top_logprobs`), Responses events,
-   Anthropic events; streamed or whole; for a secret the policy redacts and a word it blocks.
+   content, completion text, logprobs (`token`, `bytes`, `top_logprobs`), the stop string an
+   upstream says ended the text (`stop_reason`, `stop_sequence`), Responses events, Anthropic
+   events; streamed or whole; for a secret the policy redacts and a word it blocks.
 2. **A stream ends with its upstream's finish or an explicit error, never silently short**, and
    the text that passed the checks is never dropped: however the upstream ended (finish, [DONE]
    without a finish, a dropped connection, an error event, a body that just stops; Anthropic's
@@ -125,17 +126,28 @@ def cases(draw: st.DrawFn) -> dict[str, Any]:
     alternatives = {"plain": (), "redactor": (SECRET, f" {SECRET}"), "blocker": (f" {WORD}", WORD.upper())}[
         tenant
     ]
+    # The upstream may say a stop string ended the text (vLLM's stop_reason, Anthropic's
+    # stop_sequence): one the client asked for, which the policy may remove too.
+    stop = draw(st.sampled_from([None, " the end", *alternatives])) if door != "responses" else None
     return {
         "door": door,
         "upstream": upstream,
         "tenant": tenant,
         "stream": stream,
-        "script": Script(pieces, ending=ending, alternatives=alternatives),
+        "script": Script(pieces, ending=ending, alternatives=alternatives, stop=stop),
         "logprobs": logprobs,
     }
 
 
 def _request(case: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, str]]:
+    path, body, headers = _plain_request(case)
+    stop = case["script"].stop
+    if stop is not None:
+        body["stop_sequences" if case["door"] == "messages" else "stop"] = [stop]
+    return path, body, headers
+
+
+def _plain_request(case: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, str]]:
     model = "oa" if case["upstream"] == "openai" else "an"
     prompt = "Tell me something."
     door, stream = case["door"], case["stream"]

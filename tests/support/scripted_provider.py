@@ -40,6 +40,9 @@ class Script:
     ending: str = "finish"
     alternatives: tuple[str, ...] = ()  # offered as top_logprobs beside every token
     output_tokens: int = 0  # what the upstream's usage says (default: one per token)
+    # The stop string the upstream says ended the text (vLLM's `stop_reason`, Anthropic's
+    # `stop_sequence`); None: it ended of itself.
+    stop: str | None = None
 
     @property
     def text(self) -> str:
@@ -104,11 +107,21 @@ def _usage(script: Script) -> dict[str, int]:
     return {"prompt_tokens": 5, "completion_tokens": script.tokens, "total_tokens": 5 + script.tokens}
 
 
+def _stop(script: Script) -> dict[str, Any]:
+    return {"stop_reason": script.stop} if script.stop is not None else {}
+
+
+def _anthropic_stop(script: Script) -> dict[str, Any]:
+    if script.stop is None:
+        return {"stop_reason": "end_turn", "stop_sequence": None}
+    return {"stop_reason": "stop_sequence", "stop_sequence": script.stop}
+
+
 def _openai_whole(script: Script, body: dict[str, Any], completions: bool) -> dict[str, Any]:
     tokens = [token for piece in script.pieces for token in piece]
     wants_logprobs = bool(body.get("logprobs"))
     if completions:
-        choice: dict[str, Any] = {"index": 0, "text": script.text, "finish_reason": "stop"}
+        choice: dict[str, Any] = {"index": 0, "text": script.text, "finish_reason": "stop", **_stop(script)}
         choice["logprobs"] = _completion_logprobs(tokens, script.alternatives) if wants_logprobs else None
         kind = "text_completion"
     else:
@@ -116,6 +129,7 @@ def _openai_whole(script: Script, body: dict[str, Any], completions: bool) -> di
             "index": 0,
             "message": {"role": "assistant", "content": script.text},
             "finish_reason": "stop",
+            **_stop(script),
         }
         choice["logprobs"] = (
             {"content": _logprob_entries(tokens, script.alternatives)} if wants_logprobs else None
@@ -159,7 +173,12 @@ def _openai_frames(script: Script, body: dict[str, Any], completions: bool) -> l
         frames.append(chunk([choice]))
     ending = script.ending
     if ending == "finish":
-        last = {"index": 0, "finish_reason": "stop", **({"text": ""} if completions else {"delta": {}})}
+        last = {
+            "index": 0,
+            "finish_reason": "stop",
+            **_stop(script),
+            **({"text": ""} if completions else {"delta": {}}),
+        }
         frames += [chunk([last]), chunk([], usage=_usage(script)), b"data: [DONE]\n\n"]
     elif ending == "done_without_finish":
         frames.append(b"data: [DONE]\n\n")
@@ -175,8 +194,7 @@ def _anthropic_message(script: Script) -> dict[str, Any]:
         "role": "assistant",
         "model": "m",
         "content": [{"type": "text", "text": script.text}],
-        "stop_reason": "end_turn",
-        "stop_sequence": None,
+        **_anthropic_stop(script),
         "usage": {"input_tokens": 5, "output_tokens": script.tokens},
     }
 
@@ -204,9 +222,12 @@ def _anthropic_frames(script: Script) -> list[bytes]:
     stop = event("message_stop", {"type": "message_stop"})
     if ending in ("finish", "delta_without_stop", "null_stop_reason"):
         frames.append(event("content_block_stop", {"type": "content_block_stop", "index": 0}))
-        reason = None if ending == "null_stop_reason" else "end_turn"
-        frames.append(event("message_delta", {"type": "message_delta",
-                                              "delta": {"stop_reason": reason, "stop_sequence": None},
+        stop_delta = (
+            {"stop_reason": None, "stop_sequence": None}
+            if ending == "null_stop_reason"
+            else _anthropic_stop(script)
+        )
+        frames.append(event("message_delta", {"type": "message_delta", "delta": stop_delta,
                                               "usage": usage}))  # fmt: skip
         if ending != "delta_without_stop":
             frames.append(stop)
