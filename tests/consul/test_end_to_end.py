@@ -98,7 +98,8 @@ async def test_the_gateway_routes_to_a_node_it_found_in_consul_and_stops_when_it
             "policies": str(policies),
             "directory": {"type": "consul", "address": consul.address(), "datacenters": ["eu-west"]},
             "timeouts": {"probe_interval_s": 0.2},
-        }
+        },
+        base_dir=tmp_path,  # its ledger's default `.meridian/` goes here, not in the repo
     )
     parts = build_gateway(config, env={"MERIDIAN_NODE_TOKEN": NODE_TOKEN})
     app = create_app(config, gateway=parts)
