@@ -90,12 +90,13 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
-    # Refused by the node like `tools` (server/sampling.py): the legacy form of tools, and output
-    # in other modalities than text.
+    # Refused by the node like `tools` (server/sampling.py): the legacy form of tools, output in
+    # other modalities than text, and a web search before answering.
     functions: list[Any] | None = None
     function_call: str | dict[str, Any] | None = None
     modalities: list[str] | None = None
     audio: dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
     # Meridian/vLLM extensions for the chat template.
     add_generation_prompt: bool = True
     continue_final_message: bool = False

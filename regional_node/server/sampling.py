@@ -1,8 +1,8 @@
 """OpenAI request fields to the engine's SamplingParams, and the features this node refuses.
 
 Refusals are explicit 400s naming the field (n > 1, penalties, logit_bias, structured output,
-tools and legacy functions, audio output, echo, suffix, best_of): silently ignoring them would
-return text the client did not ask for.
+tools and legacy functions, audio output, web search, echo, suffix, best_of): silently ignoring
+them would return text the client did not ask for.
 """
 
 from __future__ import annotations
@@ -60,6 +60,11 @@ def check_supported(request: ChatCompletionRequest | CompletionRequest) -> None:
                 "Function calling is not supported on this node; omit `functions` or set "
                 "`function_call` to 'none'.",
                 param="functions",
+            )
+        if request.web_search_options is not None:
+            raise InvalidRequestError(
+                "Web search is not available on this node; omit `web_search_options`.",
+                param="web_search_options",
             )
         if request.audio is not None or set(request.modalities or ()) - {"text"}:
             raise InvalidRequestError(

@@ -101,6 +101,7 @@ CASES = [
     ("functions", CHAT, chat(functions=[{"name": "f", "parameters": {}}]), 400, "functions", None),
     ("audio", CHAT, chat(audio={"voice": "alloy", "format": "wav"}), 400, "audio", None),
     ("audio_modality", CHAT, chat(modalities=["text", "audio"]), 400, "modalities", None),
+    ("web_search", CHAT, chat(web_search_options={}), 400, "web_search_options", None),
 ]
 
 
