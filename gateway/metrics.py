@@ -269,8 +269,15 @@ class _CallMetrics(QuietCall):
     """One call's metrics: requests, latency, the gateway's overhead, time to first chunk and
     tokens, counted when the call is over. Stages are not metered (their spans time them)."""
 
+    # A token count is a request but no generation: kept out of the latency histograms, where its
+    # few milliseconds would read as a faster model.
+    _counting = False
+
     def __init__(self, metrics: GatewayMetrics) -> None:
         self._metrics = metrics
+
+    def planned(self, operation: str, request: Any, prompt: Any, degraded: bool) -> None:
+        self._counting = operation == "count_tokens"
 
     def first_chunk(self, model: str, seconds: float) -> None:
         self._metrics.labelled(self._metrics.ttft, model).observe(seconds)
@@ -304,6 +311,8 @@ class _CallMetrics(QuietCall):
         metrics = self._metrics
         streamed = "true" if ended.stream else "false"
         metrics.labelled(metrics.requests, ended.tenant, ended.model, ended.region, ended.status).inc()
+        if self._counting:
+            return
         metrics.labelled(metrics.latency, ended.model, streamed).observe(ended.total_s)
         metrics.labelled(metrics.overhead, ended.model, streamed).observe(ended.gateway_s)
         usage = ended.usage

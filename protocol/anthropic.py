@@ -52,3 +52,27 @@ class MessagesRequest(msgspec.Struct, kw_only=True):
     tools: list[dict[str, Any]] | None = None
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
+
+
+class MessagesCountRequest(msgspec.Struct, kw_only=True):
+    """`POST /v1/messages/count_tokens`: a Messages request's conversation, without its sampling
+    settings (no `max_tokens`). Its fields are refused as `/v1/messages` refuses them."""
+
+    model: str
+    messages: Annotated[list[InputMessage], msgspec.Meta(min_length=1)]
+    system: str | list[ContentBlock] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: Thinking | None = None
+
+    def as_messages_request(self) -> MessagesRequest:
+        """The Messages request it counts (one output token asked, which is not counted)."""
+        return MessagesRequest(
+            model=self.model,
+            max_tokens=1,
+            messages=self.messages,
+            system=self.system,
+            tools=self.tools,
+            tool_choice=self.tool_choice,
+            thinking=self.thinking,
+        )

@@ -141,6 +141,19 @@ class InputItemList(msgspec.Struct, kw_only=True):
     has_more: bool
 
 
+class InputTokenCount(msgspec.Struct, kw_only=True):
+    """`POST /v1/responses/input_tokens`: a Responses request's input, in the model's tokens."""
+
+    object: Literal["response.input_tokens"] = "response.input_tokens"
+    input_tokens: int
+
+
+class MessageTokensCount(msgspec.Struct, kw_only=True):
+    """`POST /v1/messages/count_tokens` (Anthropic's): a Messages request's input tokens."""
+
+    input_tokens: int
+
+
 class ResponseDeleted(msgspec.Struct, kw_only=True):
     id: str
     object: Literal["response"]

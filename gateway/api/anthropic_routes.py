@@ -5,6 +5,7 @@ through the same RequestPipeline (auth, policy, quota, routing to nodes or provi
 translate the answer back, streamed as Anthropic's event sequence. Every error, including a
 stream that breaks midway, is in Anthropic's `{"type": "error", "error": {type, message}}` shape
 (doors.py). The key comes as `x-api-key` (Anthropic's SDKs) or `Authorization: Bearer`.
+`POST /v1/messages/count_tokens` translates the same way and asks the pipeline's `count_tokens`.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from gateway.translate.anthropic_to_openai import messages_request_to_chat
 from gateway.translate.errors import TranslationError
 from gateway.translate.openai_to_anthropic import ChatToMessagesStream, Event, chat_response_to_message
 from protocol import ChatCompletionRequest, InvalidRequestError
-from protocol.anthropic import MessagesRequest
+from protocol.anthropic import MessagesCountRequest, MessagesRequest
 from protocol.chunk import StreamFailed, to_builtins
+from protocol.objects import MessageTokensCount
 from protocol.openai import decode_request
 from protocol.sse import encode_event
 
@@ -58,14 +60,13 @@ async def _frames(stream: ServedStream, events: ChatToMessagesStream) -> AsyncGe
         yield _event(event)
 
 
-def _chat_request(raw: bytes) -> tuple[MessagesRequest, dict[str, Any], ChatCompletionRequest]:
-    """The Messages request, its OpenAI chat body and that body's struct; 400s name the field."""
-    request = decode_request(raw, MessagesRequest)
+def _chat_request(request: MessagesRequest) -> tuple[dict[str, Any], ChatCompletionRequest]:
+    """The Messages request's OpenAI chat body and that body's struct; 400s name the field."""
     try:
         body = messages_request_to_chat(request)
     except TranslationError as exc:
         raise InvalidRequestError(exc.message, param=exc.param) from None
-    return request, body, msgspec.convert(body, ChatCompletionRequest)
+    return body, msgspec.convert(body, ChatCompletionRequest)
 
 
 class AnthropicController(Controller):
@@ -77,7 +78,8 @@ class AnthropicController(Controller):
     async def messages(
         self, request: Request[Any, Any, Any], pipeline: RequestPipeline, call: Call, tenant: Tenant
     ) -> ASGIApp:
-        messages, body, parsed = _chat_request(await request_body(request))
+        messages = decode_request(await request_body(request), MessagesRequest)
+        body, parsed = _chat_request(messages)
         if parsed.stream:
             stream = await pipeline.stream(call, "chat", parsed, body)
             events = ChatToMessagesStream(
@@ -88,3 +90,16 @@ class AnthropicController(Controller):
         message = chat_response_to_message(to_builtins(result), stop_sequences=messages.stop_sequences)
         message["id"] = message_id(call)
         return Answer.json(message, call.headers)
+
+    @post("/messages/count_tokens", status_code=200)
+    async def count_tokens(
+        self, request: Request[Any, Any, Any], pipeline: RequestPipeline, call: Call, tenant: Tenant
+    ) -> ASGIApp:
+        """Anthropic's token count: the input tokens of the conversation as the model that would
+        serve it reads them (its chat template included), counted by that model's upstream."""
+        counted = decode_request(await request_body(request), MessagesCountRequest)
+        body, parsed = _chat_request(counted.as_messages_request())
+        body.pop("max_tokens")
+        parsed.max_tokens = None
+        count = await pipeline.count_tokens(call, parsed, body)
+        return Answer.json(MessageTokensCount(input_tokens=count), call.headers)

@@ -28,7 +28,7 @@ from litestar.routes import HTTPRoute
 
 from gateway.batches.objects import FILES_PAGE_LIMIT
 from protocol import ChatCompletionRequest, CompletionRequest
-from protocol.anthropic import MessagesRequest
+from protocol.anthropic import MessagesCountRequest, MessagesRequest
 from protocol.objects import (
     AnthropicError,
     AnthropicMessage,
@@ -41,7 +41,9 @@ from protocol.objects import (
     FileObject,
     FileUpload,
     InputItemList,
+    InputTokenCount,
     LedgerPage,
+    MessageTokensCount,
     QuotaUsage,
     ResponseDeleted,
     ResponseObject,
@@ -158,6 +160,26 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         "content_block_stop, message_delta, message_stop; an `error` event if the stream breaks.",
         error=AnthropicError,
         anthropic_key=True,
+    ),
+    ("POST", "/v1/messages/count_tokens"): Operation(
+        "countMessageTokens",
+        "Anthropic's token count: the input tokens of a Messages request's conversation, as the "
+        "model that would serve it reads them (its chat template included). Counts as a request "
+        "against the tenant's quota; charges no tokens.",
+        MessageTokensCount,
+        _GENERATION_ERRORS,
+        body=MessagesCountRequest,
+        error=AnthropicError,
+        anthropic_key=True,
+    ),
+    ("POST", "/v1/responses/input_tokens"): Operation(
+        "countResponseInputTokens",
+        "OpenAI's input token count of a Responses request (its input and instructions), as the "
+        "model that would serve it reads them. Counts as a request against the tenant's quota; "
+        "charges no tokens.",
+        InputTokenCount,
+        _GENERATION_ERRORS,
+        body=ResponsesRequest,
     ),
     ("POST", "/v1/responses"): Operation(
         "createResponse",
@@ -325,6 +347,7 @@ _CHECKED_AFTER_DECODING: dict[tuple[str, str], dict[str, Any]] = {
     ("ContentBlock", "type"): {"enum": ["text"]},
     # The same translator: no tools, no tool_choice that needs them, no extended thinking.
     ("MessagesRequest", "tools"): {"maxItems": 0},
+    ("MessagesCountRequest", "tools"): {"maxItems": 0},
     ("ToolChoice", "type"): {"enum": ["auto", "none"]},
     ("Thinking", "type"): {"enum": ["disabled"]},
     # gateway/responses/translate.py: a background response is not streamed, and is stored.
@@ -376,7 +399,7 @@ def _schemas() -> tuple[dict[type, dict[str, Any]], dict[str, Any]]:
     refs, components = msgspec.json.schema_components(
         types, ref_template=_REF.format(kind="schemas", name="{name}")
     )
-    for struct in (ChatCompletionRequest, CompletionRequest, MessagesRequest):
+    for struct in (ChatCompletionRequest, CompletionRequest, MessagesRequest, MessagesCountRequest):
         # The decoder drops top-level nulls (OpenAI reads `null` as "not given"): optional fields
         # accept null; a required one sent as null is missing.
         schema = components[struct.__name__]

@@ -1,5 +1,7 @@
 """Responses API front door (text subset): `POST /v1/responses`, `GET /v1/responses/{id}`,
-`GET /v1/responses/{id}/input_items`, `POST /v1/responses/{id}/cancel`, `DELETE /v1/responses/{id}`.
+`GET /v1/responses/{id}/input_items`, `POST /v1/responses/{id}/cancel`, `DELETE /v1/responses/{id}`,
+and `POST /v1/responses/input_tokens` (a request's input tokens, counted as the pipeline's
+`count_tokens` counts them).
 
 Like /v1/messages, a request is translated to a chat request and served by the same pipeline
 (policy, residency, quotas, usage, routing). Every response, foreground or background, is a run
@@ -24,11 +26,13 @@ from gateway.api.body import request_body
 from gateway.api.doors import DEPENDENCIES, Call, Tenant, every_method_in_allow, openai_errors
 from gateway.api.paging import page_of, page_query
 from gateway.api.sse import EventStream
+from gateway.call.pipeline import RequestPipeline
 from gateway.responses import Run, parse_request
 from gateway.responses.store import ResponseStore
 from gateway.runtime.tasks import run_shielded
 from protocol import InvalidRequestError
 from protocol.errors import ConflictError, NotFoundError
+from protocol.objects import InputTokenCount
 from protocol.sse import encode_event
 
 
@@ -107,6 +111,16 @@ class ResponsesController(Controller):
             if not run.finished:  # this request was cancelled: nobody else will read the run
                 await run_shielded(lambda: responses.cancel(run), what="cancel an abandoned response")
         return Answer.json(run.to_object(), ctx.headers)
+
+    @post("/input_tokens", status_code=200)
+    async def input_tokens(
+        self, request: Request[Any, Any, Any], call: Call, tenant: Tenant, pipeline: RequestPipeline
+    ) -> ASGIApp:
+        """OpenAI's input token count of a Responses request (`responses.input_tokens.count`):
+        its input and instructions as the model that would serve them reads them."""
+        _, body, parsed = parse_request(await request_body(request))
+        count = await pipeline.count_tokens(call, parsed, body)
+        return Answer.json(InputTokenCount(input_tokens=count), call.headers)
 
     @get("/{response_id:str}")
     async def retrieve(

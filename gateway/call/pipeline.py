@@ -4,7 +4,8 @@
 
 Front doors (gateway/api) parse their wire format into the protocol's request structs and call
 `complete` or `stream`; they get a typed `Completion` (protocol/chunk.py) or a `ServedStream` of
-typed chunks back, and the response headers in `CallContext.headers`. Calls only go down: the
+typed chunks back, and the response headers in `CallContext.headers`. The token-count doors call
+`count_tokens`, the same path without admission, tokens or usage. Calls only go down: the
 relay reports a broken stream and this module decides whether and where it continues; a stream is
 one generator of this module's, whose own `finally` settles it when the front door closes it.
 Admission (gateway/admission) comes before the quota and any upstream call, so a request it sheds
@@ -234,6 +235,48 @@ class RequestPipeline:
                 lambda: self._settle_stream(ctx, plan, admission, relay), what="settle a stream"
             )
             safety.finish()
+
+    async def count_tokens(
+        self, ctx: CallContext, request: ChatCompletionRequest, body: dict[str, Any]
+    ) -> int:
+        """The conversation's input tokens, counted by an upstream of the model a generation of
+        it would be planned for (a node's tokenizer and chat template, or a provider's count
+        API), after the tenant's input rules (what they redact is not counted, what they block
+        is refused). Policy, residency and failover are a generation's; it counts as a request
+        against the tenant's quota but reserves no tokens, waits in no admission queue, writes
+        no usage event and marks no prefill on any node."""
+        assert ctx.tenant is not None, "authenticate() before counting"
+        safety = self._begin_safety(ctx)
+        try:
+            body = safety.screen_input("chat", body)
+            plan = plan_request(
+                "chat",
+                request,
+                body,
+                ctx.tenant,
+                self._catalog,
+                self._config.token_estimate,
+                self._auto,
+                caps=False,
+            )
+            ctx.plans(plan.model.name)
+            ctx.observed.planned("count_tokens", request, body.get("messages"), degraded=False)
+            with ctx.observed.stage("quota.admit"):
+                admission = await self._quota.admit(ctx.tenant, request_id=ctx.request_id, estimated_tokens=0)
+            ctx.observed.quota_admitted(ctx.tenant.tenant_id, admission.store_state.source)
+            ctx.headers.update(admission.headers)
+            try:
+                targets = self._route(ctx, plan, ctx.observed, generating=False)
+                target, count, attempts = await self._failover.count_tokens(
+                    targets, plan.body(stream=False), self._node_headers(ctx), ctx.observed
+                )
+            finally:
+                await self._settle(ctx, admission, 0, None)
+        finally:
+            safety.finish()
+        ctx.served_by(target, attempts, plan.route_prefix, self._fleet.route_label(target))
+        self.record(ctx, "200", stream=False)
+        return count
 
     # -- stages ---------------------------------------------------------------------------------
 
@@ -497,15 +540,22 @@ class RequestPipeline:
         exclude: frozenset[str] = frozenset(),
         *,
         version: str | None = None,
+        generating: bool = True,
     ) -> tuple[Target, ...]:
-        """`version`: only targets serving that version of the model (a continuation's pin)."""
+        """`version`: only targets serving that version of the model (a continuation's pin).
+        `generating`: False for a token count, which computes no prompt on the target."""
         with scope.stage("route") as stage:
-            targets = self._decide_route(ctx, plan, exclude, version)
+            targets = self._decide_route(ctx, plan, exclude, version, generating)
             stage.note(targets=[t.target_id for t in targets], reason=targets[0].reason)
         return targets
 
     def _decide_route(
-        self, ctx: CallContext, plan: RequestPlan, exclude: frozenset[str], version: str | None
+        self,
+        ctx: CallContext,
+        plan: RequestPlan,
+        exclude: frozenset[str],
+        version: str | None,
+        generating: bool,
     ) -> tuple[Target, ...]:
         assert ctx.tenant is not None
         model = plan.model.name
@@ -534,7 +584,9 @@ class RequestPipeline:
         if not decision.targets:
             ctx.headers["x-meridian-route"] = header_safe(decision.reason)
             raise NoRouteError(model, decision.unavailable_reason or decision.reason)
-        if decision.prefill is not None:  # the overlay routing reads until the node's report shows it
+        if (
+            generating and decision.prefill is not None
+        ):  # the overlay routing reads until the node's report shows it
             self._fleet.routed(decision.targets[0], decision.prefill, ctx.request_id)
         return decision.targets
 

@@ -228,8 +228,12 @@ def plan_request(
     estimate: TokenEstimateConfig,
     auto: AutoPolicy = DEFAULT_AUTO,
     history: EscalationHistory = NO_HISTORY,
+    *,
+    caps: bool = True,
 ) -> RequestPlan:
-    """`history` is the tenant's recent escalations of its "auto" family (the thrash guard's)."""
+    """`history` is the tenant's recent escalations of its "auto" family (the thrash guard's).
+    `caps`: False for a token count, which generates nothing, so the tenant's max_tokens and
+    context caps do not apply to it (a client counts to learn whether a prompt fits)."""
     prompt_tokens = estimate_prompt_tokens(request, estimate)
     requested = request.requested_max_tokens()
     # The model is checked before the caps, so an unknown model is a 404 whatever else is wrong.
@@ -245,7 +249,7 @@ def plan_request(
         raise NotFoundError(exc.message, param="model") from None
     except ModelNotAllowedError as exc:
         raise PermissionDeniedError(exc.message, param="model") from None
-    max_tokens = _check_caps(policy, prompt_tokens, requested)
+    max_tokens = _check_caps(policy, prompt_tokens, requested) if caps else None
     completion = max_tokens if max_tokens is not None else estimate.default_completion_tokens
     base_body = {key: value for key, value in body.items() if key not in _GATEWAY_FIELDS}
     return RequestPlan(

@@ -62,4 +62,10 @@ class Upstream(Protocol):
         Leaving the context closes the upstream connection (which cancels the request)."""
         ...
 
+    async def count_tokens(self, body: dict[str, Any], headers: dict[str, str]) -> int:
+        """The input tokens of a chat body's conversation as this target's model reads them (its
+        tokenizer and chat template: a node's /tokenize, a provider's count API); raises
+        UpstreamError as `complete` does."""
+        ...
+
     async def aclose(self) -> None: ...

@@ -115,6 +115,22 @@ class Forwarder:
         model = targets[0].model if targets else ""
         return await self._first_success(targets, attempt, headers, scope, model=model)
 
+    async def count_tokens(
+        self,
+        targets: Sequence[Target],
+        body: dict[str, Any],
+        headers: dict[str, str],
+        scope: Stage = QUIET,
+    ) -> tuple[Target, int, int]:
+        """The chat body's input tokens, counted by the first target to answer, as it reads them."""
+
+        async def attempt(target: Target, headers: dict[str, str]) -> int:
+            upstream = self._fleet.upstream_for(target)
+            return await upstream.count_tokens({**body, "model": target.model}, headers)
+
+        model = targets[0].model if targets else ""
+        return await self._first_success(targets, attempt, headers, scope, model=model)
+
     async def open_stream(
         self,
         targets: Sequence[Target],

@@ -29,10 +29,18 @@ from gateway.upstreams.base import Endpoint, UpstreamError
 from protocol.chunk import Chunk, Completion, chunk_decoder, completion_decoder
 from protocol.sse import DataLines, LineTooLong
 from protocol.timing import parse_server_timing
+from protocol.tokenize import TokenizeResponse
 
-_PATHS: dict[str, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+_PATHS: dict[str, str] = {
+    "chat": "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "tokenize": "/tokenize",
+}
+# What a count sends the node's /tokenize (vLLM's shape): the conversation and how it is rendered.
+_TOKENIZE_FIELDS = ("model", "messages", "add_generation_prompt", "continue_final_message")
 _decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
+_count_decoder = msgspec.json.Decoder(TokenizeResponse)
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -157,7 +165,7 @@ class NodeUpstream:
             for endpoint, path in _PATHS.items()
         }
 
-    def _request(self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str]) -> bytes:
+    def _request(self, path: str, body: dict[str, Any], headers: dict[str, str]) -> bytes:
         content = _encoder.encode(body)
         lines = []
         for name, value in headers.items():
@@ -165,16 +173,21 @@ class NodeUpstream:
                 raise ValueError(f"header {name!r} holds a line break")
             lines.append(f"{name}: {value}\r\n")
         lines.append(f"content-length: {len(content)}\r\n\r\n")
-        return self._heads[endpoint] + "".join(lines).encode() + content
+        return self._heads[path] + "".join(lines).encode() + content
 
-    async def complete(self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str]) -> Completion:
-        raw = self._request(endpoint, {**body, "stream": False}, headers)
+    async def _exchange(self, path: str, body: dict[str, Any], headers: dict[str, str]) -> Response:
+        """A whole JSON exchange with the node: its 200 response, or the UpstreamError."""
+        raw = self._request(path, body, headers)
         try:
             response = await self._pool.request(self._origin, raw, timeout_s=self._read_timeout_s)
         except TransportError as exc:
             raise transport_error(exc, self._name) from None
         if response.status != 200:
             raise status_error(response.status, response.header(b"retry-after"), response.body, self._name)
+        return response
+
+    async def complete(self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str]) -> Completion:
+        response = await self._exchange(endpoint, {**body, "stream": False}, headers)
         try:
             result = completion_decoder.decode(response.body)
         except (msgspec.DecodeError, msgspec.ValidationError):
@@ -182,6 +195,14 @@ class NodeUpstream:
         if (timings := _timings(response)) is not None:
             result.timings = timings
         return result
+
+    async def count_tokens(self, body: dict[str, Any], headers: dict[str, str]) -> int:
+        asked = {name: body[name] for name in _TOKENIZE_FIELDS if name in body}
+        response = await self._exchange("tokenize", asked, headers)
+        try:
+            return _count_decoder.decode(response.body).count
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            raise UpstreamError(f"{self._name} sent a malformed token count", status_code=502) from None
 
     @contextlib.asynccontextmanager
     async def stream(

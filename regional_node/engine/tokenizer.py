@@ -90,6 +90,9 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
+    def id_to_token(self, token_id: int) -> str | None:
+        return self._tok.id_to_token(token_id)
+
     @cached_property
     def _template(self) -> jinja2.Template:
         env = ImmutableSandboxedEnvironment(

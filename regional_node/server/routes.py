@@ -11,11 +11,13 @@ from http_server import read_body
 from protocol import ChatCompletionRequest, CompletionRequest, NotFoundError, decode_request
 from protocol.openai import ModelCard, ModelList
 from protocol.prefix_cache import parse_since
+from protocol.tokenize import DetokenizeRequest, TokenizeRequest
 from regional_node.server.auth import PUBLIC
 from regional_node.server.load import load_report
 from regional_node.server.metrics import CONTENT_TYPE
 from regional_node.server.prefixes import PrefixCacheView
 from regional_node.server.serving import NodeState, serve_chat, serve_completion
+from regional_node.server.tokenize import detokenize, tokenize
 
 _encoder = msgspec.json.Encoder()
 
@@ -24,20 +26,31 @@ def _json(content: Any, status_code: int = 200) -> Response[bytes]:
     return Response(content=_encoder.encode(content), media_type="application/json", status_code=status_code)
 
 
+async def _body(request: Request[Any, Any, Any], node: NodeState) -> bytes:
+    return await read_body(request.receive, request.headers, node.config.server)
+
+
 @post("/v1/chat/completions", status_code=200)
 async def chat_completions(request: Request[Any, Any, Any], node: NodeState) -> Response[Any]:
-    body = decode_request(
-        await read_body(request.receive, request.headers, node.config.server), ChatCompletionRequest
-    )
+    body = decode_request(await _body(request, node), ChatCompletionRequest)
     return await serve_chat(node, request, body)
 
 
 @post("/v1/completions", status_code=200)
 async def completions(request: Request[Any, Any, Any], node: NodeState) -> Response[Any]:
-    body = decode_request(
-        await read_body(request.receive, request.headers, node.config.server), CompletionRequest
-    )
+    body = decode_request(await _body(request, node), CompletionRequest)
     return await serve_completion(node, request, body)
+
+
+@post("/tokenize", status_code=200)
+async def tokenize_prompt(request: Request[Any, Any, Any], node: NodeState) -> Response[bytes]:
+    """vLLM's token count of a prompt or a conversation (the gateway's count doors ask it)."""
+    return _json(await tokenize(node.pool, decode_request(await _body(request, node), TokenizeRequest)))
+
+
+@post("/detokenize", status_code=200)
+async def detokenize_tokens(request: Request[Any, Any, Any], node: NodeState) -> Response[bytes]:
+    return _json(await detokenize(node.pool, decode_request(await _body(request, node), DetokenizeRequest)))
 
 
 @get("/v1/models")
@@ -102,4 +115,15 @@ async def metrics(node: NodeState) -> Response[bytes]:
     return Response(content=node.metrics.render(), media_type=CONTENT_TYPE)
 
 
-ROUTES = [chat_completions, completions, list_models, retrieve_model, health, ready, load, metrics]
+ROUTES = [
+    chat_completions,
+    completions,
+    tokenize_prompt,
+    detokenize_tokens,
+    list_models,
+    retrieve_model,
+    health,
+    ready,
+    load,
+    metrics,
+]

@@ -34,8 +34,16 @@ from tests.gateway.conftest import (
 )
 
 # Every door that reads a JSON body (the Files upload is multipart: tests/gateway/test_batches_api.py).
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses", "/v1/batches")
-NODE_ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+ENDPOINTS = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/v1/responses",
+    "/v1/responses/input_tokens",
+    "/v1/batches",
+)
+NODE_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize")
 TIMEOUT = httpx.Timeout(30.0)
 # Short read timeouts so the slow-client cases run quickly; the defaults are documented in
 # http_server/limits.py.
@@ -63,7 +71,7 @@ def valid(endpoint: str) -> dict[str, Any]:
     """A body the door serves (a batch: one it refuses only for naming no file, a 404)."""
     if endpoint == "/v1/completions":
         return {"model": "meridian-small", "prompt": "Hello", "max_tokens": 4}
-    if endpoint == "/v1/responses":
+    if endpoint.startswith("/v1/responses"):
         return {"model": "meridian-small", "input": "Hello", "max_output_tokens": 4}
     if endpoint == "/v1/batches":
         return {"input_file_id": "file-none", "endpoint": "/v1/chat/completions", "completion_window": "24h"}
@@ -78,7 +86,7 @@ def with_field(endpoint: str, raw_value: bytes) -> bytes:
 def assert_error_body(endpoint: str, response: httpx.Response) -> dict[str, Any]:
     """The error in the endpoint's own format, well formed; returns its inner object."""
     body = response.json()
-    if endpoint == "/v1/messages":
+    if endpoint.startswith("/v1/messages"):
         assert body["type"] == "error", body
         error = body["error"]
         assert isinstance(error["type"], str) and isinstance(error["message"], str) and error["message"]
@@ -338,7 +346,9 @@ def encoded(draw: st.DrawFn, endpoint: str) -> bytes:
     mutated (invalid UTF-8, truncation), deep nesting, another JSON type, or no JSON at all."""
     bodies = {
         "/v1/messages": anthropic_bodies,
+        "/v1/messages/count_tokens": anthropic_bodies,
         "/v1/responses": responses_bodies,
+        "/v1/responses/input_tokens": responses_bodies,
         "/v1/batches": batch_bodies,
     }.get(endpoint, openai_bodies)
     kind = draw(
@@ -430,7 +440,7 @@ FUZZ = settings(
 )
 
 
-@settings(FUZZ, max_examples=250)  # five doors
+@settings(FUZZ, max_examples=350)  # seven doors
 @given(
     endpoint=st.sampled_from(ENDPOINTS),
     data=st.data(),
@@ -447,7 +457,7 @@ def test_fuzzed_requests_never_get_a_5xx_from_the_gateway(
     check_response(endpoint, response)
 
 
-@FUZZ
+@settings(FUZZ, max_examples=250)  # four doors
 @given(endpoint=st.sampled_from(NODE_ENDPOINTS), data=st.data(), headers=request_headers)
 def test_fuzzed_requests_never_get_a_5xx_from_the_node(
     node: NodeProcess, endpoint: str, data: st.DataObject, headers: dict[str, str]

@@ -287,3 +287,14 @@ def _wait_for(node: Node, condition: Any) -> dict[str, Any]:
             load = http.get("/load").raise_for_status().json()
     assert condition(load), json.dumps(load)  # the whole of it: pytest's repr elides keys
     return load
+
+
+def test_tokenize_counts_the_prompt_the_vllm_engine_is_given(vllm_node: Node) -> None:
+    """`/tokenize` (the gateway's token counts) on a vLLM-engine node: the count is the prompt
+    tokens its chat generation reports, as on our engine."""
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tell a story"}]
+    with vllm_node.http() as http:
+        counted = http.post("/tokenize", json={"model": MODEL, "messages": messages}).json()
+    with vllm_node.client() as client:
+        reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1)  # type: ignore[arg-type]
+    assert reply.usage is not None and counted["count"] == reply.usage.prompt_tokens > 0

@@ -179,3 +179,27 @@ def test_an_input_block_on_the_anthropic_front_door_is_an_anthropic_400(gw: Runn
             "message": "The request's input was blocked by the content policy (blocklist: blocklist[0]).",
         },
     }
+
+
+def _count_body(path: str, text: str) -> dict[str, Any]:
+    if path == "/v1/messages/count_tokens":
+        return {"model": "tiny", "messages": [{"role": "user", "content": text}]}
+    return {"model": "tiny", "input": text}
+
+
+@pytest.mark.parametrize("path", ["/v1/messages/count_tokens", "/v1/responses/input_tokens"])
+def test_a_count_sends_the_redacted_prompt_and_a_blocked_one_nowhere(
+    gw: RunningGateway, provider: FakeProvider, path: str
+) -> None:
+    """Counting sends the conversation to an upstream as a generation does: the tenant's input
+    rules apply first (what they redact is not counted, what they block goes nowhere)."""
+    counted = post(gw, path, REDACT_KEY, _count_body(path, "mail jane@example.com or +44 20 7946 0958"))
+    assert counted.status_code == 200, counted.text
+    sent = provider.requests[-1]
+    assert sent.path == "/v1/responses/input_tokens"
+    assert sent.body["input"][-1]["content"] == "mail [REDACTED:email] or [REDACTED:phone]"
+    before = len(provider.requests)
+    blocked = post(gw, path, BLOCK_KEY, _count_body(path, "tell me about the falcon"))
+    assert blocked.status_code == 400, blocked.text
+    assert "blocked by the content policy" in blocked.text
+    assert len(provider.requests) == before

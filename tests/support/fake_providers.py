@@ -5,6 +5,8 @@ ending in `data: [DONE]`, `{"error": {...}}` errors) and Anthropic's Messages AP
 and `anthropic-version` headers, the `event:`/`data:` stream message_start ... message_stop with
 pings, `{"type": "error", "error": {type, message}}` errors). The reply is the configured text
 split into word pieces, one "token" each; max_tokens and stop sequences cut it as a real API would.
+Each also counts input tokens (one per word) on its own API's path: Anthropic's
+`/v1/messages/count_tokens`, OpenAI's `/v1/responses/input_tokens`.
 
 Each server runs uvicorn in its own thread, so sync tests, async tests and gateway processes can
 all call it. Faults are scripted per request with `fail_next` (or for every request with
@@ -27,6 +29,11 @@ from typing import Any, Literal
 import uvicorn
 
 Kind = Literal["openai", "anthropic"]
+# (generation path, token count path) of each API.
+PATHS = {
+    "anthropic": ("/v1/messages", "/v1/messages/count_tokens"),
+    "openai": ("/v1/chat/completions", "/v1/responses/input_tokens"),
+}
 ANTHROPIC_ERROR_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
     404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
@@ -102,6 +109,12 @@ class FakeProvider:
         if status != 200:
             await _send_json(send, status, payload, extra)
             return
+        if scope["path"] == PATHS[self.kind][1]:
+            count: dict[str, Any] = {"input_tokens": self._prompt_tokens(body)}
+            if self.kind == "openai":
+                count["object"] = "response.input_tokens"
+            await _send_json(send, 200, count, {})
+            return
         pieces, finish, stop_seq = self._generate(body)
         if body.get("stream"):
             frames = self._openai_frames if self.kind == "openai" else self._anthropic_frames
@@ -111,8 +124,7 @@ class FakeProvider:
             await _send_json(send, 200, respond(body, pieces, finish, stop_seq), {})
 
     def _check(self, path: str, headers: dict[str, str], fault: Fault) -> tuple[int, Any, dict[str, str]]:
-        expected = "/v1/messages" if self.kind == "anthropic" else "/v1/chat/completions"
-        if path != expected:
+        if path not in PATHS[self.kind]:
             return 404, self._error(404, f"no route {path}"), {}
         if self.kind == "openai":
             authorized = headers.get("authorization") == f"Bearer {self.api_key}"
@@ -154,7 +166,8 @@ class FakeProvider:
         return pieces, "end_turn", None
 
     def _prompt_tokens(self, body: dict[str, Any]) -> int:
-        texts = [json.dumps(m.get("content")) for m in body.get("messages", [])]
+        # A generation's messages, or the Responses input a count of OpenAI's gets.
+        texts = [json.dumps(m.get("content")) for m in body.get("messages", body.get("input", []))]
         if isinstance(body.get("system"), str):
             texts.append(body["system"])
         return sum(len(t.split()) for t in texts)

@@ -34,18 +34,18 @@ from gateway.upstreams.providers.transport import (
 )
 from protocol.chunk import Chunk, Completion, chunk_from
 
+_COUNTED_FIELDS = ("model", "messages", "system")
+
 
 class AnthropicAdapter(HTTPProviderAdapter):
     def __init__(self, entry: ProviderEntry, api_key: str, *, pool: ConnectionPool | None = None) -> None:
         auth = {"x-api-key": api_key, "anthropic-version": entry.anthropic_version}
         super().__init__(entry, auth=auth, on_status=anthropic_status_error, pool=pool)
         self._to = destination(entry.base_url.rstrip("/") + "/v1/messages")
+        self._count_to = destination(entry.base_url.rstrip("/") + "/v1/messages/count_tokens")
 
-    def _request(
-        self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str], *, stream: bool
-    ) -> tuple[Post, str]:
-        if endpoint != "chat":
-            raise unsupported(self.entry.id, "the legacy completions endpoint")
+    def _messages(self, body: dict[str, Any], *, stream: bool) -> tuple[dict[str, Any], str]:
+        """The Messages request for a chat body, and the logical model name."""
         logical, provider_model = self._models(body)
         try:
             messages = chat_to_messages(
@@ -55,8 +55,23 @@ class AnthropicAdapter(HTTPProviderAdapter):
             )
         except TranslationError as exc:
             raise unsupported(self.entry.id, f"this request ({exc.param}: {exc.message})") from None
-        request = build_post(self._to, messages, auth=self._auth, client_headers=headers)
-        return request, logical
+        return messages, logical
+
+    def _request(
+        self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str], *, stream: bool
+    ) -> tuple[Post, str]:
+        if endpoint != "chat":
+            raise unsupported(self.entry.id, "the legacy completions endpoint")
+        messages, logical = self._messages(body, stream=stream)
+        return build_post(self._to, messages, auth=self._auth, client_headers=headers), logical
+
+    async def count_tokens(self, body: dict[str, Any], headers: dict[str, str]) -> int:
+        messages, _ = self._messages(body, stream=False)
+        # The count API takes the conversation, not the sampling settings.
+        counted = {name: messages[name] for name in _COUNTED_FIELDS if name in messages}
+        return await self._fetch_count(
+            build_post(self._count_to, counted, auth=self._auth, client_headers=headers)
+        )
 
     async def complete(self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str]) -> Completion:
         request, logical = self._request(endpoint, body, headers, stream=False)

@@ -42,14 +42,14 @@ class HTTPProviderAdapter:
             raise unsupported(self.entry.id, "a token-exact stream continuation")
         return logical, provider_model
 
-    async def _open(self, post: Post) -> Connection:
+    async def _open(self, post: Post, on_status: StatusErrorMapper | None = None) -> Connection:
         """A 2xx response with its body left to read; hand it back with `_release`."""
         return await open_response(
             self._pool,
             post,
             provider=self.entry.id,
             timeouts=self.entry.timeouts,
-            on_status=self._on_status,
+            on_status=on_status or self._on_status,
         )
 
     def _release(self, response: Connection) -> None:
@@ -57,12 +57,29 @@ class HTTPProviderAdapter:
         # learns the client went away.
         self._pool.release(response)
 
-    async def _fetch_json(self, post: Post) -> Any:
-        response = await self._open(post)
+    async def _fetch_json(self, post: Post, on_status: StatusErrorMapper | None = None) -> Any:
+        response = await self._open(post, on_status)
         try:
             return await read_json(response, provider=self.entry.id, timeouts=self.entry.timeouts)
         finally:
             self._release(response)
+
+    def _count_status(
+        self, provider: str, status: int, parsed: Any, text: str, retry_after: float | None
+    ) -> ProviderError:
+        if status == 404:
+            # An API compatible with the provider's but without its count endpoint: the request
+            # cannot be served here, which says nothing of the provider's health.
+            return unsupported(provider, "token counting (no count endpoint at its base URL)")
+        return self._on_status(provider, status, parsed, text, retry_after)
+
+    async def _fetch_count(self, post: Post) -> int:
+        """`input_tokens` of a provider's token-count answer (Anthropic's and OpenAI's name it so)."""
+        answer = await self._fetch_json(post, self._count_status)
+        count = answer.get("input_tokens")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ProviderError(f"{self.entry.id}: malformed token count", kind="bad_response")
+        return count
 
     async def aclose(self) -> None:
         if self._owns_pool:

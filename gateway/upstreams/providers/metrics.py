@@ -147,5 +147,10 @@ class ObservedUpstream:
             watch.error = exc
             raise
 
+    async def count_tokens(self, body: dict[str, Any], headers: dict[str, str]) -> int:
+        # Not observed: a count is no generation, and its few milliseconds would pull the
+        # provider's latency figures down.
+        return await self.inner.count_tokens(body, headers)
+
     async def aclose(self) -> None:
         await self.inner.aclose()

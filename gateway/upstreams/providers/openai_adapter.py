@@ -46,6 +46,13 @@ _EXTENSIONS = frozenset(
 )
 
 
+def _text(content: Any) -> str:
+    """A chat message's text: a string, or its text parts joined (the door refused others)."""
+    if isinstance(content, list):
+        return "".join(str(part.get("text") or "") for part in content if isinstance(part, dict))
+    return content if isinstance(content, str) else ""
+
+
 def provider_body(body: dict[str, Any], *, provider_model: str, stream: bool) -> dict[str, Any]:
     """The request as the provider should see it."""
     out = {k: v for k, v in body.items() if k not in _EXTENSIONS}
@@ -71,6 +78,7 @@ class OpenAIAdapter(HTTPProviderAdapter):
         super().__init__(entry, auth=auth, on_status=_openai_status_error, pool=pool)
         base_url = entry.base_url.rstrip("/")
         self._to = {endpoint: destination(base_url + path) for endpoint, path in _PATHS.items()}
+        self._count_to = destination(base_url + "/responses/input_tokens")
 
     def _request(
         self, endpoint: Endpoint, body: dict[str, Any], headers: dict[str, str], *, stream: bool
@@ -89,6 +97,19 @@ class OpenAIAdapter(HTTPProviderAdapter):
         result = typed_completion(self.entry.id, await self._fetch_json(request))
         result.model = logical
         return result
+
+    async def count_tokens(self, body: dict[str, Any], headers: dict[str, str]) -> int:
+        """OpenAI's input token count (`POST /responses/input_tokens`): the chat messages as
+        Responses input items, which take the same roles and text."""
+        _, provider_model = self._models(body)
+        items = [
+            {"role": message.get("role"), "content": _text(message.get("content"))}
+            for message in body.get("messages") or []
+        ]
+        payload = {"model": provider_model, "input": items}
+        return await self._fetch_count(
+            build_post(self._count_to, payload, auth=self._auth, client_headers=headers)
+        )
 
     @contextlib.asynccontextmanager
     async def stream(
