@@ -516,7 +516,7 @@ def build_document(routes: list[Any]) -> dict[str, Any]:
                     "required": False,
                     "schema": {"type": "string"},
                     "description": "The client's region (e.g. `eu-west`): routing prefers it, "
-                    "within the tenant's residency policy.",
+                    "within the tenant's residency policy (one the fleet has nothing in is ignored).",
                 },
                 "Tenant": {
                     "name": "tenant",

@@ -1,15 +1,31 @@
-"""Fixtures for provider tests: fake OpenAI and Anthropic servers and provider entries for them."""
+"""Fixtures for provider tests: fake OpenAI and Anthropic servers and provider entries for them,
+and a real node for the tests that compare a provider-free path with the node's own answers."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 
 from gateway.upstreams.providers import ProvidersConfig
+from tests.gateway.conftest import NodeProcess, start_nodes
 from tests.support.fake_providers import FakeProvider, running
+
+
+@pytest.fixture(scope="module")
+def node(llama_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+    """A real node ("us-1", us-east, jurisdiction us) serving the tiny Llama checkpoint as `tiny`."""
+    process = NodeProcess(
+        "us-1", "us-east", "us", {"tiny": (llama_checkpoint, "small")}, tmp_path_factory.mktemp("node-logs")
+    )
+    start_nodes([process])
+    try:
+        yield process
+    finally:
+        process.stop()
 
 
 @pytest.fixture

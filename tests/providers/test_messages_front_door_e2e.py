@@ -10,24 +10,12 @@ import anthropic
 import httpx
 import pytest
 
-from tests.gateway.conftest import NodeProcess, RunningGateway, start_nodes
+from tests.gateway.conftest import NodeProcess, RunningGateway
 from tests.providers.conftest import provider_entry
 from tests.providers.gateway_harness import US_KEY, running_gateway
 from tests.support.fake_providers import FakeProvider
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def node(llama_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
-    process = NodeProcess(
-        "us-1", "us-east", "us", {"tiny": (llama_checkpoint, "small")}, tmp_path_factory.mktemp("node-logs")
-    )
-    start_nodes([process])
-    try:
-        yield process
-    finally:
-        process.stop()
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from router.types import TenantLimits
-from tests.gateway.conftest import NodeProcess, RunningGateway, gateway_config, run_gateway, start_nodes
+from tests.gateway.conftest import NodeProcess, RunningGateway, gateway_config, run_gateway
 from tests.providers.conftest import provider_entry
 from tests.providers.gateway_harness import EU_KEY, TENANTS, US_KEY, dead_node, running_gateway, tenant
 from tests.support.fake_providers import FakeProvider, Fault
@@ -39,18 +39,6 @@ TEXT = st.text(alphabet=st.sampled_from("ab cdé\n日本🙂.,!?"), min_size=1, 
 SETTINGS = settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-
-
-@pytest.fixture(scope="module")
-def node(llama_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
-    process = NodeProcess(
-        "us-1", "us-east", "us", {"tiny": (llama_checkpoint, "small")}, tmp_path_factory.mktemp("node-logs")
-    )
-    start_nodes([process])
-    try:
-        yield process
-    finally:
-        process.stop()
 
 
 @pytest.fixture(scope="module")

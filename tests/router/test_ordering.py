@@ -34,6 +34,23 @@ def test_client_region_overrides_home_region() -> None:
     assert order(decision) == ["us", "west"]
 
 
+@given(client_region=st.sampled_from(["mars-1", "", "EU-WEST", "eu-west ", "us-east\x00"]))
+def test_a_client_region_the_fleet_has_nothing_in_leaves_the_home_region_preferred(
+    client_region: str,
+) -> None:
+    """An unknown region in x-meridian-client-region must not undo the home-region preference
+    (every node would be "other-region", ordered by load alone, the far one first here)."""
+    fleet_ = fleet(
+        node("far", "us-east", kv=0.0), node("central", "eu-central", kv=0.3), node("home", "eu-west", kv=0.6)
+    )
+
+    unknown = route(RouteRequest(LARGE, home_region="eu-west", client_region=client_region), ANYWHERE, fleet_)
+    without = route(RouteRequest(LARGE, home_region="eu-west"), ANYWHERE, fleet_)
+
+    assert order(unknown) == order(without) == ["home", "central", "far"]
+    assert unknown.targets[0].reason.split(";")[1] == "same-region"
+
+
 def test_preferred_jurisdiction_is_learned_from_unhealthy_nodes_too() -> None:
     # The only eu-west node is down, but it still tells us eu-west is in the EU.
     fleet_ = fleet(
