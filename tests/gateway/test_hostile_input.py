@@ -422,6 +422,9 @@ def check_response(endpoint: str, response: httpx.Response) -> None:
         if endpoint == "/v1/messages":
             assert "event: message_stop" in text or "event: error" in text, text[-500:]
             assert '"api_error"' not in text or "overloaded" in text, text[-500:]
+        elif endpoint == "/v1/responses":
+            last = text.rstrip().rpartition("event: ")[2]
+            assert last.startswith(("response.completed\n", "response.incomplete\n")), text[-500:]
         else:
             assert text.rstrip().endswith("data: [DONE]"), text[-500:]
             assert '"server_error"' not in text, text[-500:]
