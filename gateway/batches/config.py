@@ -11,7 +11,12 @@ batches:
   concurrency: 4                       # lines one gateway runs at once
   max_attempts: 5                      # tries of a line refused for capacity before it fails
   poll_interval_s: 0.5                 # how often an idle runner looks for work
+  callback_allowed_networks: []        # non-public networks callback_urls may reach (e.g. 10.20.0.0/16)
 ```
+
+A `callback_url` is the tenant's choice: one that points at an address that is not globally
+routable (the gateway's own network, a cloud metadata service) is not called unless its network is
+listed in `callback_allowed_networks` (batches/callbacks.py).
 
 The batch state lives in the ledger's database (`ledger.store`: SQLite or PostgreSQL): several
 gateways sharing it share the work.
@@ -19,6 +24,7 @@ gateways sharing it share the work.
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Annotated
 
 import msgspec
@@ -40,8 +46,18 @@ class BatchesConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, fr
     # Tries of a callback_url POST, with doubling waits from 1 s.
     callback_attempts: Annotated[int, msgspec.Meta(ge=1, le=20)] = 5
     callback_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 10.0
+    # Networks that are not globally routable which callbacks may reach anyway (CIDRs): an internal
+    # receiver's; `make up` lists loopback. Everything else non-public is refused.
+    callback_allowed_networks: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # The runner renews its leases between polls: a poll longer than that would let them lapse.
         if self.poll_interval_s > self.lease_s / 3:
             raise ValueError("batches.poll_interval_s: must be at most a third of lease_s")
+        for spec in self.callback_allowed_networks:
+            try:
+                ipaddress.ip_network(spec, strict=False)
+            except ValueError as exc:
+                raise ValueError(
+                    f"batches.callback_allowed_networks: {spec!r} is not a network ({exc})"
+                ) from None

@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from gateway.batches.callbacks import CallbackEgress, CallbackRefused, networks
 from gateway.batches.config import BatchesConfig
 from gateway.batches.errors import BatchStoreUnavailable
 from gateway.batches.input import ENDPOINTS
@@ -63,6 +64,7 @@ class BatchRunner:
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
         self._running: dict[tuple[str, int], tuple[asyncio.Task[None], ClaimedLine]] = {}
         self._callbacks: dict[str, asyncio.Task[None]] = {}
+        self._egress = CallbackEgress(networks(config.callback_allowed_networks))
         self._wake = asyncio.Event()
 
     async def run(self) -> None:
@@ -222,11 +224,14 @@ class BatchRunner:
         async with httpx.AsyncClient(timeout=config.callback_timeout_s) as client:
             for attempt in range(config.callback_attempts):
                 try:
-                    answer = await client.post(batch.callback_url, json=batch_object(batch))
+                    answer = await self._egress.post(client, batch.callback_url, batch_object(batch))
                     if answer.status_code < 300:
                         break
                     why = f"HTTP {answer.status_code}"
-                except httpx.HTTPError as exc:
+                except CallbackRefused as exc:
+                    logger.warning("batch %s: not called back, its callback_url: %s", batch.id, exc)
+                    break
+                except (httpx.HTTPError, OSError) as exc:  # OSError: the host name did not resolve
                     why = f"{type(exc).__name__}: {exc}"
                 logger.warning("batch %s callback attempt %d failed: %s", batch.id, attempt + 1, why)
                 if attempt + 1 < config.callback_attempts:

@@ -196,7 +196,12 @@ class FederationPlan:
                 "store": {"type": "sqlite", "path": str(self.ledger_file.resolve())},
             },
             # The Files and Batches APIs: batch state in the ledger's SQLite file, files beside it.
-            "batches": {"enabled": True, "storage_dir": str((self.state_dir / "batch-files").resolve())},
+            "batches": {
+                "enabled": True,
+                "storage_dir": str((self.state_dir / "batch-files").resolve()),
+                # A local federation's callback receivers run on this machine.
+                "callback_allowed_networks": ["127.0.0.0/8", "::1/128"],
+            },
             "node_auth": {"token_env": "MERIDIAN_NODE_TOKEN"},
             # CPU nodes can take a while for a first token when both tiers are busy.
             "timeouts": {"stream_idle_s": 60.0, "read_s": 300.0},

@@ -67,6 +67,8 @@ def batch_config(regions: Path, work: Path, **batches: Any) -> dict[str, Any]:
             "max_file_bytes": MAX_FILE_BYTES,
             "poll_interval_s": 0.1,
             "concurrency": 2,
+            # The tests' callback receivers listen on loopback.
+            "callback_allowed_networks": ["127.0.0.0/8"],
             **batches,
         },
     )
@@ -129,12 +131,14 @@ class Callbacks:
 
     def __init__(self) -> None:
         received: list[dict[str, Any]] = []
-        self.received = received
+        hosts: list[str] = []
+        self.received, self.hosts = received, hosts
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 length = int(self.headers.get("content-length") or 0)
                 received.append(json.loads(self.rfile.read(length)))
+                hosts.append(self.headers.get("host", ""))
                 self.send_response(204)
                 self.end_headers()
 
@@ -230,6 +234,66 @@ def test_a_batch_failed_for_its_file_calls_back_like_any_ended_batch(gw: Running
             time.sleep(0.1)
         assert [(c["id"], c["status"]) for c in callbacks.received] == [(batch.id, "failed")]
         assert callbacks.received[0]["errors"]["data"][0]["code"] == "invalid_json_line"
+    finally:
+        callbacks.close()
+
+
+def _failed_batch(client: openai.OpenAI, callback_url: str) -> str:
+    """A batch that has failed at creation (its file is no batch file): due for its callback."""
+    file_id = client.files.create(file=("input.jsonl", b"not jsonl"), purpose="batch").id
+    batch = client.batches.create(
+        input_file_id=file_id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        extra_body={"callback_url": callback_url},
+    )
+    assert batch.status == "failed"
+    return batch.id
+
+
+def test_an_allowed_callback_goes_to_the_address_checked_with_the_urls_host(gw: RunningGateway) -> None:
+    """The runner resolves the name once, checks the address and POSTs to it: `Host` still names
+    the URL's host (a virtual host behind it still answers)."""
+    callbacks = Callbacks()
+    try:
+        port = callbacks.url.split(":")[2].split("/")[0]
+        batch_id = _failed_batch(sdk(gw), f"http://localhost:{port}/done")
+        deadline = time.monotonic() + 30
+        while not callbacks.received and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [c["id"] for c in callbacks.received] == [batch_id]
+        assert callbacks.hosts == [f"localhost:{port}"]
+    finally:
+        callbacks.close()
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+def test_a_callback_into_a_network_not_allowed_is_never_sent(
+    node: NodeProcess, tmp_path: Path, caplog: pytest.LogCaptureFixture, host: str
+) -> None:
+    """With no network allowed (the default), a callback to loopback (named or not) is given up at
+    once: logged, marked done, and no byte is sent to it."""
+    callbacks = Callbacks()
+    config = batch_config(
+        write_regions(tmp_path / "regions.yaml", [node]), tmp_path, callback_allowed_networks=[]
+    )
+    try:
+        with (
+            caplog.at_level(logging.WARNING, logger="gateway.batches.runner"),
+            run_gateway(config, tenants=(*TEST_TENANTS, *LIST_TENANTS)) as closed,
+        ):
+            batch_id = _failed_batch(sdk(closed), callbacks.url.replace("127.0.0.1", host))
+            database = Path(str(closed.gateway.config.ledger.store.path))
+            with sqlite3.connect(database) as db:
+                deadline = time.monotonic() + 30
+                while db.execute("SELECT callback_pending FROM batches WHERE id = ?", (batch_id,)).fetchone()[
+                    0
+                ]:
+                    assert time.monotonic() < deadline, "the callback is still pending"
+                    time.sleep(0.1)
+        refused = [r.getMessage() for r in caplog.records if batch_id in r.getMessage()]
+        assert len(refused) == 1 and "callbacks may not reach" in refused[0], refused
+        assert callbacks.received == []
     finally:
         callbacks.close()
 
