@@ -66,9 +66,14 @@ def test_an_allowed_network_admits_its_addresses_and_nothing_else_changes(
     assert opened.permits(other) == CLOSED.permits(other)
 
 
-def test_a_name_is_judged_by_the_addresses_it_resolves_to() -> None:
-    with pytest.raises(CallbackRefused, match="localhost is"):
-        asyncio.run(CLOSED.address_for("localhost", 80))
+@pytest.mark.parametrize("host", ["localhost", "127.1", "0x7f000001", "2130706433", "017700000001"])
+def test_a_name_is_judged_by_the_addresses_it_resolves_to(host: str) -> None:
+    """Loopback by name, and in the shorthand, hex, decimal and octal forms the resolver reads."""
+    with pytest.raises(CallbackRefused, match=f"{host} is"):
+        asyncio.run(CLOSED.address_for(host, 80))
+
+
+def test_an_allowed_name_resolves_to_the_address_sent_to() -> None:
     loopback = CallbackEgress(networks(("127.0.0.0/8", "::1")))
     assert ipaddress.ip_address(asyncio.run(loopback.address_for("localhost", 80))).is_loopback
     assert asyncio.run(loopback.address_for("127.0.0.1", 80)) == "127.0.0.1"
