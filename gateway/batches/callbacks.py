@@ -72,14 +72,14 @@ class CallbackEgress:
             found = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
             # An IPv6 address may come with its zone (`fe80::1%eth0`); the zone is no part of it.
             addresses = [ipaddress.ip_address(str(info[4][0]).partition("%")[0]) for info in found]
+        if not addresses:
+            raise OSError(f"{host} resolved to no address")
         for address in addresses:
             if not self.permits(address):
                 raise CallbackRefused(
                     f"{host} is {address}, an address callbacks may not reach "
                     "(not globally routable, and not in batches.callback_allowed_networks)"
                 )
-        if not addresses:
-            raise OSError(f"{host} resolved to no address")
         return str(addresses[0])
 
     async def post(self, client: httpx.AsyncClient, url: str, payload: Any) -> httpx.Response:
