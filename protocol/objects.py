@@ -141,6 +141,23 @@ class InputItemList(msgspec.Struct, kw_only=True):
     has_more: bool
 
 
+class AnthropicModel(msgspec.Struct, kw_only=True):
+    """A model as Anthropic's Models API describes one (what its SDK's `models` methods parse)."""
+
+    type: Literal["model"] = "model"
+    id: str
+    display_name: str
+    created_at: str  # RFC 3339
+    lifecycle: Literal["active"] = "active"
+
+
+class AnthropicModelList(msgspec.Struct, kw_only=True):
+    data: list[AnthropicModel]
+    has_more: bool
+    first_id: str | None
+    last_id: str | None
+
+
 class InputTokenCount(msgspec.Struct, kw_only=True):
     """`POST /v1/responses/input_tokens`: a Responses request's input, in the model's tokens."""
 

@@ -3,6 +3,7 @@
 from gateway.api.admin_routes import AdminController, MetricsController
 from gateway.api.anthropic_routes import AnthropicController
 from gateway.api.batches_routes import BatchesController, FilesController
+from gateway.api.models_routes import ModelsController
 from gateway.api.openai_routes import OpenAIController
 from gateway.api.openapi import OpenAPIController
 from gateway.api.quota_routes import QuotaController
@@ -13,6 +14,7 @@ from gateway.api.usage_routes import UsageController
 FRONT_DOORS = (
     OpenAIController,
     AnthropicController,
+    ModelsController,
     ResponsesController,
     FilesController,
     BatchesController,
@@ -29,6 +31,7 @@ __all__ = [
     "BatchesController",
     "FilesController",
     "MetricsController",
+    "ModelsController",
     "OpenAIController",
     "OpenAPIController",
     "QuotaController",

@@ -107,9 +107,23 @@ def anthropic_errors(request: Request[Any, Any, Any], exc: Exception) -> Respons
     return Response(anthropic_error(error), status_code=error.status_code, headers=error.headers)
 
 
+def anthropic_client(request: Request[Any, Any, Any]) -> bool:
+    """Whether an Anthropic SDK sent the request: they all send `anthropic-version`, OpenAI's never
+    do. The doors both SDKs call (`/v1/models`) answer each in its own shapes."""
+    return "anthropic-version" in request.headers
+
+
+def client_errors(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    """For the doors both SDKs call: Anthropic's error format to an Anthropic client, else OpenAI's."""
+    return anthropic_errors(request, exc) if anthropic_client(request) else openai_errors(request, exc)
+
+
 def any_door_errors(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     """The app's handler: errors raised before a door's own handler could (no route, wrong
     method) in the format of the door the path names."""
-    if request.scope.get("path", "").startswith("/v1/messages"):
+    path = request.scope.get("path", "")
+    if path.startswith("/v1/messages"):
         return anthropic_errors(request, exc)
+    if path.startswith("/v1/models"):
+        return client_errors(request, exc)
     return openai_errors(request, exc)

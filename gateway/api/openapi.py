@@ -32,6 +32,8 @@ from protocol.anthropic import MessagesCountRequest, MessagesRequest
 from protocol.objects import (
     AnthropicError,
     AnthropicMessage,
+    AnthropicModel,
+    AnthropicModelList,
     Batch,
     BatchList,
     CreateBatch,
@@ -66,16 +68,17 @@ _OPENAI_EVENTS = "`data:` events, each a {chunk} in JSON (see components), then 
 class Operation:
     operation_id: str
     summary: str
-    answer: type  # the 200 body's struct
+    answer: type | tuple[type, ...]  # the 200 body's struct (several: any of them, by client)
     errors: tuple[int, ...]  # besides `default`
     body: type | None = None  # a JSON request body's struct
     form: type | None = None  # a multipart request body's struct
     events: str | None = None  # a generation: `stream: true` answers these server-sent events
     answer_type: str = "application/json"
-    error: type = ErrorResponse
+    error: type | tuple[type, ...] = ErrorResponse
     tenant_query: bool = False  # ?tenant= (global keys read another tenant's)
     query: tuple[dict[str, Any], ...] = ()  # its own query parameters (OpenAPI parameter objects)
     anthropic_key: bool = False  # also takes Anthropic's x-api-key header
+    by_client: bool = False  # answers an `anthropic-version` request in Anthropic's shapes
     links: tuple[Link, ...] = ()  # what the 200 answer's object can be used for next
 
 
@@ -274,13 +277,24 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ),
     ("GET", "/v1/models"): Operation(
         "listModels",
-        "The models this key may use.",
-        ModelList,
-        (401,),
+        "The models this key may use: OpenAI's list, or with `anthropic-version` Anthropic's "
+        "(paged by its `limit`, `after_id`, `before_id`).",
+        (ModelList, AnthropicModelList),
+        (400, 401),
+        error=(ErrorResponse, AnthropicError),
+        anthropic_key=True,
+        by_client=True,
         links=(Link("RetrieveModel", "retrieveModel", "model", source="$response.body#/data/0/id"),),
     ),
     ("GET", "/v1/models/{model}"): Operation(
-        "retrieveModel", "One model this key may use; any other is a 404.", ModelCard, (401, 404)
+        "retrieveModel",
+        "One model this key may use (any other is a 404), in OpenAI's shape or, with "
+        "`anthropic-version`, Anthropic's.",
+        (ModelCard, AnthropicModel),
+        (401, 404),
+        error=(ErrorResponse, AnthropicError),
+        anthropic_key=True,
+        by_client=True,
     ),
     ("GET", "/v1/quota"): Operation(
         "getQuota",
@@ -394,7 +408,8 @@ def _schemas() -> tuple[dict[type, dict[str, Any]], dict[str, Any]]:
     """Each typed body's schema (a $ref for a struct) and the components they refer to."""
     types = [ChatCompletionChunk]
     for op in OPERATIONS.values():
-        types += [t for t in (op.answer, op.body, op.form, op.error) if t is not None]
+        for each in (op.answer, op.body, op.form, op.error):
+            types += each if isinstance(each, tuple) else [each] if each is not None else []
     types = list(dict.fromkeys(types))
     refs, components = msgspec.json.schema_components(
         types, ref_template=_REF.format(kind="schemas", name="{name}")
@@ -421,15 +436,20 @@ def _schemas() -> tuple[dict[type, dict[str, Any]], dict[str, Any]]:
 def _operation(
     op: Operation, path_parameters: dict[str, Any], schemas: dict[type, dict[str, Any]]
 ) -> dict[str, Any]:
+    def schema(of: type | tuple[type, ...]) -> dict[str, Any]:
+        # Untagged structs have no union schema in msgspec: a door answering two clients in their
+        # own shapes lists both.
+        return {"anyOf": [schemas[t] for t in of]} if isinstance(of, tuple) else schemas[of]
+
     def error(status: int | None) -> dict[str, Any]:
         headers = ("x-request-id", "retry-after") if status in (429, 503) else ("x-request-id",)
         return {
             "description": _STATUS_TEXT[status] if status else "Any other error, in the same shape.",
             "headers": {h: _ref("headers", h) for h in headers},
-            "content": {"application/json": {"schema": schemas[op.error]}},
+            "content": {"application/json": {"schema": schema(op.error)}},
         }
 
-    answer = {op.answer_type: {"schema": schemas[op.answer]}}
+    answer = {op.answer_type: {"schema": schema(op.answer)}}
     headers = ("x-request-id",)
     if op.events is not None:
         answer["text/event-stream"] = {"schema": {"type": "string", "description": op.events}}
@@ -449,6 +469,8 @@ def _operation(
         parameters.append(_ref("parameters", "ClientRegion"))
     if op.tenant_query:
         parameters.append(_ref("parameters", "Tenant"))
+    if op.by_client:
+        parameters.append(_ref("parameters", "AnthropicVersion"))
     parameters += op.query
     document: dict[str, Any] = {"operationId": op.operation_id, "summary": op.summary}
     if parameters:
@@ -506,7 +528,8 @@ def build_document(routes: list[Any]) -> dict[str, Any]:
                     "type": "apiKey",
                     "in": "header",
                     "name": "x-api-key",
-                    "description": "A tenant's API key, as Anthropic's SDKs send it (/v1/messages only).",
+                    "description": "A tenant's API key, as Anthropic's SDKs send it (/v1/messages "
+                    "and /v1/models).",
                 },
             },
             "parameters": {
@@ -517,6 +540,14 @@ def build_document(routes: list[Any]) -> dict[str, Any]:
                     "schema": {"type": "string"},
                     "description": "The client's region (e.g. `eu-west`): routing prefers it, "
                     "within the tenant's residency policy (one the fleet has nothing in is ignored).",
+                },
+                "AnthropicVersion": {
+                    "name": "anthropic-version",
+                    "in": "header",
+                    "required": False,
+                    "schema": {"type": "string"},
+                    "description": "Sent by Anthropic's SDKs: the answer and its errors come in "
+                    "Anthropic's shapes.",
                 },
                 "Tenant": {
                     "name": "tenant",

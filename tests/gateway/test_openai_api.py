@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -178,6 +179,35 @@ def test_a_model_is_retrieved_by_name_and_one_the_tenant_may_not_use_is_not_foun
         assert (info.value.code, info.value.param) == ("model_not_found", "model")
     unauthenticated = httpx.get(gw.url + "/v1/models/meridian-small", timeout=10)
     assert unauthenticated.status_code == 401
+
+
+def claude(gw: RunningGateway, key: str = GLOBAL_KEY) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=gw.url, api_key=key, max_retries=0, timeout=30)
+
+
+def test_the_anthropic_sdk_lists_and_retrieves_models_in_its_own_shapes(gw: RunningGateway) -> None:
+    """Anthropic's SDK sends `anthropic-version` and its key as `x-api-key`: it gets Anthropic's
+    model objects, paging and errors; the OpenAI SDK's answers are unchanged (tests above)."""
+    in_order = [m.id for m in sdk(gw).models.list()]
+    listed = list(claude(gw).models.list())
+    assert [m.id for m in listed] == in_order
+    for model in listed:
+        assert (model.type, model.display_name) == ("model", model.id) and model.created_at.year >= 2026
+    first = claude(gw).models.list(limit=1)
+    assert len(first.data) == 1 and first.has_more and first.last_id == in_order[0]
+    assert [m.id for m in claude(gw).models.list(limit=1)] == in_order  # the SDK pages by after_id
+    back = claude(gw).models.list(limit=1, before_id=in_order[1])
+    assert [m.id for m in back.data] == [in_order[0]] and not back.has_more
+    assert [m.id for m in claude(gw, SMALL_KEY).models.list()] == ["meridian-small"]
+    assert claude(gw).models.retrieve("meridian-large").id == "meridian-large"
+    with pytest.raises(anthropic.NotFoundError) as hidden:
+        claude(gw, SMALL_KEY).models.retrieve("meridian-large")
+    assert hidden.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+    with pytest.raises(anthropic.AuthenticationError):
+        claude(gw, "sk-wrong").models.list()
+    with pytest.raises(anthropic.BadRequestError) as bad:
+        claude(gw).models.list(limit=0)
+    assert bad.value.body["type"] == "error"  # type: ignore[index]
 
 
 def test_bad_or_missing_key_is_401_in_openai_format(gw: RunningGateway) -> None:
