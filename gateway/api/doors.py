@@ -53,7 +53,12 @@ async def _anthropic_tenant(
     request: Request[Any, Any, Any], pipeline: RequestPipeline, call: Call
 ) -> TenantPolicy:
     api_key = request.headers.get("x-api-key")
-    authorization = f"Bearer {api_key}" if api_key else request.headers.get("authorization")
+    authorization = request.headers.get("authorization")
+    if api_key and authorization and authorization.partition(" ")[2].strip() != api_key.strip():
+        # Two keys that differ: neither is taken over the other (an invalid one is never ignored).
+        authorization = None
+    elif api_key:
+        authorization = f"Bearer {api_key}"
     return pipeline.authenticate(call, authorization)
 
 
@@ -102,7 +107,8 @@ def anthropic_errors(request: Request[Any, Any, Any], exc: Exception) -> Respons
     error = _finished(request, exc)
     if isinstance(error, AuthenticationError):
         error.message = (
-            "Incorrect or missing API key. Send it as 'x-api-key: KEY' or 'Authorization: Bearer KEY'."
+            "Incorrect or missing API key. Send it as 'x-api-key: KEY' or 'Authorization: Bearer KEY' "
+            "(the same key, if both)."
         )
     return Response(anthropic_error(error), status_code=error.status_code, headers=error.headers)
 

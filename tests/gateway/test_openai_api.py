@@ -210,6 +210,34 @@ def test_the_anthropic_sdk_lists_and_retrieves_models_in_its_own_shapes(gw: Runn
     assert bad.value.body["type"] == "error"  # type: ignore[index]
 
 
+@pytest.mark.parametrize(
+    ("headers", "status"),
+    [
+        ({"x-api-key": GLOBAL_KEY}, 200),
+        ({"authorization": f"Bearer {GLOBAL_KEY}"}, 200),
+        ({"x-api-key": GLOBAL_KEY, "authorization": f"Bearer {GLOBAL_KEY}"}, 200),
+        ({"x-api-key": GLOBAL_KEY, "authorization": "Bearer sk-wrong"}, 401),
+        ({"x-api-key": "sk-wrong", "authorization": f"Bearer {GLOBAL_KEY}"}, 401),
+        ({"x-api-key": GLOBAL_KEY, "authorization": f"Bearer {SMALL_KEY}"}, 401),
+    ],
+)
+def test_two_keys_that_differ_are_refused_whichever_is_valid(
+    gw: RunningGateway, headers: dict[str, str], status: int
+) -> None:
+    """A door that takes Anthropic's x-api-key as well as Authorization never ignores one of two
+    keys sent: they must be the same."""
+    for path in ("/v1/models", "/v1/messages/count_tokens"):
+        sent = {"anthropic-version": "2023-06-01", **headers}
+        body = {"model": "meridian-small", "messages": [{"role": "user", "content": "hi"}]}
+        response = httpx.request(
+            "GET" if path == "/v1/models" else "POST", gw.url + path, headers=sent, timeout=30,
+            json=None if path == "/v1/models" else body,
+        )  # fmt: skip
+        assert response.status_code == status, (path, response.text)
+        if status == 401:
+            assert response.json()["error"]["type"] == "authentication_error"
+
+
 def test_bad_or_missing_key_is_401_in_openai_format(gw: RunningGateway) -> None:
     with pytest.raises(openai.AuthenticationError) as info:
         sdk(gw, "sk-wrong").chat.completions.create(
