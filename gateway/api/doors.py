@@ -54,7 +54,11 @@ async def _anthropic_tenant(
 ) -> TenantPolicy:
     api_key = request.headers.get("x-api-key")
     authorization = request.headers.get("authorization")
-    if api_key and authorization and authorization.partition(" ")[2].strip() != api_key.strip():
+    if (
+        api_key is not None
+        and authorization is not None
+        and authorization.partition(" ")[2].strip() != api_key.strip()
+    ):
         # Two keys that differ: neither is taken over the other (an invalid one is never ignored).
         authorization = None
     elif api_key:

@@ -219,6 +219,8 @@ def test_the_anthropic_sdk_lists_and_retrieves_models_in_its_own_shapes(gw: Runn
         ({"x-api-key": GLOBAL_KEY, "authorization": "Bearer sk-wrong"}, 401),
         ({"x-api-key": "sk-wrong", "authorization": f"Bearer {GLOBAL_KEY}"}, 401),
         ({"x-api-key": GLOBAL_KEY, "authorization": f"Bearer {SMALL_KEY}"}, 401),
+        ({"x-api-key": GLOBAL_KEY, "authorization": ""}, 401),
+        ({"x-api-key": "", "authorization": f"Bearer {GLOBAL_KEY}"}, 401),
     ],
 )
 def test_two_keys_that_differ_are_refused_whichever_is_valid(
