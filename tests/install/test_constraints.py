@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
+import sysconfig
 
 from tests.support.processes import REPO_ROOT
 
@@ -30,7 +31,10 @@ def _pins() -> dict[str, str]:
 def test_every_installed_package_is_pinned_at_its_installed_version() -> None:
     pins = _pins()
     unpinned, moved = [], []
-    for dist in importlib.metadata.distributions():
+    # The venv's own site-packages only: importing setuptools puts its vendored packages (with
+    # their metadata) on sys.path, which pip never installed.
+    installed_here = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+    for dist in importlib.metadata.distributions(path=installed_here):
         name = _name(dist.metadata["Name"])
         if name in NOT_PINNED:
             continue
