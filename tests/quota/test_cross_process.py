@@ -15,6 +15,7 @@ import pytest
 
 from gateway.quota import QuotaConfig, QuotaExceeded, build_quota_gate
 from tests.quota.conftest import make_policy
+from tests.quota.load_worker import policy_from
 from tests.support.processes import REPO_ROOT
 
 PROCESSES = 4
@@ -54,6 +55,15 @@ def max_overlap(intervals: list[tuple[float, float]]) -> int:
         current += step
         peak = max(peak, current)
     return peak
+
+
+async def tokens_used(quota: dict[str, Any], tenant: dict[str, Any]) -> int:
+    """The tokens the shared store counts in the tenant's current window."""
+    gate = build_quota_gate(msgspec.convert(quota, QuotaConfig))
+    try:
+        return int((await gate.usage(policy_from(tenant)))["tokens"]["used"])
+    finally:
+        await gate.close()
 
 
 @pytest.mark.slow
@@ -104,7 +114,11 @@ def test_limits_hold_exactly_across_four_processes(redis_server: str) -> None:
 
     ref = admitted["ref"]
     assert max_in_any_window([(r["admitted_at"], r["actual"]) for r in ref]) <= 3000 + 400
-    assert sum(r["estimate"] for r in ref) > 3000  # refunds were really given back
+    # Refunds were really given back, by every process: the shared window holds what was used, not
+    # what was reserved. (Whether a refund lets a later request in depends on how the processes'
+    # admits and settles interleave, which a loaded machine decides: asserting that was flaky.)
+    used = asyncio.run(tokens_used(specs[0]["quota"], tenants[1]))
+    assert used == sum(r["actual"] for r in ref) < sum(r["estimate"] for r in ref)
 
     assert len(admitted["req"]) == 25
 
