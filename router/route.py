@@ -59,15 +59,14 @@ def route(
     """
     rollouts = rollouts or {}
     places = (*fleet.nodes, *fleet.providers)
-    preferred_region = request.home_region
-    if request.client_region and preferred_jurisdiction(request.client_region, places) is not None:
+    preferred_region = request.client_region or request.home_region
+    jurisdiction = preferred_jurisdiction(preferred_region, places)
+    if jurisdiction is None and preferred_region != request.home_region:
         # A client region the fleet has nothing in (a typo, or a region not served) says nothing
         # about distance; the request is at this gateway already, so its home region is preferred.
-        preferred_region = request.client_region
-    where = {
-        "preferred_region": preferred_region,
-        "preferred_jurisdiction": preferred_jurisdiction(preferred_region, places),
-    }
+        preferred_region = request.home_region
+        jurisdiction = preferred_jurisdiction(preferred_region, places)
+    where = {"preferred_region": preferred_region, "preferred_jurisdiction": jurisdiction}
     affinity_key = _affinity_key(request, policy)
     screen = {"residency": policy.residency, "exclude": request.exclude}
     sticky_key = request.session_key or affinity_key

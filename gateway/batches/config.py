@@ -24,10 +24,11 @@ gateways sharing it share the work.
 
 from __future__ import annotations
 
-import ipaddress
 from typing import Annotated
 
 import msgspec
+
+from gateway.batches.callbacks import networks
 
 
 class BatchesConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
@@ -54,10 +55,7 @@ class BatchesConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, fr
         # The runner renews its leases between polls: a poll longer than that would let them lapse.
         if self.poll_interval_s > self.lease_s / 3:
             raise ValueError("batches.poll_interval_s: must be at most a third of lease_s")
-        for spec in self.callback_allowed_networks:
-            try:
-                ipaddress.ip_network(spec, strict=False)
-            except ValueError as exc:
-                raise ValueError(
-                    f"batches.callback_allowed_networks: {spec!r} is not a network ({exc})"
-                ) from None
+        try:
+            networks(self.callback_allowed_networks)
+        except ValueError as exc:
+            raise ValueError(f"batches.callback_allowed_networks: not a network ({exc})") from None

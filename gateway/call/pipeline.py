@@ -117,7 +117,7 @@ class RequestPipeline:
         safety = self._begin_safety(ctx)
         body = safety.screen_input(endpoint, body)
         plan, ticket = await self._admit_load(ctx, self._plan(ctx, endpoint, request, body))
-        admission = await self._admit_quota(ctx, plan, ticket)
+        admission = await self._admit_quota(ctx, plan.estimated_tokens, ticket)
         # Charged only for what was served: a request that failed on every target, or whose input
         # the classifier blocked, gets its tokens back (the request still counts against requests/min).
         served_tokens = 0
@@ -190,7 +190,7 @@ class RequestPipeline:
         body = safety.screen_input(endpoint, body)
         plan, ticket = await self._admit_load(ctx, self._plan(ctx, endpoint, request, body))
         try:
-            admission = await self._admit_quota(ctx, plan, ticket)
+            admission = await self._admit_quota(ctx, plan.estimated_tokens, ticket)
         except BaseException:
             safety.finish()
             raise
@@ -261,10 +261,7 @@ class RequestPipeline:
             )
             ctx.plans(plan.model.name)
             ctx.observed.planned("count_tokens", request, body.get("messages"), degraded=False)
-            with ctx.observed.stage("quota.admit"):
-                admission = await self._quota.admit(ctx.tenant, request_id=ctx.request_id, estimated_tokens=0)
-            ctx.observed.quota_admitted(ctx.tenant.tenant_id, admission.store_state.source)
-            ctx.headers.update(admission.headers)
+            admission = await self._admit_quota(ctx, 0)  # one request, no tokens
             try:
                 targets = self._route(ctx, plan, ctx.observed, generating=False)
                 target, count, attempts = await self._failover.count_tokens(
@@ -518,15 +515,19 @@ class RequestPipeline:
             ctx.observed.note(degraded=True)
         return plan, admitted.ticket
 
-    async def _admit_quota(self, ctx: CallContext, plan: RequestPlan, ticket: Ticket) -> Admission:
+    async def _admit_quota(
+        self, ctx: CallContext, estimated_tokens: int, ticket: Ticket | None = None
+    ) -> Admission:
+        """One request and `estimated_tokens` reserved; a failure releases the admission `ticket`."""
         assert ctx.tenant is not None
         try:
             with ctx.observed.stage("quota.admit"):
                 admission = await self._quota.admit(
-                    ctx.tenant, request_id=ctx.request_id, estimated_tokens=plan.estimated_tokens
+                    ctx.tenant, request_id=ctx.request_id, estimated_tokens=estimated_tokens
                 )
         except BaseException:
-            ticket.release()
+            if ticket is not None:
+                ticket.release()
             raise
         ctx.observed.quota_admitted(ctx.tenant.tenant_id, admission.store_state.source)
         ctx.headers.update(admission.headers)

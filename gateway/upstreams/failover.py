@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -26,7 +26,7 @@ from gateway.health import Outcome, Permit, Rejection
 from gateway.metrics import GatewayMetrics
 from gateway.observe import QUIET, Stage
 from gateway.runtime.tasks import run_shielded
-from gateway.upstreams.base import Endpoint, UpstreamError
+from gateway.upstreams.base import Endpoint, Upstream, UpstreamError
 from gateway.upstreams.errors import UpstreamRejected, UpstreamsExhausted
 from gateway.upstreams.fleet import Fleet
 from protocol.chunk import Chunk, Completion
@@ -107,13 +107,13 @@ class Forwarder:
         scope: Stage = QUIET,
     ) -> tuple[Target, Completion, int]:
         """`body` goes to each target asking for the model that target serves."""
-
-        async def attempt(target: Target, headers: dict[str, str]) -> Completion:
-            upstream = self._fleet.upstream_for(target)
-            return await upstream.complete(endpoint, {**body, "model": target.model}, headers)
-
-        model = targets[0].model if targets else ""
-        return await self._first_success(targets, attempt, headers, scope, model=model)
+        return await self._ask_each(
+            targets,
+            body,
+            headers,
+            scope,
+            lambda upstream, asked, sent: upstream.complete(endpoint, asked, sent),
+        )
 
     async def count_tokens(
         self,
@@ -123,13 +123,27 @@ class Forwarder:
         scope: Stage = QUIET,
     ) -> tuple[Target, int, int]:
         """The chat body's input tokens, counted by the first target to answer, as it reads them."""
+        return await self._ask_each(
+            targets, body, headers, scope, lambda upstream, asked, sent: upstream.count_tokens(asked, sent)
+        )
 
-        async def attempt(target: Target, headers: dict[str, str]) -> int:
-            upstream = self._fleet.upstream_for(target)
-            return await upstream.count_tokens({**body, "model": target.model}, headers)
+    def _ask_each(
+        self,
+        targets: Sequence[Target],
+        body: dict[str, Any],
+        headers: dict[str, str],
+        scope: Stage,
+        ask: Callable[[Upstream, dict[str, Any], dict[str, str]], Awaitable[T]],
+    ) -> Coroutine[Any, Any, tuple[Target, T, int]]:
+        """`ask` each target's upstream in turn (failing over), with `body` asking for the model
+        that target serves."""
+
+        async def attempt(target: Target, headers: dict[str, str]) -> T:
+            return await ask(self._fleet.upstream_for(target), {**body, "model": target.model}, headers)
 
         model = targets[0].model if targets else ""
-        return await self._first_success(targets, attempt, headers, scope, model=model)
+        # The failover's own coroutine, not one more awaiting it (every request comes here).
+        return self._first_success(targets, attempt, headers, scope, model=model)
 
     async def open_stream(
         self,
