@@ -29,6 +29,7 @@ from gateway.quota.errors import QuotaExceeded, QuotaUnavailable, RequestTooLarg
 from gateway.quota.headers import retry_after_headers
 from gateway.responses.errors import ResponsesBusy
 from gateway.safety.errors import ContentBlocked, SafetyUnavailable
+from gateway.translate.errors import UntranslatableAnswer
 from gateway.upstreams.errors import UpstreamRejected, UpstreamsExhausted
 from http_server import ClientDisconnected
 from protocol import (
@@ -63,6 +64,9 @@ def to_api_error(exc: BaseException, *, request_id: str = "-") -> APIError:
         return _exhausted(exc)
     if isinstance(exc, UpstreamRejected):
         return _rejected(exc)
+    if isinstance(exc, UntranslatableAnswer):
+        # The upstream answered what the client's API cannot say: its fault, a bad gateway.
+        return error_for_status(502, exc.message)
     if isinstance(exc, QuotaExceeded):
         return RateLimitError(exc.message, headers={**exc.headers, **retry_after_headers(exc.retry_after_ms)})
     if isinstance(exc, QuotaUnavailable):

@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from protocol.anthropic import TextBlock, ToolUseBlock
+
 BatchStatus = Literal[
     "validating", "in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled"
 ]
@@ -42,11 +44,6 @@ class AnthropicError(msgspec.Struct, kw_only=True):
     error: AnthropicErrorDetail
 
 
-class AnthropicTextBlock(msgspec.Struct, kw_only=True):
-    type: Literal["text"]
-    text: str
-
-
 class AnthropicUsage(msgspec.Struct, kw_only=True):
     input_tokens: int
     output_tokens: int
@@ -59,8 +56,11 @@ class AnthropicMessage(msgspec.Struct, kw_only=True):
     type: Literal["message"]
     role: Literal["assistant"]
     model: str
-    content: list[AnthropicTextBlock]
-    stop_reason: Annotated[str | None, msgspec.Meta(description="end_turn, max_tokens, stop_sequence, ...")]
+    # The blocks an answer has are the ones a conversation gives back as the assistant's turn.
+    content: list[TextBlock | ToolUseBlock]
+    stop_reason: Annotated[
+        str | None, msgspec.Meta(description="end_turn, max_tokens, stop_sequence, tool_use, ...")
+    ]
     stop_sequence: str | None
     usage: AnthropicUsage
 

@@ -30,6 +30,10 @@ class ChatMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
     role: Role
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    # An assistant's tool calls and a tool message's answer to one: only upstreams serving tools
+    # read them (protocol/capabilities.py); they are forwarded as the client sent them.
+    tool_calls: list[Any] | None = None
+    tool_call_id: str | None = None
 
     def text(self) -> str:
         """The message's text; non-text content parts are rejected earlier, in validation."""

@@ -60,10 +60,17 @@ class Demand:
     prompt_tokens: int = 1
     conversation: tuple[tuple[str, str], ...] = ()
     salt: str | None = None  # the node's cache salt for this tenant (isolated tenants)
+    # The capabilities it asks for (protocol/capabilities.py): only nodes serving them all are
+    # its pool.
+    needs: frozenset[str] = frozenset()
 
     @classmethod
     def of(
-        cls, policy: TenantPolicy, prompt_tokens: int, conversation: tuple[tuple[str, str], ...]
+        cls,
+        policy: TenantPolicy,
+        prompt_tokens: int,
+        conversation: tuple[tuple[str, str], ...],
+        needs: frozenset[str] = frozenset(),
     ) -> Demand:
         """A tenant's request: `prompt_tokens` is the gateway's estimate (<= 0: 4 bytes a token
         and 4 per message, the gateway's own rule)."""
@@ -75,6 +82,7 @@ class Demand:
             conversation=conversation,
             # The node salts an isolated tenant's cache with its id (the gateway's cache-salt header).
             salt=policy.tenant_id if policy.prefix_cache == "isolated" else None,
+            needs=needs,
         )
 
     def names(self, model: str) -> tuple[str, ...]:

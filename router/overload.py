@@ -200,6 +200,7 @@ def pool_wait(
     pending: Sequence[PendingRequest] = (),
     cached: Mapping[str, int] | None = None,
     not_ready: frozenset[str] = frozenset(),
+    needs: frozenset[str] = frozenset(),
 ) -> PoolWait | None:
     """The pool's estimate for a new request of `prompt_tokens` (module docstring); None when no
     node may serve the request, in which case routing, not admission, has the answer (a 503 that
@@ -208,8 +209,11 @@ def pool_wait(
     finds them), so only the rest is prefilled there: on a node that starts short prompts beside
     long ones, a cached prompt's wait is one step, where counting it whole would refuse it.
     `not_ready`: the node ids whose cached part is still being computed by a request queued there:
-    the request waits for the prompts ahead first."""
-    nodes = screen_nodes(fleet.nodes, model=model, residency=residency, exclude=frozenset()).admitted
+    the request waits for the prompts ahead first. `needs`: the capabilities the request asks
+    for; a node not serving them all is no part of its pool (it would refuse the request)."""
+    nodes = screen_nodes(
+        fleet.nodes, model=model, residency=residency, exclude=frozenset(), needs=needs
+    ).admitted
     if not nodes:
         return None
     ahead = [_derived(n.load.models.get(model) if n.load is not None else None, tier) for n in nodes]

@@ -68,7 +68,7 @@ def route(
         jurisdiction = preferred_jurisdiction(preferred_region, places)
     where = {"preferred_region": preferred_region, "preferred_jurisdiction": jurisdiction}
     affinity_key = _affinity_key(request, policy)
-    screen = {"residency": policy.residency, "exclude": request.exclude}
+    screen = {"residency": policy.residency, "exclude": request.exclude, "needs": request.needs}
     sticky_key = request.session_key or affinity_key
     version = request.version
     if version is None and request.model in rollouts:
@@ -120,13 +120,17 @@ def route(
 
     targets = primary + degraded + commercial
     if not targets:
+        allowed = (nodes, small_nodes, providers if policy.allow_commercial else None)
+        unsupported = _unsupported(request.needs, [s for s in allowed if s is not None])
         return RouteDecision(
             targets=(),
-            reason=f"model={request.model}; no target",
+            reason=f"model={request.model}; no target"
+            + (f" serves {', '.join(unsupported)}" if unsupported else ""),
             unavailable_reason=_unavailable_reason(
                 _described(request.model, version), policy, nodes, providers, small, small_nodes
             ),
             version=version,
+            unsupported=unsupported,
         )
     return RouteDecision(
         targets=targets,
@@ -135,6 +139,17 @@ def route(
         version=version,
         prefill=_prefill(targets[0], nodes.admitted, size),
     )
+
+
+def _unsupported(
+    needs: frozenset[str], screenings: Sequence[Screening[NodeInfo] | Screening[ProviderInfo]]
+) -> tuple[str, ...]:
+    """The capabilities in `needs` that no target the tenant may use serves, healthy or not;
+    () when nothing inside its residency serves the model at all (that is no capability's fault)."""
+    if not needs or not any(s.serving - s.outside_residency for s in screenings):
+        return ()
+    offered = frozenset().union(*(s.offered for s in screenings))
+    return tuple(sorted(needs - offered))
 
 
 def _prefill(first: Target, admitted: Sequence[NodeInfo], size: Sized) -> Prefill | None:
@@ -200,6 +215,7 @@ def _decision_reason(
             else []
         ),
         f"residency={policy.residency.describe()}",
+        *([f"needs={','.join(sorted(request.needs))}"] if request.needs else []),
         f"preferred={preferred_region}",
         _count(len(primary), "node"),
     ]
@@ -247,6 +263,11 @@ def _turned_away(
         parts.append(
             f"{_count(screening.outside_residency, noun)} outside the tenant's residency "
             f"{_were(screening.outside_residency)} not considered"
+        )
+    if screening.incapable:
+        parts.append(
+            f"{_count(screening.incapable, noun)}{inside} {_were(screening.incapable)} not able to "
+            "serve what the request asks (tools, structured output, ...)"
         )
     if screening.excluded:
         parts.append(f"{_count(screening.excluded, noun)} already tried for this request")

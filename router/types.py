@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from protocol.capabilities import NODE_CAPABILITIES
 from protocol.first_token import StepCost
 
 ModelTier = Literal["small", "large"]
@@ -249,6 +250,8 @@ class NodeInfo:
     # By model, as the directory states it (regions file, Consul meta); the node's own /load
     # report wins where it has one (router.rollout.node_version).
     versions: Mapping[str, ModelVersion] = field(default_factory=dict)
+    # What it serves beyond text generation (protocol/capabilities.py): Meridian's node software.
+    capabilities: frozenset[str] = NODE_CAPABILITIES
 
 
 @dataclass(frozen=True)
@@ -261,6 +264,8 @@ class ProviderInfo:
     jurisdiction: str
     models: frozenset[str]  # logical model names it may serve
     healthy: bool = True  # false while its circuit breaker is open
+    # What its adapter passes on beyond text generation (protocol/capabilities.py).
+    capabilities: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -289,6 +294,9 @@ class RouteRequest:
     # nodes holding its prefixes; empty: no cache is known to help (a completion prompt).
     conversation: tuple[tuple[str, str], ...] = ()
     prompt_tokens: int = 0  # the gateway's estimate; 0: estimated from the conversation's bytes
+    # The capabilities the request asks for (protocol/capabilities.py): only targets serving all
+    # of them are routed to.
+    needs: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -314,3 +322,6 @@ class RouteDecision:
     # What the first target computes for the request (a node target, a chat request); the gateway
     # keeps it in its overlay for that node until the node's own reports show it.
     prefill: Prefill | None = None
+    # With no target: the capabilities the request asks that no target the tenant may use
+    # serves, healthy or not (a client's error: nothing here will ever serve the request as asked).
+    unsupported: tuple[str, ...] = ()

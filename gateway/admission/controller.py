@@ -126,14 +126,16 @@ class AdmissionController:
         model: CatalogModel,
         prompt_tokens: int,
         conversation: tuple[tuple[str, str], ...] = (),
+        needs: frozenset[str] = frozenset(),
     ) -> Admitted:
         """Admitted (maybe degraded) once the request may go upstream; raises Overloaded.
         `conversation`: a chat's messages (protocol.prefix_cache.conversation_of), so the estimate
-        counts only the prompt a node does not hold cached."""
+        counts only the prompt a node does not hold cached. `needs`: the capabilities it asks
+        for; its pool is the nodes serving them all (none: a provider's request, not judged here)."""
         if not self._config.enabled:
             request = PendingRequest(prompt_tokens, tenant.traffic_tier, self._clock())
             return Admitted(model, None, Ticket(None, model.name, request))
-        demand = Demand.of(tenant, prompt_tokens, conversation)
+        demand = Demand.of(tenant, prompt_tokens, conversation, needs)
         tier = tenant.traffic_tier
         queue = self._queues[tier]
         if not queue:
@@ -257,13 +259,20 @@ class AdmissionController:
         degraded_from: str | None,
     ) -> Admitted:
         now, tier = self._clock(), tenant.traffic_tier
+        if estimate is None:
+            # No node may serve it (none is up, or none serves what it asks: a provider will):
+            # it waits on no pool, so it is pending on none.
+            return Admitted(
+                model,
+                degraded_from,
+                Ticket(None, model.name, PendingRequest(demand.prompt_tokens, tier, now)),
+            )
         # Pending on the pool with what it will prefill where it starts soonest (cache hits off).
-        request = PendingRequest(estimate.tokens if estimate is not None else demand.prompt_tokens, tier, now)
+        request = PendingRequest(estimate.tokens, tier, now)
         self._pending[model.name][id(request)] = request
         if degraded_from is not None:
             self._metrics.labelled(self._metrics.degraded, tenant.tenant_id, tier).inc()
-        short = estimate is not None and estimate.short
-        correction = self._feedback.correction_s(model.name, tier, now, short=short)
+        correction = self._feedback.correction_s(model.name, tier, now, short=estimate.short)
         return Admitted(model, degraded_from, Ticket(self, model.name, request, estimate, correction))
 
     def _started(
@@ -300,6 +309,7 @@ class AdmissionController:
             pending=tuple(pending.values()) if pending else (),
             cached=prompt.cached,
             not_ready=prompt.not_ready,
+            needs=demand.needs,
         )
 
     def _fleet_wait(self, model: str, tier: TrafficTier) -> float:

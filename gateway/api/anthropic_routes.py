@@ -26,7 +26,11 @@ from gateway.call.pipeline import RequestPipeline
 from gateway.call.served import ServedStream
 from gateway.translate.anthropic_to_openai import messages_request_to_chat
 from gateway.translate.errors import TranslationError
-from gateway.translate.openai_to_anthropic import ChatToMessagesStream, Event, chat_response_to_message
+from gateway.translate.openai_to_anthropic_answers import (
+    ChatToMessagesStream,
+    Event,
+    chat_response_to_message,
+)
 from protocol import ChatCompletionRequest, InvalidRequestError
 from protocol.anthropic import MessagesCountRequest, MessagesRequest
 from protocol.chunk import StreamFailed, to_builtins
@@ -48,11 +52,11 @@ async def _frames(stream: ServedStream, events: ChatToMessagesStream) -> AsyncGe
         yield _event(event)
     async for item in stream.items():
         if isinstance(item, StreamFailed):
-            # The pipeline's last word on a stream it could not finish or continue: the text
-            # block is closed, and the error says why (no message_delta: no stop_reason is made up).
+            # The pipeline's last word on a stream it could not finish or continue: the open
+            # block is closed, and the error says why.
             blocked = item.code == "content_policy_violation"
-            yield _event(events.close_block())
-            yield _event(events.error("invalid_request_error" if blocked else "api_error", item.message))
+            for event in events.failed("invalid_request_error" if blocked else "api_error", item.message):
+                yield _event(event)
             return
         for event in events.feed(item):
             yield _event(event)

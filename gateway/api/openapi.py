@@ -159,8 +159,10 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         AnthropicMessage,
         _GENERATION_ERRORS,
         body=MessagesRequest,
-        events="Anthropic's event sequence: message_start, content_block_start, content_block_delta..., "
-        "content_block_stop, message_delta, message_stop; an `error` event if the stream breaks.",
+        events="Anthropic's event sequence: message_start, ping, then each content block in turn "
+        "(content_block_start, content_block_delta..., content_block_stop: text as text_delta, a "
+        "tool_use block's input as input_json_delta), message_delta, message_stop; an `error` event "
+        "if the stream breaks.",
         error=AnthropicError,
         anthropic_key=True,
     ),
@@ -353,16 +355,37 @@ _EXTENSIONS = {
     ),
     "token_ids": "Meridian extension: the generated token ids, when the request set return_token_ids.",
 }
+# A tool_choice that asks for a tool call ("any", or "tool") in a request without tools.
+_CHOICE_NEEDS_TOOLS: dict[str, Any] = {
+    "not": {
+        "properties": {
+            "tool_choice": {
+                "type": "object",
+                "properties": {"type": {"enum": ["any", "tool"]}},
+                "required": ["type"],
+            },
+            "tools": {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]},
+        },
+        "required": ["tool_choice"],
+    }
+}
 # Rules a door checks after decoding, so that its 400 can name what it does not serve (a struct
 # constraint would refuse with the decoder's words): stated here so the document keeps them too.
 # (struct, field) -> what the field's schema adds; field "": the struct's schema.
 _CHECKED_AFTER_DECODING: dict[tuple[str, str], dict[str, Any]] = {
-    # gateway/translate/anthropic_to_openai.py: only text blocks (images, tools, documents: a 400).
-    ("ContentBlock", "type"): {"enum": ["text"]},
-    # The same translator: no tools, no tool_choice that needs them, no extended thinking.
-    ("MessagesRequest", "tools"): {"maxItems": 0},
-    ("MessagesCountRequest", "tools"): {"maxItems": 0},
-    ("ToolChoice", "type"): {"enum": ["auto", "none"]},
+    # gateway/translate/anthropic_to_openai.py: client tools only (a server tool, which has no
+    # input_schema, is refused by its type); a tool_choice of "any" or "tool" needs tools, and
+    # "tool" names one; no extended thinking.
+    ("Tool", "type"): {"enum": ["custom"]},
+    ("Tool", ""): {"required": ["name", "input_schema"]},
+    ("ToolChoice", ""): {
+        "anyOf": [
+            {"properties": {"type": {"enum": ["auto", "any", "none"]}}},
+            {"properties": {"name": {"type": "string"}}, "required": ["name"]},
+        ]
+    },
+    ("MessagesRequest", ""): _CHOICE_NEEDS_TOOLS,
+    ("MessagesCountRequest", ""): _CHOICE_NEEDS_TOOLS,
     ("Thinking", "type"): {"enum": ["disabled"]},
     # gateway/responses/translate.py: a background response is not streamed, and is stored.
     ("ResponsesRequest", ""): {

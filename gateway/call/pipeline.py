@@ -60,7 +60,8 @@ from gateway.upstreams.base import Endpoint, UpstreamError
 from gateway.upstreams.errors import UpstreamRejected, UpstreamsExhausted
 from gateway.upstreams.failover import Forwarder, OpenedStream
 from gateway.upstreams.fleet import Fleet
-from protocol import AuthenticationError, ChatCompletionRequest, CompletionRequest
+from protocol import AuthenticationError, ChatCompletionRequest, CompletionRequest, InvalidRequestError
+from protocol.capabilities import DESCRIBED
 from protocol.chunk import Chunk, Completion, Streamed, StreamFailed, Usage, usage_of
 from protocol.timing import timing_from_wire
 from router import AUTO_MODEL, auto_family, escalation_model, judge, route, rule_for
@@ -412,7 +413,7 @@ class RequestPipeline:
         the large tier is over its target: no escalation), routed with the tenant's residency."""
         assert ctx.tenant is not None
         admitted = await self.admission.admit(
-            ctx.tenant, plan.model, plan.prompt_tokens_estimate, plan.conversation
+            ctx.tenant, plan.model, plan.prompt_tokens_estimate, plan.conversation, plan.needs
         )
         try:
             if admitted.degraded_from is not None:
@@ -507,7 +508,7 @@ class RequestPipeline:
         assert ctx.tenant is not None
         with ctx.observed.stage("admission"):
             admitted = await self.admission.admit(
-                ctx.tenant, plan.model, plan.prompt_tokens_estimate, plan.conversation
+                ctx.tenant, plan.model, plan.prompt_tokens_estimate, plan.conversation, plan.needs
             )
         if admitted.degraded_from is not None:
             plan = dataclasses.replace(plan, model=admitted.model, degraded_from=admitted.degraded_from)
@@ -574,6 +575,7 @@ class RequestPipeline:
             # What the cost-aware router needs to find the nodes holding this prompt's prefixes.
             conversation=plan.conversation,
             prompt_tokens=plan.prompt_tokens_estimate,
+            needs=plan.needs,
         )
         decision = route(
             request,
@@ -584,6 +586,8 @@ class RequestPipeline:
         )
         if not decision.targets:
             ctx.headers["x-meridian-route"] = header_safe(decision.reason)
+            if decision.unsupported:
+                raise _unsupported(plan, decision.unsupported, decision.unavailable_reason)
             raise NoRouteError(model, decision.unavailable_reason or decision.reason)
         if (
             generating and decision.prefill is not None
@@ -782,6 +786,18 @@ class RequestPipeline:
             # The node mixes the salt into its prefix-cache hashes: no cross-tenant cache hits.
             headers["x-meridian-cache-salt"] = ctx.tenant.tenant_id
         return headers
+
+
+def _unsupported(plan: RequestPlan, capabilities: Sequence[str], why: str | None) -> InvalidRequestError:
+    """A 400 naming the field that asks for what no upstream the tenant may use serves: no retry
+    will ever be served; the client has to ask without it (or the operator to allow a provider)."""
+    capability = next(c for c in plan.asks if c in capabilities)
+    param = plan.asks[capability]
+    return InvalidRequestError(
+        f"{DESCRIBED[capability]} (asked by `{param}`) is not supported for model "
+        f"'{plan.model.name}' by any upstream this tenant may use: {why}.",
+        param=param,
+    )
 
 
 def _wasted(ctx: CallContext) -> int:

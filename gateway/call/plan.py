@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,7 @@ from protocol import (
     NotFoundError,
     PermissionDeniedError,
 )
+from protocol.capabilities import Capability, asked_capabilities
 from protocol.prefix_cache import conversation_of
 from router import (
     AUTO_MODEL,
@@ -67,6 +68,9 @@ class RequestPlan:
     wants_token_ids: bool  # the client asked for token ids itself
     affinity_key: str
     n: int
+    # What the request asks of its upstream beyond text (protocol/capabilities.py), each with the
+    # field that asks it: routing and admission consider only the upstreams that serve them all.
+    asks: Mapping[Capability, str] = dataclasses.field(default_factory=dict)
     # The model the client asked for when admission degraded the request to `model`, the small
     # tier (gateway/admission): routing marks its targets "degraded".
     degraded_from: str | None = None
@@ -90,6 +94,10 @@ class RequestPlan:
         cost and admission's estimate look them up); () for a completion prompt (whose body may
         carry any unknown field, `messages` included, unvalidated)."""
         return conversation_of(self.base_body.get("messages") or ()) if self.endpoint == "chat" else ()
+
+    @functools.cached_property
+    def needs(self) -> frozenset[str]:
+        return frozenset(self.asks)
 
     @property
     def route_prefix(self) -> str:
@@ -264,5 +272,6 @@ def plan_request(
         wants_token_ids=request.return_token_ids,
         affinity_key=affinity_key(request),
         n=request.n,
+        asks=asked_capabilities(request),
         auto=resolved.auto,
     )

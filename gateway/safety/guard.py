@@ -20,6 +20,7 @@ can be read by tracing and the usage ledger; `blocked` and `flagged` summarise t
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass, field
@@ -476,6 +477,13 @@ def _request_texts(endpoint: str, body: dict[str, Any]) -> list[tuple[Any, str]]
                 for j, part in enumerate(content):
                     if isinstance(part, dict) and isinstance(part.get("text"), str):
                         found.append((_message_setter(i, j), part["text"]))
+            # An earlier tool call's arguments are the conversation's text too (a tool-calling
+            # upstream reads them; they may carry what the caller was asked for).
+            calls = message.get("tool_calls")
+            for k, call in enumerate(calls if isinstance(calls, list) else ()):
+                function = call.get("function") if isinstance(call, dict) else None
+                if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+                    found.append((_arguments_setter(i, k), function["arguments"]))
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, str):
@@ -497,6 +505,13 @@ def _message_setter(i: int, j: int | None) -> Any:
     return put
 
 
+def _arguments_setter(i: int, k: int) -> Any:
+    def put(body: dict[str, Any], text: str) -> None:
+        body["messages"][i]["tool_calls"][k]["function"]["arguments"] = text
+
+    return put
+
+
 def _prompt_setter(i: int | None) -> Any:
     def put(body: dict[str, Any], text: str) -> None:
         if i is None:
@@ -509,19 +524,13 @@ def _prompt_setter(i: int | None) -> Any:
 
 def _copy_body(body: dict[str, Any]) -> dict[str, Any]:
     """Deep enough to rewrite texts without touching the client's parsed body."""
-    copy = dict(body)
+    copied = dict(body)
     if isinstance(body.get("messages"), list):
-        copy["messages"] = [
-            {**m, "content": [dict(p) if isinstance(p, dict) else p for p in m["content"]]}
-            if isinstance(m, dict) and isinstance(m.get("content"), list)
-            else dict(m)
-            if isinstance(m, dict)
-            else m
-            for m in body["messages"]
-        ]
+        # Content parts and tool calls nest; only a redacting request pays for the deep copy.
+        copied["messages"] = copy.deepcopy(body["messages"])
     if isinstance(body.get("prompt"), list):
-        copy["prompt"] = list(body["prompt"])
-    return copy
+        copied["prompt"] = list(body["prompt"])
+    return copied
 
 
 def _filter(choice: Choice) -> None:

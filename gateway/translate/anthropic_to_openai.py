@@ -1,120 +1,165 @@
-"""Anthropic Messages → OpenAI chat. Pure.
+"""Anthropic Messages requests → OpenAI chat requests. Pure.
 
-The `/v1/messages` front door turns its clients' requests into chat requests here; the Anthropic
-adapter turns an Anthropic upstream's answers (and stop reasons, usage) into OpenAI's shapes.
+The `/v1/messages` front door (and its count door) turns its clients' requests into the chat
+requests the pipeline serves here, client tools included:
+
+- a tool becomes a function tool (`input_schema` its `parameters`); `tool_choice` auto, any,
+  tool and none become "auto", "required", the named function and "none", and
+  `disable_parallel_tool_use` becomes `parallel_tool_calls: false`;
+- an assistant's `tool_use` blocks become its message's `tool_calls` (after its text, which
+  becomes `content`);
+- a user's `tool_result` blocks become one `tool` message each, in order, before the rest of the
+  user's text (a user message of its own, if any). OpenAI's tool messages have no error flag: a
+  result with `is_error` is sent as `TOOL_ERROR_PREFIX` + its text, so the model still reads that
+  the call failed.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from msgspec import UNSET
+
 from gateway.translate.errors import TranslationError
-from protocol.anthropic import ContentBlock, MessagesRequest
+from protocol.anthropic import (
+    AssistantMessage,
+    MessagesRequest,
+    TextBlock,
+    Tool,
+    ToolChoice,
+    ToolResultBlock,
+    ToolUseBlock,
+    UserMessage,
+)
 
-STOP_REASON_TO_FINISH: dict[str, str] = {
-    "end_turn": "stop",
-    "stop_sequence": "stop",
-    "max_tokens": "length",
-    "tool_use": "tool_calls",
-    "pause_turn": "stop",
-    "refusal": "content_filter",
-}
-
-
-def usage_to_openai(usage: dict[str, Any]) -> dict[str, Any]:
-    """Anthropic counts cached prompt tokens apart from `input_tokens`; OpenAI's prompt_tokens
-    includes them, with the cache hits repeated in prompt_tokens_details.cached_tokens."""
-    cached = int(usage.get("cache_read_input_tokens") or 0)
-    prompt = int(usage.get("input_tokens") or 0) + cached + int(usage.get("cache_creation_input_tokens") or 0)
-    completion = int(usage.get("output_tokens") or 0)
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
-    }
+TOOL_ERROR_PREFIX = "Tool error: "
+_TOOL_CHOICE_TO_OPENAI = {"auto": "auto", "any": "required", "none": "none"}
 
 
-def finish_reason(stop_reason: str | None) -> str | None:
-    if stop_reason is None:
-        return None
-    return STOP_REASON_TO_FINISH.get(stop_reason, "stop")
+def _text(blocks: list[TextBlock]) -> str:
+    return "".join(block.text for block in blocks)
 
 
-def matched_stop(stop_reason: str | None, stop_sequence: Any) -> dict[str, str]:
-    """The matched stop string, vLLM-style (`stop_reason`), so the /v1/messages front door can
-    answer `stop_sequence` when an Anthropic provider served (OpenAI's "stop" alone cannot say)."""
-    if stop_reason == "stop_sequence" and isinstance(stop_sequence, str):
-        return {"stop_reason": stop_sequence}
-    return {}
-
-
-def messages_to_chat_response(message: dict[str, Any], *, model: str, created: int) -> dict[str, Any]:
-    text = "".join(
-        str(block.get("text") or "") for block in message.get("content") or [] if block.get("type") == "text"
-    )
-    choice: dict[str, Any] = {
-        "index": 0,
-        "message": {"role": "assistant", "content": text},
-        "finish_reason": finish_reason(message.get("stop_reason")),
-        "logprobs": None,
-    }
-    choice.update(matched_stop(message.get("stop_reason"), message.get("stop_sequence")))
-    return {
-        "id": str(message.get("id", "")),
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": [choice],
-        "usage": usage_to_openai(message.get("usage") or {}),
-    }
-
-
-def _blocks_text(content: str | list[ContentBlock], where: str) -> str:
-    if isinstance(content, str):
-        return content
-    texts = []
-    for i, block in enumerate(content):
-        if block.type != "text":
+def _tools(tools: list[Tool]) -> list[dict[str, Any]]:
+    out = []
+    for i, tool in enumerate(tools):
+        if tool.type not in (UNSET, "custom"):
             raise TranslationError(
-                f"content blocks of type {block.type!r} are not supported", param=f"{where}[{i}]"
+                f"`tools[{i}].type` {tool.type!r} is a server tool, which is not supported; only "
+                "client tools are (type 'custom', or none given).",
+                param=f"tools[{i}].type",
             )
-        texts.append(block.text or "")
-    return "".join(texts)
+        if tool.input_schema is UNSET:
+            raise TranslationError(
+                f"`tools[{i}].input_schema` is required of a client tool.", param=f"tools[{i}].input_schema"
+            )
+        function: dict[str, Any] = {"name": tool.name}
+        if tool.description is not None:
+            function["description"] = tool.description
+        function["parameters"] = tool.input_schema
+        out.append({"type": "function", "function": function})
+    return out
 
 
-def _refuse_what_would_change_the_answer(request: MessagesRequest) -> None:
-    """Dropped silently, these would answer another question than the one asked (a model told
-    of tools, or to think first): a 400 naming them, as the OpenAI door's nodes refuse tools."""
-    if request.tools:
-        raise TranslationError("Tool use is not supported; omit `tools`.", param="tools")
-    if request.tool_choice is not None and request.tool_choice.type not in ("auto", "none"):
-        raise TranslationError(
-            f"tool_choice {request.tool_choice.type!r} needs tools, which are not supported; "
-            "omit `tool_choice`.",
-            param="tool_choice",
-        )
+def _tool_choice(choice: ToolChoice) -> dict[str, Any]:
+    """The chat fields for `choice` in a request with tools. Whether a named tool is one of them
+    is the upstream's to say, as it is for every other detail of a tool."""
+    fields: dict[str, Any] = {}
+    if choice.type == "tool":
+        if choice.name is None:
+            raise TranslationError(
+                "`tool_choice.name` is required when its type is 'tool'.", param="tool_choice.name"
+            )
+        fields["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
+    else:
+        fields["tool_choice"] = _TOOL_CHOICE_TO_OPENAI[choice.type]
+    # With "none" no tool is called, so there is nothing to run in parallel.
+    if choice.disable_parallel_tool_use and choice.type != "none":
+        fields["parallel_tool_calls"] = False
+    return fields
+
+
+def _tools_fields(request: MessagesRequest) -> dict[str, Any]:
+    if not request.tools:
+        choice = request.tool_choice
+        if choice is not None and choice.type in ("any", "tool"):
+            raise TranslationError(
+                f"`tool_choice` of type {choice.type!r} needs `tools` to choose from.", param="tool_choice"
+            )
+        return {}  # auto or none without tools asks for nothing
+    fields: dict[str, Any] = {"tools": _tools(request.tools)}
+    if request.tool_choice is not None:
+        fields.update(_tool_choice(request.tool_choice))
+    return fields
+
+
+def _tool_result_text(block: ToolResultBlock) -> str:
+    content = block.content
+    text = content if isinstance(content, str) else _text(content or [])
+    if block.is_error:
+        return TOOL_ERROR_PREFIX + text
+    return text
+
+
+def _user_messages(message: UserMessage) -> list[dict[str, Any]]:
+    """A user turn: its tool results as tool messages, then its text, if any, as a user message."""
+    if isinstance(message.content, str):
+        return [{"role": "user", "content": message.content}]
+    results = [
+        {"role": "tool", "tool_call_id": block.tool_use_id, "content": _tool_result_text(block)}
+        for block in message.content
+        if isinstance(block, ToolResultBlock)
+    ]
+    text = _text([block for block in message.content if isinstance(block, TextBlock)])
+    if text or not results:
+        results.append({"role": "user", "content": text})
+    return results
+
+
+def _assistant_message(message: AssistantMessage) -> dict[str, Any]:
+    """An assistant turn: its text as content, its tool_use blocks as tool calls."""
+    if isinstance(message.content, str):
+        return {"role": "assistant", "content": message.content}
+    text = _text([block for block in message.content if isinstance(block, TextBlock)])
+    calls = [
+        {
+            "id": block.id,
+            "type": "function",
+            # Not \u-escaped: input safety reads earlier calls' arguments as conversation text.
+            "function": {"name": block.name, "arguments": json.dumps(block.input, ensure_ascii=False)},
+        }
+        for block in message.content
+        if isinstance(block, ToolUseBlock)
+    ]
+    if not calls:
+        return {"role": "assistant", "content": text}
+    return {"role": "assistant", "content": text or None, "tool_calls": calls}
+
+
+def messages_request_to_chat(request: MessagesRequest) -> dict[str, Any]:
     if request.thinking is not None and request.thinking.type != "disabled":
+        # Dropped silently, it would answer another question than the one asked: refused by name.
         raise TranslationError(
             "Extended thinking is not supported; omit `thinking` or set its type to 'disabled'.",
             param="thinking",
         )
-
-
-def messages_request_to_chat(request: MessagesRequest) -> dict[str, Any]:
-    _refuse_what_would_change_the_answer(request)
     messages: list[dict[str, Any]] = []
     if request.system:
-        messages.append({"role": "system", "content": _blocks_text(request.system, "system")})
-    for i, message in enumerate(request.messages):
-        messages.append(
-            {"role": message.role, "content": _blocks_text(message.content, f"messages[{i}].content")}
-        )
+        system = request.system if isinstance(request.system, str) else _text(request.system)
+        messages.append({"role": "system", "content": system})
+    for message in request.messages:
+        if isinstance(message, UserMessage):
+            messages.extend(_user_messages(message))
+        else:
+            messages.append(_assistant_message(message))
     body: dict[str, Any] = {"model": request.model, "messages": messages, "max_tokens": request.max_tokens}
-    if request.messages[-1].role == "assistant":
+    body.update(_tools_fields(request))
+    if messages[-1]["role"] == "assistant" and "tool_calls" not in messages[-1]:
         # Anthropic's prefill: the answer goes on from the last assistant message's text, not in a
         # new turn (vLLM's and our nodes' chat template fields; an Anthropic provider gets the
         # message back as it was, and an OpenAI one, which has no prefill, loses the two fields).
+        # A last message of tool calls is not text to go on from: its upstream answers for it.
         body["continue_final_message"] = True
         body["add_generation_prompt"] = False
     if request.stop_sequences:
@@ -130,6 +175,3 @@ def messages_request_to_chat(request: MessagesRequest) -> dict[str, Any]:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
     return body
-
-
-# -- OpenAI chat response -> Messages response (the front door) ------------------------------------

@@ -1,28 +1,16 @@
-"""OpenAI chat → Anthropic Messages. Pure.
+"""OpenAI chat requests → Anthropic Messages requests. Pure.
 
-The Anthropic adapter turns our OpenAI-format requests into Messages requests here; the
-`/v1/messages` front door turns the pipeline's answers and chunks into Anthropic's message and
-event stream.
+The Anthropic adapter turns our OpenAI-format requests into Messages requests here, tool calling
+included (tools, `tool_choice`, `parallel_tool_calls`, tool calls and tool messages). The front
+door's answers go the same direction in openai_to_anthropic_answers.py.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-import msgspec
-
 from gateway.translate.errors import TranslationError
-from protocol.chunk import Chunk, usage_of
-
-FINISH_TO_STOP_REASON: dict[str, str] = {
-    "stop": "end_turn",
-    "length": "max_tokens",
-    "tool_calls": "tool_use",
-    "content_filter": "refusal",
-}
-
-# (event name, data) as the front door writes them: `event: NAME` + `data: JSON`.
-Event = tuple[str, dict[str, Any]]
 
 
 def _part_text(content: Any, where: str) -> str:
@@ -43,46 +31,175 @@ def _part_text(content: Any, where: str) -> str:
     raise TranslationError("content must be a string or a list of parts", param=where)
 
 
+def _refuse_what_would_change_the_answer(body: dict[str, Any]) -> None:
+    """Fields the Messages API cannot express. Dropped silently, they would answer another
+    question (free text where a JSON schema was asked for, no bias, no audio): refused by name,
+    so the gateway fails over to a target that can serve them."""
+    response_format = body.get("response_format")
+    modalities = body.get("modalities") or []
+    refused = {
+        "response_format": response_format is not None
+        and (not isinstance(response_format, dict) or response_format.get("type") != "text"),
+        "logit_bias": bool(body.get("logit_bias")),
+        "presence_penalty": body.get("presence_penalty") not in (None, 0),
+        "frequency_penalty": body.get("frequency_penalty") not in (None, 0),
+        "functions": bool(body.get("functions")),
+        # "none" and "auto" ask for nothing without `functions` (refused above when given).
+        "function_call": body.get("function_call") not in (None, "none", "auto"),
+        "audio": body.get("audio") is not None,
+        "modalities": any(modality != "text" for modality in modalities),
+        "web_search_options": body.get("web_search_options") is not None,
+        "logprobs": bool(body.get("logprobs")),
+    }
+    for name, is_refused in refused.items():
+        if is_refused:
+            raise TranslationError(f"`{name}` is not supported by the Messages API", param=name)
+
+
+def _tools(body: dict[str, Any]) -> list[dict[str, Any]]:
+    tools = []
+    for i, tool in enumerate(body.get("tools") or []):
+        kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
+        if kind != "function":
+            raise TranslationError(f"tools of type {kind!r} are not supported", param=f"tools[{i}].type")
+        function = tool.get("function") or {}
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            raise TranslationError("a function tool needs a name", param=f"tools[{i}].function.name")
+        entry: dict[str, Any] = {"name": name}
+        if function.get("description"):
+            entry["description"] = function["description"]
+        # input_schema is required; OpenAI's parameters are optional (a function of no arguments).
+        entry["input_schema"] = function.get("parameters") or {"type": "object", "properties": {}}
+        tools.append(entry)
+    return tools
+
+
+_TOOL_CHOICE_TYPES = {"auto": "auto", "none": "none", "required": "any"}
+
+
+def _tool_choice(body: dict[str, Any]) -> dict[str, Any] | None:
+    choice = body.get("tool_choice")
+    out: dict[str, Any] | None
+    if choice is None:
+        out = None
+    elif isinstance(choice, str) and choice in _TOOL_CHOICE_TYPES:
+        out = {"type": _TOOL_CHOICE_TYPES[choice]}
+    elif isinstance(choice, dict) and choice.get("type") == "function":
+        name = (choice.get("function") or {}).get("name")
+        if not isinstance(name, str) or not name:
+            raise TranslationError("tool_choice names no function", param="tool_choice.function.name")
+        out = {"type": "tool", "name": name}
+    else:
+        raise TranslationError(f"tool_choice {choice!r} is not supported", param="tool_choice")
+    if body.get("parallel_tool_calls") is False:
+        out = out or {"type": "auto"}
+        if out["type"] != "none":  # Anthropic's "none" takes no such flag: it calls no tool at all
+            out["disable_parallel_tool_use"] = True
+    return out
+
+
+def _tool_uses(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    """An assistant message's tool calls as tool_use blocks."""
+    blocks = []
+    for j, call in enumerate(message.get("tool_calls") or []):
+        at = f"{where}.tool_calls[{j}]"
+        if not isinstance(call, dict) or call.get("type", "function") != "function":
+            raise TranslationError("only function tool calls are supported", param=f"{at}.type")
+        function = call.get("function") or {}
+        call_id, name = call.get("id"), function.get("name")
+        if not isinstance(call_id, str) or not call_id:
+            raise TranslationError("a tool call needs an id", param=f"{at}.id")
+        if not isinstance(name, str) or not name:
+            raise TranslationError("a tool call needs a function name", param=f"{at}.function.name")
+        arguments = function.get("arguments")
+        try:
+            tool_input = json.loads(arguments) if arguments not in (None, "") else {}
+        except (TypeError, ValueError):
+            tool_input = None
+        if not isinstance(tool_input, dict):
+            raise TranslationError(
+                "tool call arguments must be a JSON object", param=f"{at}.function.arguments"
+            )
+        blocks.append({"type": "tool_use", "id": call_id, "name": name, "input": tool_input})
+    return blocks
+
+
+def _tool_result(message: dict[str, Any], where: str) -> dict[str, Any]:
+    tool_call_id = message.get("tool_call_id")
+    if not isinstance(tool_call_id, str) or not tool_call_id:
+        raise TranslationError("a tool message needs a tool_call_id", param=f"{where}.tool_call_id")
+    block: dict[str, Any] = {"type": "tool_result", "tool_use_id": tool_call_id}
+    text = _part_text(message.get("content"), f"{where}.content")
+    if text:  # content is optional in a tool_result, and empty text blocks are refused
+        block["content"] = text
+    return block
+
+
+def _append(turns: list[dict[str, Any]], role: str, blocks: list[dict[str, Any]]) -> None:
+    """Add blocks to the conversation, merging into the last turn when it has the same role."""
+    if not blocks:
+        return
+    if not turns or turns[-1]["role"] != role:
+        turns.append({"role": role, "content": []})
+    content: list[dict[str, Any]] = turns[-1]["content"]
+    for block in blocks:
+        if block["type"] == "tool_result":
+            # Anthropic requires a user turn's tool results before any of its text.
+            at = next((k for k, old in enumerate(content) if old["type"] != "tool_result"), len(content))
+            content.insert(at, block)
+        else:
+            content.append(block)
+
+
 def chat_to_messages(body: dict[str, Any], *, model: str, default_max_tokens: int) -> dict[str, Any]:
     """An OpenAI chat request as a Messages request for `model` (the provider's model name).
 
     System and developer messages, wherever they are, become `system`. Consecutive messages of
-    one role become one message with a text block each, keeping user/assistant alternation.
-    Empty messages are dropped: the Messages API refuses empty text blocks.
+    one role become one message with a block each, keeping user/assistant alternation: an
+    assistant's tool calls become tool_use blocks after its text, tool messages tool_result
+    blocks in a user turn. Empty text is dropped: the Messages API refuses empty text blocks.
     """
     if int(body.get("n") or 1) != 1:
         raise TranslationError("n > 1 is not supported", param="n")
+    _refuse_what_would_change_the_answer(body)
     system: list[str] = []
     turns: list[dict[str, Any]] = []
     for i, message in enumerate(body.get("messages") or []):
         role = message.get("role")
-        text = _part_text(message.get("content"), f"messages[{i}].content")
+        where = f"messages[{i}]"
+        if role == "tool":
+            _append(turns, "user", [_tool_result(message, where)])
+            continue
+        text = _part_text(message.get("content"), f"{where}.content")
         if role in ("system", "developer"):
             if text:
                 system.append(text)
             continue
         if role not in ("user", "assistant"):
-            raise TranslationError(
-                f"messages with role {role!r} are not supported", param=f"messages[{i}].role"
-            )
-        if not text:
-            continue
-        if turns and turns[-1]["role"] == role:
-            turns[-1]["content"].append({"type": "text", "text": text})
-        else:
-            turns.append({"role": role, "content": [{"type": "text", "text": text}]})
+            raise TranslationError(f"messages with role {role!r} are not supported", param=f"{where}.role")
+        blocks = [{"type": "text", "text": text}] if text else []
+        if role == "assistant":
+            blocks += _tool_uses(message, where)
+        _append(turns, role, blocks)
     if not turns:
         raise TranslationError(
             "at least one non-empty user or assistant message is required", param="messages"
         )
     for turn in turns:
-        if len(turn["content"]) == 1:
+        if len(turn["content"]) == 1 and turn["content"][0]["type"] == "text":
             turn["content"] = turn["content"][0]["text"]
 
     max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or default_max_tokens
     out: dict[str, Any] = {"model": model, "max_tokens": int(max_tokens), "messages": turns}
     if system:
         out["system"] = "\n\n".join(system)
+    tools = _tools(body)
+    if tools:
+        out["tools"] = tools
+        tool_choice = _tool_choice(body)
+        if tool_choice is not None:
+            out["tool_choice"] = tool_choice
     stop = body.get("stop")
     if stop:
         out["stop_sequences"] = [stop] if isinstance(stop, str) else list(stop)
@@ -97,130 +214,3 @@ def chat_to_messages(body: dict[str, Any], *, model: str, default_max_tokens: in
     if body.get("stream"):
         out["stream"] = True
     return out
-
-
-# -- Messages response -> OpenAI chat response (the Anthropic adapter) -----------------------------
-
-
-def usage_to_anthropic(usage: dict[str, Any] | None) -> dict[str, Any]:
-    usage = usage or {}
-    cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
-    return {
-        "input_tokens": max(int(usage.get("prompt_tokens") or 0) - cached, 0),
-        "output_tokens": int(usage.get("completion_tokens") or 0),
-        "cache_read_input_tokens": cached,
-        "cache_creation_input_tokens": 0,
-    }
-
-
-def stop_reason(choice: dict[str, Any], stop_sequences: list[str] | None) -> tuple[str | None, str | None]:
-    """(stop_reason, stop_sequence) for an OpenAI choice. OpenAI's "stop" does not say whether a
-    stop string matched; nodes that report the matched string vLLM-style (`stop_reason`) let
-    us answer "stop_sequence", otherwise it is "end_turn"."""
-    finish = choice.get("finish_reason")
-    if finish is None:
-        return None, None
-    matched = choice.get("stop_reason")
-    if finish == "stop" and isinstance(matched, str) and matched in (stop_sequences or []):
-        return "stop_sequence", matched
-    return FINISH_TO_STOP_REASON.get(finish, "end_turn"), None
-
-
-def message_id(chat_id: str) -> str:
-    return "msg_" + chat_id.removeprefix("chatcmpl-")
-
-
-def chat_response_to_message(
-    response: dict[str, Any], *, stop_sequences: list[str] | None = None
-) -> dict[str, Any]:
-    choice = (response.get("choices") or [{}])[0]
-    text = (choice.get("message") or {}).get("content") or ""
-    reason, sequence = stop_reason(choice, stop_sequences)
-    return {
-        "id": message_id(str(response.get("id", ""))),
-        "type": "message",
-        "role": "assistant",
-        "model": response.get("model", ""),
-        "content": [{"type": "text", "text": text}],
-        "stop_reason": reason,
-        "stop_sequence": sequence,
-        "usage": usage_to_anthropic(response.get("usage")),
-    }
-
-
-class ChatToMessagesStream:
-    """OpenAI chunks from the pipeline -> Anthropic events (the `/v1/messages` front door).
-
-    There is one text block, opened right after message_start. Usage arrives last (OpenAI
-    puts it in a chunk after the finish_reason), so message_delta is written by `finish`.
-    """
-
-    def __init__(self, *, message_id: str, model: str, stop_sequences: list[str] | None = None) -> None:
-        self._message_id = message_id
-        self._model = model
-        self._stop_sequences = stop_sequences
-        self._stop: tuple[str | None, str | None] = (None, None)
-        self._usage: dict[str, Any] | None = None
-
-    def start(self, input_tokens: int = 0) -> list[Event]:
-        message = {
-            "id": self._message_id,
-            "type": "message",
-            "role": "assistant",
-            "model": self._model,
-            "content": [],
-            "stop_reason": None,
-            "stop_sequence": None,
-            "usage": {"input_tokens": input_tokens, "output_tokens": 0},
-        }
-        return [
-            ("message_start", {"type": "message_start", "message": message}),
-            (
-                "content_block_start",
-                {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
-            ),
-            ("ping", {"type": "ping"}),
-        ]
-
-    def feed(self, chunk: Chunk) -> list[Event]:
-        usage = usage_of(chunk.usage)
-        if usage is not None:
-            self._usage = msgspec.to_builtins(usage)
-        events: list[Event] = []
-        for choice in chunk.choices:
-            text = choice.content()
-            if text:
-                delta = {"type": "text_delta", "text": text}
-                events.append(
-                    ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta})
-                )
-            if choice.finish_reason is not None:
-                self._stop = stop_reason(
-                    {"finish_reason": choice.finish_reason, "stop_reason": choice.stop_reason or None},
-                    self._stop_sequences,
-                )
-        return events
-
-    def close_block(self) -> Event:
-        return ("content_block_stop", {"type": "content_block_stop", "index": 0})
-
-    def finish(self) -> list[Event]:
-        """The stream ended with its finish (the pipeline guarantees one, or ends with an error)."""
-        reason, sequence = self._stop
-        usage = usage_to_anthropic(self._usage)
-        return [
-            self.close_block(),
-            (
-                "message_delta",
-                {
-                    "type": "message_delta",
-                    "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                    "usage": usage,
-                },
-            ),
-            ("message_stop", {"type": "message_stop"}),
-        ]
-
-    @staticmethod
-    def error(error_type: str, message: str) -> Event:
-        return ("error", {"type": "error", "error": {"type": error_type, "message": message}})

@@ -1,6 +1,7 @@
 """OpenAI request fields to the engine's SamplingParams, and the features this node refuses.
 
-Refusals are explicit 400s naming the field (n > 1, penalties, logit_bias, structured output,
+Refusals are explicit 400s naming the field, for every capability the request asks that the
+node does not serve (protocol/capabilities.py: n > 1, penalties, logit_bias, structured output,
 tools and legacy functions, audio output, web search, echo, suffix, best_of): silently ignoring
 them would return text the client did not ask for.
 """
@@ -8,6 +9,7 @@ them would return text the client did not ask for.
 from __future__ import annotations
 
 from protocol import ChatCompletionRequest, CompletionRequest, InvalidRequestError
+from protocol.capabilities import NODE_CAPABILITIES, Capability, asked_capabilities
 from regional_node.engine import SamplingParams
 
 # OpenAI's limits on alternatives per token; only the sampled token's logprob is computed here.
@@ -15,63 +17,43 @@ MAX_TOP_LOGPROBS = 20
 MAX_COMPLETION_LOGPROBS = 5
 
 
+# The node's refusal of each capability it does not serve (protocol/capabilities.py).
+_REFUSALS: dict[Capability, str] = {
+    "n": "Only n=1 is supported; send one request per completion you need.",
+    "penalties": "`{param}` is not supported on this node; omit it or send 0.",
+    "logit_bias": "`logit_bias` is not supported on this node.",
+    "structured_output": "`response_format` of type {response_type!r} is not supported on this node; only 'text'.",
+    "tools": "Tool calling (asked by `{param}`) is not supported on this node; omit `tools` (or set "
+    "`tool_choice` to 'none') and send no tool calls or tool results.",
+    "functions": "Function calling is not supported on this node; omit `functions` or set "
+    "`function_call` to 'none'.",
+    "web_search": "Web search is not available on this node; omit `web_search_options`.",
+    "audio": "Only text output is supported on this node; omit `audio` and ask only for the 'text' modality.",
+    "best_of": "Only best_of=1 is supported on this node.",
+    "echo": "`echo` is not supported on this node.",
+    "suffix": "`suffix` is not supported on this node.",
+}
+
+
 def check_supported(request: ChatCompletionRequest | CompletionRequest) -> None:
-    """Raise a 400 for any requested feature this node does not implement."""
-    if request.n != 1:
-        if request.n < 1:
-            raise InvalidRequestError(f"`n` must be at least 1, got {request.n}.", param="n")
-        raise InvalidRequestError(
-            "Only n=1 is supported; send one request per completion you need.", param="n"
-        )
-    for name in ("presence_penalty", "frequency_penalty"):
-        value = getattr(request, name)
-        if value is not None and value != 0:
-            raise InvalidRequestError(
-                f"`{name}` is not supported on this node; omit it or send 0.", param=name
-            )
-    if request.logit_bias:
-        raise InvalidRequestError("`logit_bias` is not supported on this node.", param="logit_bias")
-    response_type = (request.response_format or {}).get("type", "text")
-    if response_type != "text":
-        raise InvalidRequestError(
-            f"`response_format` of type {response_type!r} is not supported on this node; only 'text'.",
-            param="response_format",
-        )
-    # With tool_choice "none" the model must not call tools, which is what this node does anyway.
-    if request.tools and request.tool_choice != "none":
-        raise InvalidRequestError(
-            "Tool calling is not supported on this node; omit `tools` or set `tool_choice` to 'none'.",
-            param="tools",
-        )
+    """Raise a 400 for any requested capability this node does not serve, or a value out of range."""
+    if request.n < 1:
+        raise InvalidRequestError(f"`n` must be at least 1, got {request.n}.", param="n")
+    for capability, param in asked_capabilities(request).items():
+        if capability not in NODE_CAPABILITIES:
+            response_type = (request.response_format or {}).get("type", "text")
+            message = _REFUSALS[capability].format(param=param, response_type=response_type)
+            raise InvalidRequestError(message, param=param)
     if isinstance(request, CompletionRequest):
-        if request.best_of is not None and request.best_of != 1:
-            raise InvalidRequestError("Only best_of=1 is supported on this node.", param="best_of")
-        if request.echo:
-            raise InvalidRequestError("`echo` is not supported on this node.", param="echo")
-        if request.suffix:
-            raise InvalidRequestError("`suffix` is not supported on this node.", param="suffix")
+        if request.best_of is not None and request.best_of < 1:
+            raise InvalidRequestError(
+                f"`best_of` must be at least 1, got {request.best_of}.", param="best_of"
+            )
         if request.logprobs is not None and not 0 <= request.logprobs <= MAX_COMPLETION_LOGPROBS:
             raise InvalidRequestError(
                 f"`logprobs` must be between 0 and {MAX_COMPLETION_LOGPROBS}.", param="logprobs"
             )
     else:
-        if request.functions and request.function_call != "none":
-            raise InvalidRequestError(
-                "Function calling is not supported on this node; omit `functions` or set "
-                "`function_call` to 'none'.",
-                param="functions",
-            )
-        if request.web_search_options is not None:
-            raise InvalidRequestError(
-                "Web search is not available on this node; omit `web_search_options`.",
-                param="web_search_options",
-            )
-        if request.audio is not None or set(request.modalities or ()) - {"text"}:
-            raise InvalidRequestError(
-                "Only text output is supported on this node; omit `audio` and ask only for the "
-                "'text' modality.",
-                param="audio" if request.audio is not None else "modalities",
-            )
         top = request.top_logprobs
         if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
             raise InvalidRequestError(

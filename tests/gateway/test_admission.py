@@ -303,6 +303,32 @@ async def test_no_pool_at_all_is_left_to_routing() -> None:
     assert (await s.controller.admit(tenant("a"), LARGE, 10)).model == LARGE
 
 
+async def test_a_request_no_node_can_serve_is_not_judged_by_the_nodes_load_nor_counted_on_them() -> None:
+    # The pool is over the target; a request asking for tools goes to a provider (no node calls
+    # tools): admitted at once, undegraded, and its prompt does not join the nodes' pending.
+    s = setup()
+    s.fleet.waiting[(LARGE.name, "eu-west")] = 3000
+    tools = frozenset({"tools"})
+
+    admitted = await s.controller.admit(tenant("a", degrade=True), LARGE, 5000, needs=tools)
+
+    assert admitted.model == LARGE and admitted.degraded_from is None
+    s.fleet.waiting[(LARGE.name, "eu-west")] = 900  # 0.9 s + 10 tokens: within the target
+    admitted = await asyncio.wait_for(s.controller.admit(tenant("b"), LARGE, 10), timeout=10)
+    assert admitted.model == LARGE  # 5000 tokens pending would hold it back
+    # A request asking what nodes do serve (logprobs) is judged by their pool as before.
+    s.fleet.waiting[(LARGE.name, "eu-west")] = 3000
+    await queued_with(s, tenant("c"), needs=frozenset({"logprobs"}))
+
+
+async def queued_with(s: Setup, policy: TenantPolicy, *, needs: frozenset[str]) -> None:
+    task = asyncio.create_task(s.controller.admit(policy, LARGE, 10, needs=needs))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not task.done(), "expected the request to wait in the queue"
+    task.cancel()
+
+
 async def test_disabled_admission_admits_everything() -> None:
     s = setup(enabled=False)
     s.fleet.waiting[(LARGE.name, "eu-west")] = 10**9

@@ -10,6 +10,7 @@ created one there."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Iterator
@@ -35,7 +36,17 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from gateway.app import create_app
-from tests.gateway.conftest import GLOBAL_KEY, SMALL_KEY, RunningGateway, gateway_over, running_fleet
+from tests.gateway.conftest import (
+    GLOBAL_KEY,
+    SMALL_KEY,
+    TEST_TENANTS,
+    RunningGateway,
+    gateway_config,
+    run_gateway,
+    running_fleet,
+    write_regions,
+)
+from tests.support.fake_providers import FakeProvider, running
 
 OPERATOR_PATHS = {"/health", "/ready", "/metrics"}
 ERROR_STATUSES = ("400", "401", "403", "404", "408", "413", "429", "503")
@@ -60,12 +71,32 @@ MINIMAL = {
 }
 
 
+# The tenants may fall back to a commercial provider: the document describes a gateway that serves
+# every request it allows, and only a provider serves tool calling (nodes call no tools). The node
+# stays preferred for everything else.
+TENANTS = tuple(dataclasses.replace(tenant, allow_commercial=True) for tenant in TEST_TENANTS)
+
+
 @pytest.fixture(scope="module")
 def gw(llama_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
     models = {"meridian-small": (llama_checkpoint, "small")}
-    with running_fleet([("us-east-1", "us-east", "us")], models, tmp_path_factory.mktemp("logs")) as nodes:
-        with gateway_over(nodes, tmp_path_factory.mktemp("gw")) as running:
-            yield running
+    with (
+        running_fleet([("us-east-1", "us-east", "us")], models, tmp_path_factory.mktemp("logs")) as nodes,
+        running(FakeProvider("openai", api_key="sk-openai-test")) as provider,
+    ):
+        regions = write_regions(tmp_path_factory.mktemp("gw") / "regions.yaml", nodes)
+        entry = {
+            "id": "openai-us",
+            "kind": "openai",
+            "base_url": provider.base_url,
+            "api_key_env": "TEST_OPENAI_US_KEY",
+            "region": "us-east",
+            "jurisdiction": "us",
+            "models": {"meridian-small": "openai-model-1"},
+        }
+        config = gateway_config(regions, providers={"endpoints": [entry]})
+        with run_gateway(config, tenants=TENANTS, env={entry["api_key_env"]: provider.api_key}) as gateway:
+            yield gateway
 
 
 @pytest.fixture(scope="module")
@@ -420,8 +451,17 @@ _RESPONSE = {"model": "meridian-small", "input": "Hi", "max_output_tokens": 4}
     [
         ("/v1/messages", {**MINIMAL["/v1/messages"], "max_tokens": 0}, "max_tokens"),
         ("/v1/messages", {**MINIMAL["/v1/messages"], "messages": []}, "messages"),
-        ("/v1/messages", {**MINIMAL["/v1/messages"], "tools": [{"name": "f", "input_schema": {}}]}, "tools"),
+        (
+            "/v1/messages",
+            {**MINIMAL["/v1/messages"], "tools": [{"type": "web_search_20250305", "name": "web_search"}]},
+            "web_search_20250305",
+        ),
         ("/v1/messages", {**MINIMAL["/v1/messages"], "tool_choice": {"type": "any"}}, "tool_choice"),
+        (
+            "/v1/messages",
+            {**MINIMAL["/v1/messages"], "tools": [], "tool_choice": {"type": "tool", "name": "f"}},
+            "tool_choice",
+        ),
         (
             "/v1/messages",
             {**MINIMAL["/v1/messages"], "thinking": {"type": "enabled", "budget_tokens": 1024}},
@@ -470,6 +510,16 @@ def test_what_a_door_refuses_its_schema_refuses_too(
                 "tools": [],
                 "tool_choice": {"type": "auto"},
                 "thinking": {"type": "disabled"},
+            },
+            200,
+        ),
+        # Tool calling, served by the provider (the node calls no tools).
+        (
+            "/v1/messages",
+            {
+                **MINIMAL["/v1/messages"],
+                "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+                "tool_choice": {"type": "tool", "name": "f", "disable_parallel_tool_use": True},
             },
             200,
         ),

@@ -56,6 +56,21 @@ CASES = [
         "messages[0].role",
         None,
     ),
+    (
+        # Answered as text, the earlier call would be dropped silently from the conversation.
+        "assistant_tool_calls",
+        CHAT,
+        chat(
+            messages=[
+                *USER,
+                {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function"}]},
+            ]
+        ),
+        400,
+        "messages[1].tool_calls",
+        None,
+    ),
+    ("best_of_zero", COMPLETIONS, completion(best_of=0), 400, "best_of", None),
     ("echo", COMPLETIONS, completion(echo=True), 400, "echo", None),
     ("suffix", COMPLETIONS, completion(suffix="end"), 400, "suffix", None),
     ("batched_prompts", COMPLETIONS, completion(prompt=["a", "b"]), 400, "prompt", None),

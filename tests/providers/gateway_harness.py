@@ -12,7 +12,7 @@ import yaml
 
 from gateway.policy import key_digest
 from router.types import Residency, TenantPolicy
-from tests.gateway.conftest import RunningGateway, gateway_config, run_gateway
+from tests.gateway.conftest import NodeProcess, RunningGateway, gateway_config, run_gateway
 from tests.support.processes import free_port
 
 
@@ -33,6 +33,17 @@ TENANTS = (
     tenant("eu-co", EU_KEY, jurisdictions=("eu",)),
     tenant("private-co", PRIVATE_KEY, commercial=False),  # may run anywhere, but never commercially
 )
+
+
+def listed(node: NodeProcess) -> dict[str, Any]:
+    """The regions-file entry of a running node (us-east, jurisdiction us) serving `tiny`."""
+    return {
+        "node_id": node.node_id,
+        "url": node.url,
+        "region": "us-east",
+        "jurisdiction": "us",
+        "models": ["tiny"],
+    }
 
 
 def dead_node(node_id: str, region: str, jurisdiction: str) -> dict[str, Any]:

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
 import msgspec
 import pytest
 
-from gateway.translate.anthropic_to_openai import messages_request_to_chat, messages_to_chat_response
+from gateway.translate.anthropic_to_openai import messages_request_to_chat
+from gateway.translate.anthropic_to_openai_answers import messages_to_chat_response
 from gateway.translate.errors import TranslationError
-from gateway.translate.openai_to_anthropic import (
-    ChatToMessagesStream,
-    chat_response_to_message,
-    chat_to_messages,
-)
+from gateway.translate.openai_to_anthropic import chat_to_messages
+from gateway.translate.openai_to_anthropic_answers import ChatToMessagesStream, chat_response_to_message
 from gateway.upstreams.providers.anthropic_errors import (
     anthropic_status_error,
     anthropic_stream_error,
@@ -19,8 +19,10 @@ from gateway.upstreams.providers.anthropic_errors import (
 )
 from gateway.upstreams.providers.anthropic_stream import MessagesToChatStream
 from gateway.upstreams.providers.errors import ProviderError
+from protocol import InvalidRequestError
 from protocol.anthropic import MessagesRequest
 from protocol.chunk import chunk_from
+from protocol.openai import decode_request
 
 # -- to the Messages API ---------------------------------------------------------------------------
 
@@ -76,7 +78,7 @@ def test_sampling_fields_map_and_temperature_is_clamped() -> None:
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0]"),
         ({"messages": [{"role": "system", "content": "only system"}]}, "messages"),
         ({"messages": [{"role": "user", "content": "Hi"}], "n": 2}, "n"),
@@ -225,27 +227,40 @@ def test_messages_request_becomes_chat_request() -> None:
     assert body["stream_options"] == {"include_usage": True}
 
 
-def test_messages_request_with_image_names_the_block() -> None:
-    request = decode_messages(
-        {"model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image"}]}]}
-    )
-    with pytest.raises(TranslationError) as info:
-        messages_request_to_chat(request)
-    assert info.value.param == "messages[0].content[0]"
+@pytest.mark.parametrize(
+    ("role", "block", "param"),
+    [
+        ("user", {"type": "image", "source": {}}, "messages[0].content[0].type"),
+        ("user", {"type": "document", "source": {}}, "messages[0].content[0].type"),
+        ("assistant", {"type": "thinking", "thinking": "hm"}, "messages[0].content[0].type"),
+        ("user", {"type": "tool_use", "id": "t", "name": "f", "input": {}}, "messages[0].content[0].type"),
+        ("assistant", {"type": "tool_result", "tool_use_id": "t"}, "messages[0].content[0].type"),
+    ],
+)
+def test_a_block_meridian_cannot_serve_or_in_the_wrong_role_is_refused_naming_it(
+    role: str, block: dict, param: str
+) -> None:
+    body = {"model": "tiny", "max_tokens": 5, "messages": [{"role": role, "content": [block]}]}
+    with pytest.raises(InvalidRequestError) as info:
+        decode_request(json.dumps(body).encode(), MessagesRequest)
+    assert info.value.param == param and repr(block["type"]) in info.value.message
 
 
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"tools": [{"name": "f", "input_schema": {"type": "object"}}]}, "tools"),
-        ({"tools": [{"name": "f"}], "tool_choice": {"type": "none"}}, "tools"),
+        ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0].type"),
+        ({"tools": [{"name": "f"}]}, "tools[0].input_schema"),
         ({"tool_choice": {"type": "any"}}, "tool_choice"),
-        ({"tool_choice": {"type": "tool", "name": "f"}}, "tool_choice"),
+        ({"tools": [], "tool_choice": {"type": "tool", "name": "f"}}, "tool_choice"),
+        ({"tools": [{"name": "f", "input_schema": {}}], "tool_choice": {"type": "tool"}}, "tool_choice.name"),
         ({"thinking": {"type": "enabled", "budget_tokens": 2048}}, "thinking"),
         ({"thinking": {"type": "adaptive"}}, "thinking"),
     ],
 )
-def test_tools_and_thinking_are_refused_by_name(fields: dict, param: str) -> None:
+def test_server_tools_a_choice_without_tools_and_thinking_are_refused_by_name(
+    fields: dict, param: str
+) -> None:
     base = {"model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}]}
     with pytest.raises(TranslationError) as info:
         messages_request_to_chat(decode_messages({**base, **fields}))
@@ -261,7 +276,7 @@ def test_a_last_assistant_message_is_continued_not_answered_in_a_new_turn() -> N
     assert not {"continue_final_message", "add_generation_prompt"} & set(body)
 
 
-def test_what_asks_for_no_tools_or_thinking_is_served() -> None:
+def test_what_asks_for_no_tools_or_thinking_is_served_without_them() -> None:
     base = {"model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}]}
     for fields in ({"tools": []}, {"tool_choice": {"type": "auto"}}, {"thinking": {"type": "disabled"}}):
         body = messages_request_to_chat(decode_messages({**base, **fields}))
@@ -312,13 +327,14 @@ def test_chunks_become_the_full_event_sequence() -> None:
     events += stream.finish()
     assert [name for name, _ in events] == [
         "message_start",
-        "content_block_start",
         "ping",
+        "content_block_start",
         "content_block_delta",
         "content_block_stop",
         "message_delta",
         "message_stop",
     ]
+    assert events[2][1]["content_block"] == {"type": "text", "text": ""}
     assert events[3][1]["delta"] == {"type": "text_delta", "text": "Hi"}
     delta = events[5][1]
     assert delta["delta"]["stop_reason"] == "end_turn"

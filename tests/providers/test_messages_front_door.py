@@ -88,7 +88,7 @@ def test_raw_stream_has_event_lines(gateway: RunningGateway) -> None:
         assert response.headers["content-type"].startswith("text/event-stream")
         text = response.read().decode()
     names = [line.removeprefix("event: ") for line in text.splitlines() if line.startswith("event: ")]
-    assert names[:3] == ["message_start", "content_block_start", "ping"]
+    assert names[:3] == ["message_start", "ping", "content_block_start"]
     assert names[-3:] == ["content_block_stop", "message_delta", "message_stop"]
     assert "[DONE]" not in text
 
@@ -129,7 +129,7 @@ def test_image_blocks_are_refused_as_invalid(gateway: RunningGateway) -> None:
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"tools": [{"name": "lookup", "input_schema": {"type": "object"}}]}, "tools"),
+        ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0].type"),
         ({"tool_choice": {"type": "tool", "name": "lookup"}}, "tool_choice"),
         ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
     ],
@@ -137,7 +137,9 @@ def test_image_blocks_are_refused_as_invalid(gateway: RunningGateway) -> None:
 def test_what_would_change_the_answer_is_refused_by_name_not_dropped(
     gateway: RunningGateway, fake_openai: FakeProvider, fields: dict, param: str
 ) -> None:
-    """Answering without the tools (or the thinking) asked for would be a different answer."""
+    """Answering without the server tool (or the thinking) asked for would be a different answer;
+    a tool choice without tools asks for nothing an answer could be. Client tools are served:
+    test_messages_tools_e2e."""
     sent = len(fake_openai.requests)
     response = httpx.post(
         f"{gateway.url}/v1/messages",

@@ -139,3 +139,45 @@ async def test_unknown_logical_model_is_unsupported(adapter: OpenAIAdapter) -> N
     with pytest.raises(ProviderError) as info:
         await adapter.complete("chat", {**CHAT, "model": "other"}, {})
     assert info.value.kind == "unsupported"
+
+
+async def test_a_count_sends_a_tool_conversation_as_responses_items_and_tools(
+    adapter: OpenAIAdapter, fake_openai: FakeProvider
+) -> None:
+    # What the model reads of a tool conversation is what OpenAI's count API must be given: the
+    # calls and their results as Responses items, the tools in the Responses shape.
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+    }
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    body = {
+        "model": "tiny",
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "Weather?"}]},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"},
+        ],
+        "tools": [tool],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+    }
+    assert await adapter.count_tokens(body, {}) > 0
+    sent = fake_openai.requests[-1]
+    assert sent.path == "/v1/responses/input_tokens"
+    assert sent.body["input"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather?"},
+        {
+            "type": "function_call",
+            "call_id": "call_1",
+            "name": "get_weather",
+            "arguments": '{"city": "Paris"}',
+        },
+        {"type": "function_call_output", "call_id": "call_1", "output": "Sunny"},
+    ]
+    assert sent.body["tools"] == [
+        {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
+    ]
+    assert sent.body["tool_choice"] == {"type": "function", "name": "get_weather"}

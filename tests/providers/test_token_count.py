@@ -26,7 +26,15 @@ from hypothesis import strategies as st
 from router.types import TenantLimits
 from tests.gateway.conftest import NodeProcess, RunningGateway, gateway_config, run_gateway
 from tests.providers.conftest import provider_entry
-from tests.providers.gateway_harness import EU_KEY, TENANTS, US_KEY, dead_node, running_gateway, tenant
+from tests.providers.gateway_harness import (
+    EU_KEY,
+    TENANTS,
+    US_KEY,
+    dead_node,
+    listed,
+    running_gateway,
+    tenant,
+)
 from tests.support.fake_providers import FakeProvider, Fault
 
 pytestmark = pytest.mark.slow
@@ -44,14 +52,7 @@ SETTINGS = settings(
 @pytest.fixture(scope="module")
 def gateway(node: NodeProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
     regions = tmp_path_factory.mktemp("count") / "regions.yaml"
-    listed = {
-        "node_id": node.node_id,
-        "url": node.url,
-        "region": "us-east",
-        "jurisdiction": "us",
-        "models": ["tiny"],
-    }
-    regions.write_text(yaml.safe_dump({"nodes": [listed]}), encoding="utf-8")
+    regions.write_text(yaml.safe_dump({"nodes": [listed(node)]}), encoding="utf-8")
     config = gateway_config(regions, home_region="us-east", catalog=[{"name": "tiny", "tier": "small"}])
     with run_gateway(config, tenants=(*TENANTS, CAPPED)) as gw:
         yield gw
@@ -126,6 +127,7 @@ def test_the_sdks_count_and_errors_come_in_each_doors_format(gateway: RunningGat
     counted = claude.messages.count_tokens(model="tiny", system="Be brief.", messages=messages)  # type: ignore[arg-type]
     made = claude.messages.create(model="tiny", system="Be brief.", messages=messages, max_tokens=1)  # type: ignore[arg-type]
     assert counted.input_tokens == _all_input(made.usage.model_dump()) > 0
+    # Tools are counted by an upstream that serves them, and this gateway has only a node.
     with pytest.raises(anthropic.BadRequestError) as refused:
         claude.messages.count_tokens(
             model="tiny",
@@ -133,6 +135,7 @@ def test_the_sdks_count_and_errors_come_in_each_doors_format(gateway: RunningGat
             tools=[{"name": "x", "input_schema": {"type": "object"}}],  # type: ignore[arg-type, list-item]
         )
     assert refused.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+    assert "`tools`" in refused.value.body["error"]["message"]  # type: ignore[index]
     with pytest.raises(anthropic.NotFoundError):
         claude.messages.count_tokens(model="nope", messages=messages)  # type: ignore[arg-type]
 

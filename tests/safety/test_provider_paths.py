@@ -4,6 +4,7 @@ a block mid-stream, the Anthropic front door, and a bypass sweep over every path
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,9 +25,11 @@ LEAD = "Here is a long enough answer that fills the hold back window of the stre
 REPLY = (
     LEAD + "Call +44 20 7946 0958 or pay with 4111 1111 1111 1111 today. The falcon lands at noon. Bye now."
 )
-REDACT_KEY, BLOCK_KEY = "sk-redactor", "sk-blocker"
+REDACT_KEY, BLOCK_KEY, TOOL_BLOCK_KEY = "sk-redactor", "sk-blocker", "sk-tool-blocker"
 POLICY = {"rules": {"pii": "redact"}, "hold_back_chars": 96, "log_content": True}
 BLOCKLIST = {"blocklist": [{"words": ["falcon"], "action": "block"}], "hold_back_chars": 96}
+# The fake provider's tool call asks for the weather in Paris (TOOL_CALL_ARGUMENTS).
+TOOL_BLOCKLIST = {"blocklist": [{"words": ["Paris"], "action": "block"}], "hold_back_chars": 96}
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +43,11 @@ def gw(provider: FakeProvider, tmp_path_factory: pytest.TempPathFactory) -> Iter
     work = tmp_path_factory.mktemp("safety-provider")
     policies = write_policies(
         work / "policies",
-        {"redactor": (REDACT_KEY, POLICY), "blocker": (BLOCK_KEY, BLOCKLIST)},
+        {
+            "redactor": (REDACT_KEY, POLICY),
+            "blocker": (BLOCK_KEY, BLOCKLIST),
+            "tool-blocker": (TOOL_BLOCK_KEY, TOOL_BLOCKLIST),
+        },
         allow_commercial=True,
     )
     regions = work / "regions.yaml"
@@ -100,6 +107,52 @@ def test_the_upstream_gets_the_prompt_with_personal_data_redacted(
     assert post(gw, "/v1/chat/completions", REDACT_KEY, body).status_code == 200
     sent = provider.requests[-1].body["messages"][0]["content"]
     assert sent == "mail [REDACTED:email] or [REDACTED:phone]"
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+
+
+def test_a_tool_conversation_reaches_the_upstream_redacted_in_the_calls_and_their_results(
+    gw: RunningGateway, provider: FakeProvider
+) -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": ""}}
+    call["function"]["arguments"] = '{"contact": "jane@example.com"}'
+    body = {
+        **CHAT,
+        "tools": TOOLS,
+        "messages": [
+            {"role": "user", "content": "Weather for my trip?"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "Call +44 20 7946 0958 for the forecast"},
+        ],
+    }
+    response = post(gw, "/v1/chat/completions", REDACT_KEY, body)
+    assert response.status_code == 200, response.text
+    sent = provider.requests[-1].body["messages"]
+    assert sent[1]["tool_calls"][0]["function"]["arguments"] == '{"contact": "[REDACTED:email]"}'
+    assert sent[2]["content"] == "Call [REDACTED:phone] for the forecast"
+    assert body["messages"][1]["tool_calls"][0]["function"]["arguments"].endswith('example.com"}')
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_blocked_word_in_a_tool_calls_arguments_never_reaches_the_client(
+    gw: RunningGateway, streamed: bool
+) -> None:
+    body = {**CHAT, "tools": TOOLS}
+    if streamed:
+        events = stream(gw, "/v1/chat/completions", TOOL_BLOCK_KEY, body)
+        received = json.dumps(events)
+        finishes = [
+            c["finish_reason"] for e in events for c in e.get("choices") or [] if c.get("finish_reason")
+        ]
+        assert finishes == ["content_filter"]
+    else:
+        response = post(gw, "/v1/chat/completions", TOOL_BLOCK_KEY, body)
+        received = response.text
+        assert (
+            response.status_code == 200 and response.json()["choices"][0]["finish_reason"] == "content_filter"
+        )
+    assert "Paris" not in received
 
 
 def test_a_blocked_word_ends_the_stream_with_content_filter_and_never_reaches_the_client(

@@ -5,6 +5,9 @@ ending in `data: [DONE]`, `{"error": {...}}` errors) and Anthropic's Messages AP
 and `anthropic-version` headers, the `event:`/`data:` stream message_start ... message_stop with
 pings, `{"type": "error", "error": {type, message}}` errors). The reply is the configured text
 split into word pieces, one "token" each; max_tokens and stop sequences cut it as a real API would.
+A request that offers tools (and does not forbid them) whose last message is not a tool's result
+is answered with one call to its first tool, `TOOL_CALL_ARGUMENTS` as arguments (streamed in
+pieces: OpenAI's tool_calls deltas, Anthropic's input_json_delta events).
 Each also counts input tokens (one per word) on its own API's path: Anthropic's
 `/v1/messages/count_tokens`, OpenAI's `/v1/responses/input_tokens`.
 
@@ -34,6 +37,16 @@ PATHS = {
     "anthropic": ("/v1/messages", "/v1/messages/count_tokens"),
     "openai": ("/v1/chat/completions", "/v1/responses/input_tokens"),
 }
+# The arguments of the one tool call the fakes make, and the call's id on each API.
+TOOL_CALL_ARGUMENTS: dict[str, Any] = {"city": "Paris"}
+TOOL_CALL_IDS: dict[Kind, str] = {"openai": "call_fake1", "anthropic": "toolu_fake1"}
+# Anthropic's stop_reason (how the fakes' answers end) as OpenAI's finish_reason.
+OPENAI_FINISH = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "max_tokens": "length",
+    "tool_use": "tool_calls",
+}
 ANTHROPIC_ERROR_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
     404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
@@ -54,6 +67,18 @@ class Fault:
     stall_after: int | None = None  # go silent after this many stream frames ...
     stall_s: float = 0.0  # ... for this long
     error_event: str | None = None  # Anthropic: an `error` event of this type after 2 deltas
+
+
+@dataclass
+class Answer:
+    pieces: list[str]  # the reply's pieces, one token each; for a tool call, its arguments' pieces
+    finish: str  # as Anthropic's stop_reason
+    stop: str | None = None  # the stop sequence that cut the reply
+    tool: str | None = None  # the tool called, if the answer is a tool call
+
+    @property
+    def openai_finish(self) -> str:
+        return OPENAI_FINISH[self.finish]
 
 
 @dataclass
@@ -115,13 +140,13 @@ class FakeProvider:
                 count["object"] = "response.input_tokens"
             await _send_json(send, 200, count, {})
             return
-        pieces, finish, stop_seq = self._generate(body)
+        answer = self._generate(body)
         if body.get("stream"):
             frames = self._openai_frames if self.kind == "openai" else self._anthropic_frames
-            await _send_stream(send, frames(body, pieces, finish, stop_seq, fault), fault)
+            await _send_stream(send, frames(body, answer, fault), fault)
         else:
             respond = self._openai_json if self.kind == "openai" else self._anthropic_json
-            await _send_json(send, 200, respond(body, pieces, finish, stop_seq), {})
+            await _send_json(send, 200, respond(body, answer), {})
 
     def _check(self, path: str, headers: dict[str, str], fault: Fault) -> tuple[int, Any, dict[str, str]]:
         if path not in PATHS[self.kind]:
@@ -146,7 +171,31 @@ class FakeProvider:
         error_type = "invalid_request_error" if status < 500 else "server_error"
         return {"error": {"message": message, "type": error_type, "param": None, "code": None}}
 
-    def _generate(self, body: dict[str, Any]) -> tuple[list[str], str, str | None]:
+    def _tool_to_call(self, body: dict[str, Any]) -> str | None:
+        """The first tool's name when the answer is to call it; None to answer in text."""
+        tools = body.get("tools") or []
+        last = (body.get("messages") or [{}])[-1]
+        if self.kind == "openai":
+            if not tools or body.get("tool_choice") == "none" or last.get("role") == "tool":
+                return None
+            return str(tools[0]["function"]["name"])
+        content = last.get("content")
+        answered = (
+            last.get("role") == "user"
+            and isinstance(content, list)
+            and any(block.get("type") == "tool_result" for block in content)
+        )
+        if not tools or (body.get("tool_choice") or {}).get("type") == "none" or answered:
+            return None
+        return str(tools[0]["name"])
+
+    def _generate(self, body: dict[str, Any]) -> Answer:
+        tool = self._tool_to_call(body)
+        if tool is not None:
+            arguments = json.dumps(TOOL_CALL_ARGUMENTS)
+            third = -(-len(arguments) // 3)
+            pieces = [arguments[i : i + third] for i in range(0, len(arguments), third)]
+            return Answer(pieces, "tool_use", tool=tool)
         words = self.reply.split(" ")
         pieces = [w if i == 0 else " " + w for i, w in enumerate(words)]
         stops = body.get("stop_sequences") if self.kind == "anthropic" else body.get("stop")
@@ -159,11 +208,11 @@ class FakeProvider:
                     if len("".join(kept) + piece) > at:
                         break
                     kept.append(piece)
-                return kept, "stop_sequence", stop
+                return Answer(kept, "stop_sequence", stop)
         limit = body.get("max_tokens") or body.get("max_completion_tokens")
         if limit is not None and len(pieces) > int(limit):
-            return pieces[: int(limit)], "max_tokens", None
-        return pieces, "end_turn", None
+            return Answer(pieces[: int(limit)], "max_tokens")
+        return Answer(pieces, "end_turn")
 
     def _prompt_tokens(self, body: dict[str, Any]) -> int:
         # A generation's messages, or the Responses input a count of OpenAI's gets.
@@ -183,28 +232,24 @@ class FakeProvider:
             "prompt_tokens_details": {"cached_tokens": 0},
         }
 
-    def _openai_json(
-        self, body: dict[str, Any], pieces: list[str], finish: str, _: str | None
-    ) -> dict[str, Any]:
+    def _openai_json(self, body: dict[str, Any], answer: Answer) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(answer.pieces)}
+        if answer.tool is not None:
+            function = {"name": answer.tool, "arguments": "".join(answer.pieces)}
+            call = {"id": TOOL_CALL_IDS["openai"], "type": "function", "function": function}
+            message = {"role": "assistant", "content": None, "tool_calls": [call]}
         return {
             "id": "chatcmpl-fake1",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": body["model"],
             "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": "".join(pieces)},
-                    "finish_reason": "length" if finish == "max_tokens" else "stop",
-                    "logprobs": None,
-                }
+                {"index": 0, "message": message, "finish_reason": answer.openai_finish, "logprobs": None}
             ],
-            "usage": self._openai_usage(body, pieces),
+            "usage": self._openai_usage(body, answer.pieces),
         }
 
-    def _openai_frames(
-        self, body: dict[str, Any], pieces: list[str], finish: str, _: str | None, fault: Fault
-    ) -> Iterator[bytes]:
+    def _openai_frames(self, body: dict[str, Any], answer: Answer, fault: Fault) -> Iterator[bytes]:
         def chunk(delta: dict[str, Any], reason: str | None = None) -> dict[str, Any]:
             return {
                 "id": "chatcmpl-fake1",
@@ -218,11 +263,19 @@ class FakeProvider:
         first = json.dumps(chunk({"role": "assistant", "content": ""}), indent=1)
         # One event's JSON over several `data:` lines: legal SSE, and a parser's classic trap.
         yield "".join(f"data: {line}\n" for line in first.splitlines()).encode() + b"\n"
-        for piece in pieces:
-            yield f"data: {json.dumps(chunk({'content': piece}))}\n\n".encode()
-        yield f"data: {json.dumps(chunk({}, 'length' if finish == 'max_tokens' else 'stop'))}\n\n".encode()
+        if answer.tool is not None:
+            function = {"name": answer.tool, "arguments": ""}
+            call = {"index": 0, "id": TOOL_CALL_IDS["openai"], "type": "function", "function": function}
+            yield f"data: {json.dumps(chunk({'tool_calls': [call]}))}\n\n".encode()
+        for piece in answer.pieces:
+            if answer.tool is not None:
+                delta: dict[str, Any] = {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}
+            else:
+                delta = {"content": piece}
+            yield f"data: {json.dumps(chunk(delta))}\n\n".encode()
+        yield f"data: {json.dumps(chunk({}, answer.openai_finish))}\n\n".encode()
         if (body.get("stream_options") or {}).get("include_usage"):
-            final = {**chunk({}), "choices": [], "usage": self._openai_usage(body, pieces)}
+            final = {**chunk({}), "choices": [], "usage": self._openai_usage(body, answer.pieces)}
             yield f"data: {json.dumps(final)}\n\n".encode()
         yield b"data: [DONE]\n\n"
 
@@ -238,49 +291,58 @@ class FakeProvider:
             "cache_read_input_tokens": cached,
         }
 
-    def _anthropic_json(
-        self, body: dict[str, Any], pieces: list[str], finish: str, stop: str | None
-    ) -> dict[str, Any]:
+    def _anthropic_json(self, body: dict[str, Any], answer: Answer) -> dict[str, Any]:
+        block: dict[str, Any] = {"type": "text", "text": "".join(answer.pieces)}
+        if answer.tool is not None:
+            block = {"type": "tool_use", "id": TOOL_CALL_IDS["anthropic"], "name": answer.tool}
+            block["input"] = json.loads("".join(answer.pieces))
         return {
             "id": "msg_fake1",
             "type": "message",
             "role": "assistant",
             "model": body["model"],
-            "content": [{"type": "text", "text": "".join(pieces)}],
-            "stop_reason": finish,
-            "stop_sequence": stop,
-            "usage": self._anthropic_usage(body, pieces),
+            "content": [block],
+            "stop_reason": answer.finish,
+            "stop_sequence": answer.stop,
+            "usage": self._anthropic_usage(body, answer.pieces),
         }
 
-    def _anthropic_frames(
-        self, body: dict[str, Any], pieces: list[str], finish: str, stop: str | None, fault: Fault
-    ) -> Iterator[bytes]:
+    def _anthropic_frames(self, body: dict[str, Any], answer: Answer, fault: Fault) -> Iterator[bytes]:
         def event(name: str, data: dict[str, Any]) -> bytes:
             return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
 
-        usage = self._anthropic_usage(body, pieces)
-        start = {**self._anthropic_json(body, [], finish, stop), "stop_reason": None, "stop_sequence": None}
-        start["content"] = []
-        start["usage"] = {**usage, "output_tokens": 1}
+        start = {
+            **self._anthropic_json(body, answer),
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+        }
+        start["usage"] = {**self._anthropic_usage(body, answer.pieces), "output_tokens": 1}
         yield event("message_start", {"type": "message_start", "message": start})
-        block = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
-        yield event("content_block_start", block)
+        opened: dict[str, Any] = {"type": "text", "text": ""}
+        if answer.tool is not None:
+            opened = {"type": "tool_use", "id": TOOL_CALL_IDS["anthropic"], "name": answer.tool, "input": {}}
+        yield event(
+            "content_block_start", {"type": "content_block_start", "index": 0, "content_block": opened}
+        )
         yield event("ping", {"type": "ping"})
-        for i, piece in enumerate(pieces):
+        for i, piece in enumerate(answer.pieces):
             if fault.error_event is not None and i == 2:
                 yield event(
                     "error", {"type": "error", "error": {"type": fault.error_event, "message": "injected"}}
                 )
                 return
             delta = {"type": "text_delta", "text": piece}
+            if answer.tool is not None:
+                delta = {"type": "input_json_delta", "partial_json": piece}
             yield event("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta})
         yield event("content_block_stop", {"type": "content_block_stop", "index": 0})
         yield event(
             "message_delta",
             {
                 "type": "message_delta",
-                "delta": {"stop_reason": finish, "stop_sequence": stop},
-                "usage": {"output_tokens": len(pieces)},
+                "delta": {"stop_reason": answer.finish, "stop_sequence": answer.stop},
+                "usage": {"output_tokens": len(answer.pieces)},
             },
         )
         yield event("message_stop", {"type": "message_stop"})

@@ -4,7 +4,8 @@ one or more tokens, with logprobs and alternatives), and how the answer ends.
 Unlike FakeProvider (which writes a well-formed answer and injects faults), this one says exactly
 what an upstream sends, so a test can drive the gateway with any chunking and any ending an
 upstream can produce, on OpenAI's wire format (chat and completions, JSON and SSE) and
-Anthropic's (JSON and its event stream).
+Anthropic's (JSON and its event stream). An answer may end in a tool call after its text (its
+arguments streamed in scripted pieces; finish_reason "tool_calls", stop_reason "tool_use").
 
 OpenAI endings: finish (finish chunk, usage chunk, [DONE]), done_without_finish ([DONE] and no
 finish_reason), cut (the connection drops), error_event (`{"error": ...}` midway), eof (the body
@@ -32,6 +33,7 @@ ANTHROPIC_ENDINGS = (
     "error_event",
 )
 FINISHED_ENDINGS = ("finish", "delta_without_stop")  # the upstream said how the answer ended
+TOOL_NAME = "lookup"
 
 
 @dataclass
@@ -43,10 +45,17 @@ class Script:
     # The stop string the upstream says ended the text (vLLM's `stop_reason`, Anthropic's
     # `stop_sequence`); None: it ended of itself.
     stop: str | None = None
+    # A call of TOOL_NAME after the text: its arguments (a JSON object's text) in streamed
+    # pieces; None: the answer is text only.
+    tool_arguments: list[str] | None = None
 
     @property
     def text(self) -> str:
         return "".join(token for piece in self.pieces for token in piece)
+
+    @property
+    def arguments(self) -> str:
+        return "".join(self.tool_arguments or ())
 
     @property
     def tokens(self) -> int:
@@ -112,6 +121,8 @@ def _stop(script: Script) -> dict[str, Any]:
 
 
 def _anthropic_stop(script: Script) -> dict[str, Any]:
+    if script.tool_arguments is not None:
+        return {"stop_reason": "tool_use", "stop_sequence": None}
     if script.stop is None:
         return {"stop_reason": "end_turn", "stop_sequence": None}
     return {"stop_reason": "stop_sequence", "stop_sequence": script.stop}
@@ -131,6 +142,14 @@ def _openai_whole(script: Script, body: dict[str, Any], completions: bool) -> di
             "finish_reason": "stop",
             **_stop(script),
         }
+        if script.tool_arguments is not None:
+            call = {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": TOOL_NAME, "arguments": script.arguments},
+            }
+            choice["message"]["tool_calls"] = [call]
+            choice["finish_reason"] = "tool_calls"
         choice["logprobs"] = (
             {"content": _logprob_entries(tokens, script.alternatives)} if wants_logprobs else None
         )
@@ -171,11 +190,22 @@ def _openai_frames(script: Script, body: dict[str, Any], completions: bool) -> l
                 {"content": _logprob_entries(piece, script.alternatives)} if wants_logprobs else None
             )
         frames.append(chunk([choice]))
+    if script.tool_arguments is not None and not completions:
+        call = {
+            "index": 0,
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": TOOL_NAME, "arguments": ""},
+        }
+        frames.append(chunk([{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": None}]))
+        for piece in script.tool_arguments:
+            delta = {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}
+            frames.append(chunk([{"index": 0, "delta": delta, "finish_reason": None}]))
     ending = script.ending
     if ending == "finish":
         last = {
             "index": 0,
-            "finish_reason": "stop",
+            "finish_reason": "tool_calls" if script.tool_arguments is not None else "stop",
             **_stop(script),
             **({"text": ""} if completions else {"delta": {}}),
         }
@@ -193,10 +223,16 @@ def _anthropic_message(script: Script) -> dict[str, Any]:
         "type": "message",
         "role": "assistant",
         "model": "m",
-        "content": [{"type": "text", "text": script.text}],
+        "content": [{"type": "text", "text": script.text}, *_tool_use(script)],
         **_anthropic_stop(script),
         "usage": {"input_tokens": 5, "output_tokens": script.tokens},
     }
+
+
+def _tool_use(script: Script) -> list[dict[str, Any]]:
+    if script.tool_arguments is None:
+        return []
+    return [{"type": "tool_use", "id": "toolu_1", "name": TOOL_NAME, "input": json.loads(script.arguments)}]
 
 
 def _anthropic_frames(script: Script) -> list[bytes]:
@@ -217,11 +253,24 @@ def _anthropic_frames(script: Script) -> list[bytes]:
         frames.append(
             event("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta})
         )
+    last_block = 0
+    if script.tool_arguments is not None:
+        frames.append(event("content_block_stop", {"type": "content_block_stop", "index": 0}))
+        last_block = 1
+        block = {"type": "tool_use", "id": "toolu_1", "name": TOOL_NAME, "input": {}}
+        frames.append(
+            event("content_block_start", {"type": "content_block_start", "index": 1, "content_block": block})
+        )
+        for piece in script.tool_arguments:
+            delta = {"type": "input_json_delta", "partial_json": piece}
+            frames.append(
+                event("content_block_delta", {"type": "content_block_delta", "index": 1, "delta": delta})
+            )
     usage = {"output_tokens": script.tokens}
     ending = script.ending
     stop = event("message_stop", {"type": "message_stop"})
     if ending in ("finish", "delta_without_stop", "null_stop_reason"):
-        frames.append(event("content_block_stop", {"type": "content_block_stop", "index": 0}))
+        frames.append(event("content_block_stop", {"type": "content_block_stop", "index": last_block}))
         stop_delta = (
             {"stop_reason": None, "stop_sequence": None}
             if ending == "null_stop_reason"

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from gateway.http import Connection, ConnectionPool
-from gateway.translate.anthropic_to_openai import messages_to_chat_response
+from gateway.translate.anthropic_to_openai_answers import messages_to_chat_response
 from gateway.translate.errors import TranslationError
 from gateway.translate.openai_to_anthropic import chat_to_messages
 from gateway.upstreams.base import Endpoint
@@ -34,7 +34,9 @@ from gateway.upstreams.providers.transport import (
 )
 from protocol.chunk import Chunk, Completion, chunk_from
 
-_COUNTED_FIELDS = ("model", "messages", "system")
+# What the count API takes: the conversation, and the tools the model is told of (they are input
+# tokens too), not the sampling settings.
+_COUNTED_FIELDS = ("model", "messages", "system", "tools", "tool_choice")
 
 
 class AnthropicAdapter(HTTPProviderAdapter):
@@ -67,7 +69,6 @@ class AnthropicAdapter(HTTPProviderAdapter):
 
     async def count_tokens(self, body: dict[str, Any], headers: dict[str, str]) -> int:
         messages, _ = self._messages(body, stream=False)
-        # The count API takes the conversation, not the sampling settings.
         counted = {name: messages[name] for name in _COUNTED_FIELDS if name in messages}
         return await self._fetch_count(
             build_post(self._count_to, counted, auth=self._auth, client_headers=headers)

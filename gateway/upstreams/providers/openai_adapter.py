@@ -53,6 +53,44 @@ def _text(content: Any) -> str:
     return content if isinstance(content, str) else ""
 
 
+def _input_items(messages: list[Any]) -> list[dict[str, Any]]:
+    """Chat messages as Responses input items: a message keeps its role and text; an
+    assistant's tool calls become `function_call` items and a tool message `function_call_output`."""
+    items: list[dict[str, Any]] = []
+    for message in messages:
+        if not isinstance(message, dict):
+            continue
+        text = _text(message.get("content"))
+        if message.get("role") == "tool":
+            items.append(
+                {"type": "function_call_output", "call_id": message.get("tool_call_id"), "output": text}
+            )
+            continue
+        if text or not message.get("tool_calls"):
+            items.append({"role": message.get("role"), "content": text})
+        for call in message.get("tool_calls") or ():
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict):
+                items.append(
+                    {
+                        "type": "function_call",
+                        "call_id": call.get("id"),
+                        "name": function.get("name"),
+                        "arguments": function.get("arguments") or "",
+                    }
+                )
+    return items
+
+
+def _responses_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """A chat tool (`{"type": "function", "function": {...}}`) as a Responses tool, whose function
+    fields sit at the top level; other tool types are passed as they are."""
+    function = tool.get("function")
+    if tool.get("type") == "function" and isinstance(function, dict):
+        return {"type": "function", **function}
+    return tool
+
+
 def provider_body(body: dict[str, Any], *, provider_model: str, stream: bool) -> dict[str, Any]:
     """The request as the provider should see it."""
     out = {k: v for k, v in body.items() if k not in _EXTENSIONS}
@@ -99,14 +137,19 @@ class OpenAIAdapter(HTTPProviderAdapter):
         return result
 
     async def count_tokens(self, body: dict[str, Any], headers: dict[str, str]) -> int:
-        """OpenAI's input token count (`POST /responses/input_tokens`): the chat messages as
-        Responses input items, which take the same roles and text."""
+        """OpenAI's input token count (`POST /responses/input_tokens`): the chat request as a
+        Responses request (its messages, tool calls and tool results as input items, its tools
+        as Responses function tools): what the model reads, which is what it counts."""
         _, provider_model = self._models(body)
-        items = [
-            {"role": message.get("role"), "content": _text(message.get("content"))}
-            for message in body.get("messages") or []
-        ]
-        payload = {"model": provider_model, "input": items}
+        payload: dict[str, Any] = {"model": provider_model, "input": _input_items(body.get("messages") or [])}
+        tools = [_responses_tool(tool) for tool in body.get("tools") or [] if isinstance(tool, dict)]
+        if tools:
+            payload["tools"] = tools
+            choice = body.get("tool_choice")
+            if isinstance(choice, str):
+                payload["tool_choice"] = choice
+            elif isinstance(choice, dict) and isinstance(choice.get("function"), dict):
+                payload["tool_choice"] = {"type": "function", "name": choice["function"].get("name")}
         return await self._fetch_count(
             build_post(self._count_to, payload, auth=self._auth, client_headers=headers)
         )

@@ -18,7 +18,17 @@ from gateway.upstreams.providers.anthropic_adapter import AnthropicAdapter
 from gateway.upstreams.providers.config import ProviderEntry, ProvidersConfig, resolve_api_keys
 from gateway.upstreams.providers.metrics import ObservedUpstream, ProviderMetrics
 from gateway.upstreams.providers.openai_adapter import OpenAIAdapter
+from protocol.capabilities import ALL_CAPABILITIES, Capability
 from router.types import ProviderInfo
+
+# What each kind of provider serves beyond text (protocol/capabilities.py), which routing matches
+# against what a request asks: an OpenAI(-compatible) API gets every field as the client sent it
+# (one that lacks a feature answers its own 400); the Anthropic adapter translates tool calling
+# (gateway/translate/openai_to_anthropic.py) and refuses the rest, which Messages cannot express.
+CAPABILITIES: dict[str, frozenset[Capability]] = {
+    "openai": ALL_CAPABILITIES,
+    "anthropic": frozenset({"tools"}),
+}
 
 
 class ProviderRegistry:
@@ -34,6 +44,7 @@ class ProviderRegistry:
                 region=e.region,
                 jurisdiction=e.jurisdiction,
                 models=frozenset(e.models),
+                capabilities=CAPABILITIES[e.kind],
             )
             for e in section.endpoints
         )
