@@ -127,7 +127,13 @@ def route(
             reason=f"model={request.model}; no target"
             + (f" serves {', '.join(unsupported)}" if unsupported else ""),
             unavailable_reason=_unavailable_reason(
-                _described(request.model, version), policy, nodes, providers, small, small_nodes
+                _described(request.model, version),
+                policy,
+                nodes,
+                providers,
+                small,
+                small_nodes,
+                request.needs,
             ),
             version=version,
             unsupported=unsupported,
@@ -234,29 +240,36 @@ def _unavailable_reason(
     providers: Screening[ProviderInfo],
     small: CatalogModel | None,
     small_nodes: Screening[NodeInfo] | None,
+    needs: frozenset[str],
 ) -> str:
     where = policy.residency.describe()
     limited = where != "anywhere"
     where = f"in {where}" if limited else where
+    asked = ", ".join(sorted(needs))
     if nodes.serving == 0:
         parts = [f"no node in the fleet serves {model}"]
+    elif nodes.incapable and nodes.incapable == nodes.serving - nodes.outside_residency:
+        # Every node it may use is up to it but for what it asks: that is the whole story.
+        parts = [f"no node serving {model} {where} serves {asked}"]
+        parts += _turned_away(nodes, "node", limited=limited, asked="")
     else:
         parts = [f"no healthy node serving {model} {where}"]
-        parts += _turned_away(nodes, "node", limited=limited)
+        parts += _turned_away(nodes, "node", limited=limited, asked=asked)
     if small is not None and small_nodes is not None:
         parts.append(f"degrading to '{small.name}' found no node for it {where} either")
     if providers.serving and not policy.allow_commercial:
         parts.append("commercial fallback is disabled for this tenant")
     elif providers.serving:
-        parts += _turned_away(providers, "provider", limited=limited)
+        parts += _turned_away(providers, "provider", limited=limited, asked=asked)
     return "; ".join(parts)
 
 
 def _turned_away(
-    screening: Screening[NodeInfo] | Screening[ProviderInfo], noun: str, *, limited: bool
+    screening: Screening[NodeInfo] | Screening[ProviderInfo], noun: str, *, limited: bool, asked: str
 ) -> list[str]:
     """What ruled out the targets serving the model; "inside it" (the residency) only for a tenant
-    that has a residency limit."""
+    that has a residency limit. `asked`: the capabilities the request asks for, named ("": the
+    targets without them go unmentioned)."""
     inside = " inside it" if limited else ""
     parts = []
     if screening.outside_residency:
@@ -264,11 +277,8 @@ def _turned_away(
             f"{_count(screening.outside_residency, noun)} outside the tenant's residency "
             f"{_were(screening.outside_residency)} not considered"
         )
-    if screening.incapable:
-        parts.append(
-            f"{_count(screening.incapable, noun)}{inside} {_were(screening.incapable)} not able to "
-            "serve what the request asks (tools, structured output, ...)"
-        )
+    if screening.incapable and asked:
+        parts.append(f"{_count(screening.incapable, noun)}{inside} not serving {asked}")
     if screening.excluded:
         parts.append(f"{_count(screening.excluded, noun)} already tried for this request")
     if screening.unhealthy:

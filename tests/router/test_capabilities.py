@@ -165,7 +165,9 @@ def test_without_commercial_fallback_a_tools_request_is_unsupported_and_the_reas
         fleet_,
     )
     assert decision.targets == () and decision.unsupported == ("tools",)
-    assert "1 node was not able to serve what the request asks" in (decision.unavailable_reason or "")
+    assert (decision.unavailable_reason or "").startswith(
+        "no node serving 'meridian-large' anywhere serves tools;"
+    )
     assert "commercial fallback is disabled for this tenant" in (decision.unavailable_reason or "")
 
 
@@ -194,4 +196,23 @@ def test_the_pool_admission_judges_is_the_nodes_that_serve_what_the_request_asks
             fleet_, model=LARGE, residency=Residency(), tier="interactive", needs=frozenset({"logprobs"})
         )
         is not None
+    )
+
+
+def test_the_reason_names_what_each_provider_lacks_and_which_are_down() -> None:
+    fleet_ = fleet(
+        node("us-1", "us-east"),
+        providers=(
+            replace(provider("anthropic", "us-east"), capabilities=frozenset({"tools"})),
+            replace(provider("openai", "us-east"), capabilities=ALL_CAPABILITIES, healthy=False),
+        ),
+    )
+    needs = frozenset({"structured_output"})
+    decision = route(
+        RouteRequest(LARGE, home_region="us-east", needs=needs), tenant(allow_commercial=True), fleet_
+    )
+    assert decision.targets == () and decision.unsupported == ()  # the OpenAI one serves it, once up
+    assert decision.unavailable_reason == (
+        "no node serving 'meridian-large' anywhere serves structured_output; "
+        "1 provider not serving structured_output; 1 provider was unhealthy"
     )
