@@ -84,21 +84,79 @@ class ResponsesInputText(msgspec.Struct, kw_only=True):
     text: str
 
 
+ItemStatus = Literal["in_progress", "completed", "incomplete"]
+
+
 class ResponsesInputMessage(msgspec.Struct, kw_only=True):
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
     content: str | list[ResponsesInputText]
 
 
+class ResponsesFunctionCall(msgspec.Struct, kw_only=True):
+    """A function call the model made, given back as input (an earlier response's output item)."""
+
+    type: Literal["function_call"]
+    call_id: Annotated[str, msgspec.Meta(min_length=1)]
+    name: Annotated[str, msgspec.Meta(min_length=1)]
+    arguments: str
+    id: str | None = None
+    status: ItemStatus | None = None
+
+
+class ResponsesToolOutputText(msgspec.Struct, kw_only=True):
+    type: Literal["input_text"]
+    text: str
+
+
+class ResponsesFunctionCallOutput(msgspec.Struct, kw_only=True):
+    """The client's result of the call `call_id`: text (a tool's images and files are refused)."""
+
+    type: Literal["function_call_output"]
+    call_id: Annotated[str, msgspec.Meta(min_length=1)]
+    output: str | list[ResponsesToolOutputText]
+    id: str | None = None
+    status: ItemStatus | None = None
+
+
+# An input item: a message, whose `type` may be left out, or a function call or its output. Not a
+# tagged union (msgspec's needs the tag in every item), so stated as JSON Schema over these
+# structs' components, which gateway/api/openapi.py generates beside the request's.
+RESPONSES_INPUT_ITEMS = (ResponsesInputMessage, ResponsesFunctionCall, ResponsesFunctionCallOutput)
+_ResponsesInputItem = Annotated[
+    dict[str, Any],
+    msgspec.Meta(
+        extra_json_schema={
+            "anyOf": [{"$ref": f"#/components/schemas/{item.__name__}"} for item in RESPONSES_INPUT_ITEMS]
+        }
+    ),
+]
+
+
+class ResponsesFunctionTool(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    type: Literal["function"]
+    name: Annotated[str, msgspec.Meta(min_length=1)]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ResponsesToolChoiceFunction(msgspec.Struct, kw_only=True):
+    type: Literal["function"]
+    name: Annotated[str, msgspec.Meta(min_length=1)]
+
+
 class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """The Responses API's text subset (gateway/README.md), as gateway/responses/translate.py
-    checks it: any other field is refused. `background` cannot be streamed, and must be stored."""
+    """The Responses API's text and function tools (gateway/README.md), as
+    gateway/responses/translate.py checks it: any other field is refused. `background` cannot be
+    streamed, and must be stored; a `tool_choice` that asks for a call needs `tools`."""
 
     model: Annotated[str, msgspec.Meta(min_length=1)]
     input: Annotated[
-        str | Annotated[list[ResponsesInputMessage], msgspec.Meta(min_length=1)],
+        str | Annotated[list[_ResponsesInputItem], msgspec.Meta(min_length=1)],
         msgspec.Meta(
-            description="A string (one user message), or messages with string or text-part content."
+            description="A string (one user message), or items: messages with string or text-part "
+            "content, function calls and their outputs."
         ),
     ]
     instructions: str | None = None
@@ -110,6 +168,33 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     store: bool | None = None
     metadata: Annotated[dict[str, str], msgspec.Meta(max_length=METADATA_KEYS)] | None = None
     user: str | None = None
+    tools: list[ResponsesFunctionTool] | None = None
+    tool_choice: Literal["auto", "none", "required"] | ResponsesToolChoiceFunction | None = None
+    parallel_tool_calls: bool | None = None
+    previous_response_id: Annotated[
+        str | None,
+        msgspec.Meta(
+            description="A stored, finished response of this tenant's whose conversation (input and "
+            "output, not instructions) this one continues; another is a 404, a running one a 409."
+        ),
+    ] = None
+
+
+class OutputMessage(msgspec.Struct, kw_only=True, tag_field="type", tag="message"):
+    id: str
+    status: ItemStatus
+    role: Literal["assistant"]
+    content: list[dict[str, Any]]
+
+
+class FunctionCallItem(msgspec.Struct, kw_only=True, tag_field="type", tag="function_call"):
+    """A function call the model made (an output item; listed as an input item when given back)."""
+
+    id: str
+    call_id: str
+    name: str
+    arguments: str
+    status: ItemStatus
 
 
 class ResponseObject(msgspec.Struct, kw_only=True):
@@ -119,18 +204,26 @@ class ResponseObject(msgspec.Struct, kw_only=True):
     object: Literal["response"]
     status: str
     model: str
-    output: list[dict[str, Any]]
+    output: list[OutputMessage | FunctionCallItem]
     usage: dict[str, Any] | None
 
 
-class InputItem(msgspec.Struct, kw_only=True):
-    """One input message of a response, as `GET /v1/responses/{id}/input_items` lists it."""
-
-    type: Literal["message"]
+class InputMessageItem(msgspec.Struct, kw_only=True, tag_field="type", tag="message"):
     id: str
-    status: str
+    status: ItemStatus
     role: Literal["user", "assistant", "system", "developer"]
     content: list[dict[str, Any]]
+
+
+class FunctionCallOutputItem(msgspec.Struct, kw_only=True, tag_field="type", tag="function_call_output"):
+    id: str
+    call_id: str
+    output: str | list[ResponsesToolOutputText]
+    status: ItemStatus
+
+
+# One input item of a response, as `GET /v1/responses/{id}/input_items` lists it.
+InputItem = InputMessageItem | FunctionCallItem | FunctionCallOutputItem
 
 
 class InputItemList(msgspec.Struct, kw_only=True):

@@ -30,6 +30,7 @@ from gateway.batches.objects import FILES_PAGE_LIMIT
 from protocol import ChatCompletionRequest, CompletionRequest
 from protocol.anthropic import MessagesCountRequest, MessagesRequest
 from protocol.objects import (
+    RESPONSES_INPUT_ITEMS,
     AnthropicError,
     AnthropicMessage,
     AnthropicModel,
@@ -188,7 +189,8 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ),
     ("POST", "/v1/responses"): Operation(
         "createResponse",
-        "OpenAI Responses API, text subset (gateway/README.md); `background: true` returns at once.",
+        "OpenAI Responses API: text and function tools (gateway/README.md); `background: true` "
+        "returns at once.",
         ResponseObject,
         _GENERATION_ERRORS,
         body=ResponsesRequest,
@@ -200,16 +202,20 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
             ("DeleteResponse", "deleteResponse"),
         ),
         events="The Responses event sequence (`event:` named, with sequence_number): response.created, "
-        "response.in_progress, response.output_item.added, response.content_part.added, "
-        "response.output_text.delta..., response.output_text.done, response.content_part.done, "
-        "response.output_item.done, response.completed (or response.incomplete / response.failed).",
+        "response.in_progress; each output item as it first appears: response.output_item.added "
+        "(a message's, then response.content_part.added and response.output_text.delta...; a "
+        "function call's, then response.function_call_arguments.delta...); when the answer ends, "
+        "each item in output order is done (response.output_text.done, response.content_part.done / "
+        "response.function_call_arguments.done, then response.output_item.done); then "
+        "response.completed (or response.incomplete / response.failed).",
     ),
     ("GET", "/v1/responses/{response_id}"): Operation(
         "getResponse", "A stored response of this key's tenant.", ResponseObject, (401, 404)
     ),
     ("GET", "/v1/responses/{response_id}/input_items"): Operation(
         "listInputItems",
-        "A stored response's input messages (not its instructions), in pages.",
+        "A stored response's input items (messages, function calls and their outputs; not its "
+        "instructions, nor its previous response's conversation), in pages.",
         InputItemList,
         (400, 401, 404),
         query=_page_query("items", max_limit=100, default_limit=20),
@@ -387,7 +393,8 @@ _CHECKED_AFTER_DECODING: dict[tuple[str, str], dict[str, Any]] = {
     ("MessagesRequest", ""): _CHOICE_NEEDS_TOOLS,
     ("MessagesCountRequest", ""): _CHOICE_NEEDS_TOOLS,
     ("Thinking", "type"): {"enum": ["disabled"]},
-    # gateway/responses/translate.py: a background response is not streamed, and is stored.
+    # gateway/responses/translate.py: a background response is not streamed, and is stored; a
+    # tool_choice that asks for a call ("required", or a function) needs tools.
     ("ResponsesRequest", ""): {
         "not": {
             "anyOf": [
@@ -398,6 +405,22 @@ _CHECKED_AFTER_DECODING: dict[tuple[str, str], dict[str, Any]] = {
                 {
                     "properties": {"background": {"const": True}, "store": {"const": False}},
                     "required": ["background", "store"],
+                },
+                {
+                    "properties": {
+                        "tool_choice": {
+                            "anyOf": [
+                                {"const": "required"},
+                                {
+                                    "type": "object",
+                                    "properties": {"type": {"const": "function"}},
+                                    "required": ["type"],
+                                },
+                            ]
+                        },
+                        "tools": {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]},
+                    },
+                    "required": ["tool_choice"],
                 },
             ]
         }
@@ -429,7 +452,8 @@ def _ref(kind: str, name: str) -> dict[str, str]:
 
 def _schemas() -> tuple[dict[type, dict[str, Any]], dict[str, Any]]:
     """Each typed body's schema (a $ref for a struct) and the components they refer to."""
-    types = [ChatCompletionChunk]
+    # The Responses input items are referred to by name from the request's schema (protocol/objects.py).
+    types = [ChatCompletionChunk, *RESPONSES_INPUT_ITEMS]
     for op in OPERATIONS.values():
         for each in (op.answer, op.body, op.form, op.error):
             types += each if isinstance(each, tuple) else [each] if each is not None else []

@@ -1,7 +1,7 @@
-"""Responses API front door (text subset): `POST /v1/responses`, `GET /v1/responses/{id}`,
-`GET /v1/responses/{id}/input_items`, `POST /v1/responses/{id}/cancel`, `DELETE /v1/responses/{id}`,
-and `POST /v1/responses/input_tokens` (a request's input tokens, counted as the pipeline's
-`count_tokens` counts them).
+"""Responses API front door (text and function tools): `POST /v1/responses`,
+`GET /v1/responses/{id}`, `GET /v1/responses/{id}/input_items`, `POST /v1/responses/{id}/cancel`,
+`DELETE /v1/responses/{id}`, and `POST /v1/responses/input_tokens` (a request's input tokens,
+counted as the pipeline's `count_tokens` counts them).
 
 Like /v1/messages, a request is translated to a chat request and served by the same pipeline
 (policy, residency, quotas, usage, routing). Every response, foreground or background, is a run
@@ -28,10 +28,12 @@ from gateway.api.paging import page_of, page_query
 from gateway.api.sse import EventStream
 from gateway.call.pipeline import RequestPipeline
 from gateway.responses import Run, parse_request
+from gateway.responses.items import InputItem
 from gateway.responses.store import ResponseStore
+from gateway.responses.translate import ChatRequest, ResponsesRequest, chat_request
 from gateway.runtime.tasks import run_shielded
 from protocol import InvalidRequestError
-from protocol.errors import ConflictError, NotFoundError
+from protocol.errors import APIError, ConflictError, NotFoundError
 from protocol.objects import InputTokenCount
 from protocol.sse import encode_event
 
@@ -78,6 +80,37 @@ def _owned(store: ResponseStore, response_id: str, tenant_id: str) -> Run:
     return run
 
 
+def _earlier(store: ResponseStore, wanted: ResponsesRequest, tenant_id: str) -> tuple[InputItem, ...]:
+    """The conversation `previous_response_id` continues: a finished response of the tenant's
+    (unknown, expired, unstored or another tenant's: 404, as OpenAI's `previous_response_not_found`;
+    one still running: 409, its conversation is not whole yet)."""
+    previous_id = wanted.previous_response_id
+    if previous_id is None:
+        return ()
+    previous = store.get(previous_id, tenant_id)
+    if previous is None:
+        raise NotFoundError(
+            f"Previous response with id '{previous_id}' not found.",
+            param="previous_response_id",
+            code="previous_response_not_found",
+        )
+    if not previous.finished:
+        raise ConflictError(
+            f"Previous response '{previous_id}' is still {previous.status}: continue it once it ended.",
+            param="previous_response_id",
+            code="previous_response_in_progress",
+        )
+    return previous.conversation()
+
+
+def _translated(
+    store: ResponseStore, raw: bytes, tenant_id: str
+) -> tuple[ResponsesRequest, tuple[InputItem, ...], ChatRequest]:
+    wanted = parse_request(raw)
+    earlier = _earlier(store, wanted, tenant_id)
+    return wanted, earlier, chat_request(wanted, earlier)
+
+
 class ResponsesController(Controller):
     path = "/v1/responses"
     dependencies = DEPENDENCIES
@@ -93,11 +126,11 @@ class ResponsesController(Controller):
         responses: ResponseStore,
     ) -> ASGIApp:
         ctx = call
-        wanted, body, parsed = parse_request(await request_body(request))
+        wanted, earlier, chat = _translated(responses, await request_body(request), tenant.tenant_id)
         response_id = "resp_" + os.urandom(16).hex()
         ctx.headers["x-meridian-response-id"] = response_id
-        run = Run(response_id, tenant.tenant_id, wanted, stream=wanted.stream)
-        responses.start(run, ctx, parsed, body)
+        run = Run(response_id, tenant.tenant_id, wanted, stream=wanted.stream, earlier=earlier)
+        responses.start(run, ctx, chat)
         if wanted.background:
             return Answer.json(run.to_object(), ctx.headers)
         # Errors before the first token are HTTP errors, as for chat: the run's failed open
@@ -114,12 +147,21 @@ class ResponsesController(Controller):
 
     @post("/input_tokens", status_code=200)
     async def input_tokens(
-        self, request: Request[Any, Any, Any], call: Call, tenant: Tenant, pipeline: RequestPipeline
+        self,
+        request: Request[Any, Any, Any],
+        call: Call,
+        tenant: Tenant,
+        pipeline: RequestPipeline,
+        responses: ResponseStore,
     ) -> ASGIApp:
         """OpenAI's input token count of a Responses request (`responses.input_tokens.count`):
-        its input and instructions as the model that would serve them reads them."""
-        _, body, parsed = parse_request(await request_body(request))
-        count = await pipeline.count_tokens(call, parsed, body)
+        its conversation (`previous_response_id`'s too), instructions and tools as the model that
+        would serve them reads them."""
+        _, _, chat = _translated(responses, await request_body(request), tenant.tenant_id)
+        try:
+            count = await pipeline.count_tokens(call, chat.parsed, chat.body)
+        except APIError as error:
+            raise chat.in_request_terms(error) from None
         return Answer.json(InputTokenCount(input_tokens=count), call.headers)
 
     @get("/{response_id:str}")

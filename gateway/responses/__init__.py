@@ -1,5 +1,5 @@
-"""The Responses API (text subset): request translation to the chat pipeline and runs (their store,
-which drives them on the pipeline, is gateway/responses/store.py)."""
+"""The Responses API (text and function tools): request translation to the chat pipeline and runs
+(their store, which drives them on the pipeline, is gateway/responses/store.py)."""
 
 from gateway.responses.config import ResponsesConfig
 from gateway.responses.errors import ResponsesBusy

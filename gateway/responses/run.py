@@ -13,6 +13,8 @@ from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
+from gateway.responses.items import InputItem, listed
+from gateway.responses.output import Event, ItemStatus, ResponseOutput
 from gateway.responses.translate import ResponsesRequest
 from protocol.chunk import Streamed, StreamFailed, Usage, usage_of
 
@@ -20,7 +22,6 @@ Status = Literal["queued", "in_progress", "completed", "failed", "cancelled", "i
 FINISHED: frozenset[str] = frozenset({"completed", "failed", "cancelled", "incomplete"})
 # Chat finish reasons that end a response short of its natural end, as the Responses API says it.
 _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
-Event = tuple[str, dict[str, Any]]
 
 
 class EventFeed:
@@ -60,10 +61,19 @@ class EventFeed:
 
 
 class Run:
-    def __init__(self, response_id: str, tenant_id: str, request: ResponsesRequest, *, stream: bool) -> None:
+    def __init__(
+        self,
+        response_id: str,
+        tenant_id: str,
+        request: ResponsesRequest,
+        *,
+        stream: bool,
+        earlier: tuple[InputItem, ...] = (),
+    ) -> None:
         self.id = response_id
         self.tenant_id = tenant_id
         self.request = request
+        self.earlier = earlier  # the conversation of `previous_response_id`, before this input
         self.model = request.model  # the served model once the pipeline planned it
         self.created_at = time.time()
         self.completed_at: float | None = None
@@ -80,18 +90,13 @@ class Run:
         # its failure is the run's `failed` status, not an error for asyncio to log as lost.
         self.opened.add_done_callback(_retrieved)
         self.done = asyncio.Event()
-        self._text: list[str] = []
+        self._output = ResponseOutput(response_id.removeprefix("resp_"))
         self._answered = False  # a finish_reason arrived
         self._sequence = 0
-        self._item_id = "msg_" + response_id.removeprefix("resp_")
 
     @property
     def finished(self) -> bool:
         return self.status in FINISHED
-
-    @property
-    def text(self) -> str:
-        return "".join(self._text)
 
     # -- fed by the run's task ------------------------------------------------------------------
 
@@ -104,11 +109,6 @@ class Run:
         await self._emit(
             ("response.created", {"response": self._snapshot("in_progress", with_output=False)}),
             ("response.in_progress", {"response": self._snapshot("in_progress", with_output=False)}),
-            ("response.output_item.added", {"output_index": 0, "item": self._message("in_progress", "")}),
-            (
-                "response.content_part.added",
-                {"item_id": self._item_id, "output_index": 0, "content_index": 0, "part": _part("")},
-            ),
         )
 
     async def feed(self, item: Streamed) -> None:
@@ -124,22 +124,8 @@ class Run:
         usage = usage_of(item.usage)
         if usage is not None:
             self.usage = _usage(usage)
+        await self._emit(*self._output.feed(item))
         for choice in item.choices:
-            delta = choice.content()
-            if delta:
-                self._text.append(delta)
-                await self._emit(
-                    (
-                        "response.output_text.delta",
-                        {
-                            "item_id": self._item_id,
-                            "output_index": 0,
-                            "content_index": 0,
-                            "delta": delta,
-                            "logprobs": [],
-                        },
-                    )
-                )
             reason = choice.finish_reason
             if reason is not None:
                 self._answered = True
@@ -176,41 +162,25 @@ class Run:
         return self._snapshot(self.status, with_output=True)
 
     def input_items(self) -> list[dict[str, Any]]:
-        """The request's input messages as the Responses API lists them, oldest first, each with an
-        id of its own that every read gives alike (`instructions` are not an input item)."""
-        stem = self.id.removeprefix("resp_")
-        return [
-            {
-                "type": "message",
-                "id": f"msg_{stem}_in{i}",
-                "status": "completed",
-                "role": message.role,
-                "content": [
-                    _part(message.text)
-                    if message.role == "assistant"
-                    else {"type": "input_text", "text": message.text}
-                ],
-            }
-            for i, message in enumerate(self.request.input)
-        ]
+        """The request's input items as the Responses API lists them, oldest first (not its
+        `instructions`, nor the earlier conversation of its `previous_response_id`)."""
+        return listed(self.request.input, self.id.removeprefix("resp_"))
+
+    def conversation(self) -> tuple[InputItem, ...]:
+        """Everything a follow-up with this response as its `previous_response_id` continues:
+        the earlier conversation, this input, this output."""
+        return self.earlier + self.request.input + self._output.replay()
 
     def _end(self, status: Status, *, error: dict[str, Any] | None = None) -> None:
         self.status = status
         self.error = error
         self.completed_at = time.time()
         self.done.set()
+        # An answer that ended has each of its items done; one that failed or was cancelled
+        # keeps them as they were, as OpenAI's `response.failed` does.
+        closing = self._output.close(_item_status(status)) if status in ("completed", "incomplete") else []
         if self.events is None:
             return
-        text = self.text
-        closing: list[Event] = []
-        if status in ("completed", "incomplete"):
-            item_status = "completed" if status == "completed" else "incomplete"
-            where = {"item_id": self._item_id, "output_index": 0, "content_index": 0}
-            closing = [
-                ("response.output_text.done", {**where, "text": text, "logprobs": []}),
-                ("response.content_part.done", {**where, "part": _part(text)}),
-                ("response.output_item.done", {"output_index": 0, "item": self._message(item_status, text)}),
-            ]
         final = {"completed": "response.completed", "incomplete": "response.incomplete"}.get(
             status, "response.failed"
         )
@@ -228,21 +198,8 @@ class Run:
         self._sequence += 1
         return name, numbered
 
-    def _message(self, status: str, text: str) -> dict[str, Any]:
-        return {
-            "type": "message",
-            "id": self._item_id,
-            "status": status,
-            "role": "assistant",
-            "content": [_part(text)] if text or status != "in_progress" else [],
-        }
-
     def _snapshot(self, status: Status, *, with_output: bool) -> dict[str, Any]:
         request = self.request
-        output: list[dict[str, Any]] = []
-        if with_output and (self._text or status in ("completed", "incomplete")):
-            item_status = {"completed": "completed", "in_progress": "in_progress"}.get(status, "incomplete")
-            output = [self._message(item_status, self.text)]
         return {
             "id": self.id,
             "object": "response",
@@ -258,12 +215,14 @@ class Run:
             "max_output_tokens": request.max_output_tokens,
             "metadata": request.metadata,
             "model": self.model,
-            "output": output,
-            "parallel_tool_calls": False,
+            "output": self._output.items(_item_status(status)) if with_output else [],
+            # OpenAI's defaults, echoed as it does when a request leaves them out.
+            "parallel_tool_calls": request.parallel_tool_calls is not False,
+            "previous_response_id": request.previous_response_id,
             "temperature": request.temperature,
             "top_p": request.top_p,
-            "tool_choice": "none",
-            "tools": [],
+            "tool_choice": request.echoed_tool_choice(),
+            "tools": [tool.echoed() for tool in request.tools],
             "text": {"format": {"type": "text"}},
             "truncation": "disabled",
             "store": request.store,
@@ -272,8 +231,10 @@ class Run:
         }
 
 
-def _part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def _item_status(status: Status) -> ItemStatus:
+    if status in ("queued", "in_progress"):
+        return "in_progress"
+    return "completed" if status == "completed" else "incomplete"
 
 
 def _usage(usage: Usage) -> dict[str, Any]:

@@ -13,7 +13,6 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from typing import Any
 
 from gateway.call.context import CallContext
 from gateway.call.pipeline import RequestPipeline
@@ -21,8 +20,8 @@ from gateway.errors import to_api_error
 from gateway.responses.config import ResponsesConfig
 from gateway.responses.errors import ResponsesBusy
 from gateway.responses.run import Run
+from gateway.responses.translate import ChatRequest
 from gateway.runtime.tasks import cancel_and_wait
-from protocol import ChatCompletionRequest
 
 logger = logging.getLogger(__name__)
 
@@ -33,24 +32,22 @@ class ResponseStore:
         self._pipeline = pipeline
         self._runs: OrderedDict[str, Run] = OrderedDict()  # oldest first
 
-    def start(self, run: Run, ctx: CallContext, request: ChatCompletionRequest, body: dict[str, Any]) -> None:
-        """Keep `run` and drive it in a task of its own (the pipeline's stream, read to its end
-        into the run); ResponsesBusy when there is no room."""
+    def start(self, run: Run, ctx: CallContext, chat: ChatRequest) -> None:
+        """Keep `run` and drive it in a task of its own (the pipeline's stream of `chat`, read to
+        its end into the run); ResponsesBusy when there is no room."""
         self._make_room(background=run.request.background)
         self._runs[run.id] = run
-        run.task = asyncio.create_task(self._drive(ctx, run, request, body), name=f"response {run.id}")
+        run.task = asyncio.create_task(self._drive(ctx, run, chat), name=f"response {run.id}")
         run.task.add_done_callback(lambda _: self._forget_unstored(run))
 
-    async def _drive(
-        self, ctx: CallContext, run: Run, request: ChatCompletionRequest, body: dict[str, Any]
-    ) -> None:
+    async def _drive(self, ctx: CallContext, run: Run, chat: ChatRequest) -> None:
         pipeline = self._pipeline
         try:
             try:
-                stream = await pipeline.stream(ctx, "chat", request, body)
+                stream = await pipeline.stream(ctx, "chat", chat.parsed, chat.body)
             except Exception as exc:
                 # Errors before the first token are the foreground request's HTTP error.
-                error = to_api_error(exc, request_id=ctx.request_id)
+                error = chat.in_request_terms(to_api_error(exc, request_id=ctx.request_id))
                 pipeline.record(ctx, str(error.status_code), stream=False)
                 error.headers = {**ctx.headers, **error.headers}
                 run.failed_to_open({"code": error.code or error.error_type, "message": error.message}, error)

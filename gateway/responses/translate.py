@@ -1,23 +1,29 @@
-"""A Responses API request (text subset) as the pipeline's chat request.
+"""A Responses API request (text and function tools) as the pipeline's chat request.
 
-`input` is a string (one user message) or a list of messages whose content is a string or text
-parts; `instructions` becomes the first system message. Everything else the Responses API has
-(tools, file and image inputs, reasoning, conversation state) is refused with a 400 naming the
-field, rather than silently ignored.
+`input` is a string (one user message) or a list of items (gateway/responses/items.py): messages
+whose content is a string or text parts, function calls and their outputs; `instructions` becomes
+the first system message; `previous_response_id` puts the earlier response's conversation (its
+input and output, not its instructions) before this input. `tools` of type "function" become chat
+function tools; `tool_choice` and `parallel_tool_calls` go with them. Everything else the
+Responses API has (other tool types, file and image inputs, reasoning, conversations) is refused
+with a 400 naming the field, rather than silently ignored.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
+from gateway.responses.items import InputItem, chat_messages, parse_input, unsupported
 from protocol import ChatCompletionRequest, InvalidRequestError
+from protocol.errors import APIError
 from protocol.objects import METADATA_KEYS
 from protocol.openai import decode_json_object, whole_numbers_as_integers
 
-# Fields that are accepted as given; all others are refused (the set the text subset serves).
+# Fields that are accepted as given; all others are refused (the set the door serves).
 _SUPPORTED = frozenset(
     {
         "model",
@@ -36,19 +42,47 @@ _SUPPORTED = frozenset(
         "tools",
         "parallel_tool_calls",
         "truncation",
+        "previous_response_id",
     }
 )
-_ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
-_TEXT_PARTS = {"input_text", "output_text"}
+_FUNCTION_TOOL_FIELDS = frozenset({"type", "name", "description", "parameters", "strict"})
+_CHOICE_MODES = frozenset({"auto", "none", "required"})
 
 
 @dataclass(frozen=True)
-class InputMessage:
-    """One message of `input` as the client sent it (its role as given, its text joined), for the
-    response's input items."""
+class FunctionTool:
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
 
-    role: str
-    text: str
+    def as_chat(self) -> dict[str, Any]:
+        function: dict[str, Any] = {"name": self.name}
+        for key in ("description", "parameters", "strict"):
+            value = getattr(self, key)
+            if value is not None:
+                function[key] = value
+        return {"type": "function", "function": function}
+
+    def echoed(self) -> dict[str, Any]:
+        """As the response object lists it."""
+        return {
+            "type": "function",
+            "name": self.name,
+            "description": self.description,
+            "parameters": self.parameters,
+            "strict": self.strict,
+        }
+
+
+@dataclass(frozen=True)
+class NamedFunction:
+    """`tool_choice` naming the function the model must call."""
+
+    name: str
+
+
+ToolChoice = Literal["auto", "none", "required"] | NamedFunction
 
 
 @dataclass(frozen=True)
@@ -56,7 +90,7 @@ class ResponsesRequest:
     """What the response object echoes back, and how the run is driven."""
 
     model: str
-    input: tuple[InputMessage, ...] = ()
+    input: tuple[InputItem, ...] = ()
     instructions: str | None = None
     max_output_tokens: int | None = None
     temperature: float | None = None
@@ -66,26 +100,46 @@ class ResponsesRequest:
     store: bool = True
     user: str | None = None
     metadata: dict[str, str] = field(default_factory=dict)
+    tools: tuple[FunctionTool, ...] = ()
+    tool_choice: ToolChoice = "auto"
+    parallel_tool_calls: bool | None = None
+    previous_response_id: str | None = None
+
+    def echoed_tool_choice(self) -> str | dict[str, str]:
+        choice = self.tool_choice
+        return {"type": "function", "name": choice.name} if isinstance(choice, NamedFunction) else choice
 
 
-def _unsupported(param: str, what: str) -> InvalidRequestError:
-    return InvalidRequestError(
-        f"{what} is not supported: Meridian's Responses API serves text in and text out "
-        "(input text or messages, instructions, max_output_tokens, temperature, top_p, stream, "
-        "background, metadata, user).",
-        param=param,
-        code="unsupported_parameter",
-    )
+@dataclass(frozen=True)
+class ChatRequest:
+    """The chat request a Responses request is served as: its body (always streamed from the
+    node, with usage), that body's struct, and the request field each chat message came from."""
+
+    body: dict[str, Any]
+    parsed: ChatCompletionRequest
+    sources: tuple[str, ...]
+
+    def in_request_terms(self, error: APIError) -> APIError:
+        """`error` (the pipeline's, about the chat request) naming the Responses request's field:
+        a message's (`messages[3].role`, which a conversation of tool calls asks for) becomes the
+        item it came from (`input[2]`); `max_tokens` is `max_output_tokens`."""
+        param = error.param
+        if param is None:
+            return error
+        found = re.fullmatch(r"messages\[(\d+)\].*", param)
+        if found is not None and int(found.group(1)) < len(self.sources):
+            renamed = self.sources[int(found.group(1))]
+        else:
+            renamed = {"max_tokens": "max_output_tokens", "messages": "input"}.get(param, param)
+        error.message = error.message.replace(f"`{param}`", f"`{renamed}`")
+        error.param = renamed
+        return error
 
 
 def _check_unsupported(body: dict[str, Any]) -> None:
     for key, value in body.items():
         if key not in _SUPPORTED and value is not None:
-            raise _unsupported(key, f"'{key}'")
-    if body.get("tools"):
-        raise _unsupported("tools", "'tools'")
-    if body.get("tool_choice") not in (None, "none", "auto"):
-        raise _unsupported("tool_choice", "'tool_choice'")
+            raise unsupported(key, f"'{key}'")
     text = body.get("text")
     if text is not None:
         fmt = text.get("format") if isinstance(text, dict) else None
@@ -94,46 +148,62 @@ def _check_unsupported(body: dict[str, Any]) -> None:
             or set(text) - {"format"}
             or (fmt is not None and fmt != {"type": "text"})
         ):
-            raise _unsupported("text", "A 'text' setting other than format {'type': 'text'}")
+            raise unsupported("text", "A 'text' setting other than format {'type': 'text'}")
     if body.get("truncation") not in (None, "disabled"):
-        raise _unsupported("truncation", "'truncation' other than 'disabled'")
+        raise unsupported("truncation", "'truncation' other than 'disabled'")
 
 
-def _content_text(content: Any, param: str) -> str:
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise InvalidRequestError("must be a string or a list of input_text parts.", param=param)
-    texts = []
-    for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if not isinstance(kind, str) or kind not in _TEXT_PARTS:  # a JSON object is no set member
-            raise _unsupported(f"{param}[{j}]", f"A content part of type {kind!r}")
-        if not isinstance(part.get("text"), str):
-            raise InvalidRequestError("must be a string.", param=f"{param}[{j}].text")
-        texts.append(part["text"])
-    return "".join(texts)
+def _tool(tool: Any, param: str) -> FunctionTool:
+    if not isinstance(tool, dict):
+        raise InvalidRequestError("must be a tool object.", param=param)
+    kind = tool.get("type")
+    if kind != "function":
+        raise unsupported(f"{param}.type", f"A tool of type {kind!r}")
+    for key in tool:
+        if key not in _FUNCTION_TOOL_FIELDS:
+            raise unsupported(f"{param}.{key}", f"'{key}' in a function tool")
+    name, description = tool.get("name"), tool.get("description")
+    parameters, strict = tool.get("parameters"), tool.get("strict")
+    if not isinstance(name, str) or not name:
+        raise InvalidRequestError("'name' must be a non-empty string.", param=f"{param}.name")
+    if description is not None and not isinstance(description, str):
+        raise InvalidRequestError("'description' must be a string.", param=f"{param}.description")
+    if parameters is not None and not isinstance(parameters, dict):
+        raise InvalidRequestError("'parameters' must be a JSON schema object.", param=f"{param}.parameters")
+    if strict is not None and not isinstance(strict, bool):
+        raise InvalidRequestError("'strict' must be a boolean.", param=f"{param}.strict")
+    return FunctionTool(name, description, parameters, strict)
 
 
-def _input(value: Any) -> tuple[InputMessage, ...]:
-    if isinstance(value, str):
-        return (InputMessage("user", value),)
-    if not isinstance(value, list) or not value:
-        raise InvalidRequestError("'input' must be a string or a non-empty list of messages.", param="input")
-    messages = []
-    for i, item in enumerate(value):
-        param = f"input[{i}]"
-        if not isinstance(item, dict):
-            raise InvalidRequestError("must be a message object.", param=param)
-        if item.get("type", "message") != "message":
-            raise _unsupported(param, f"An input item of type {item.get('type')!r}")
-        role = item.get("role")
-        if not isinstance(role, str) or role not in _ROLES:
-            raise InvalidRequestError(
-                "'role' must be one of user, assistant, system, developer.", param=f"{param}.role"
-            )
-        messages.append(InputMessage(role, _content_text(item.get("content"), f"{param}.content")))
-    return tuple(messages)
+def _tools(value: Any) -> tuple[FunctionTool, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise InvalidRequestError("'tools' must be a list of tools.", param="tools")
+    return tuple(_tool(tool, f"tools[{i}]") for i, tool in enumerate(value))
+
+
+def _tool_choice(value: Any, tools: tuple[FunctionTool, ...]) -> ToolChoice:
+    """Whether a named function is one of `tools` is the upstream's to say, as on the chat door."""
+    choice: ToolChoice
+    if value is None:
+        return "auto"
+    if isinstance(value, str) and value in _CHOICE_MODES:
+        choice = value  # type: ignore[assignment]  # one of the Literal's values, checked above
+    elif isinstance(value, dict) and value.get("type") == "function":
+        name = value.get("name")
+        if not isinstance(name, str) or not name:
+            raise InvalidRequestError("'name' must be a non-empty string.", param="tool_choice.name")
+        choice = NamedFunction(name)
+    elif isinstance(value, dict | str):
+        raise unsupported("tool_choice", f"A 'tool_choice' of {value!r}")
+    else:
+        raise InvalidRequestError(
+            "'tool_choice' must be auto, none, required or a function.", param="tool_choice"
+        )
+    if not tools and choice not in ("auto", "none"):
+        raise InvalidRequestError("This 'tool_choice' needs 'tools' to choose from.", param="tool_choice")
+    return choice
 
 
 def _number(body: dict[str, Any], name: str, low: float, high: float) -> float | None:
@@ -145,12 +215,22 @@ def _number(body: dict[str, Any], name: str, low: float, high: float) -> float |
     return float(value)
 
 
-def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
+def _optional_flag(body: dict[str, Any], name: str) -> bool | None:
     value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
+    if value is not None and not isinstance(value, bool):
         raise InvalidRequestError(f"'{name}' must be a boolean.", param=name)
+    return value
+
+
+def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
+    value = _optional_flag(body, name)
+    return default if value is None else value
+
+
+def _optional_string(body: dict[str, Any], name: str) -> str | None:
+    value = body.get(name)
+    if value is not None and not isinstance(value, str):
+        raise InvalidRequestError(f"'{name}' must be a string.", param=name)
     return value
 
 
@@ -169,9 +249,8 @@ def _metadata(value: Any) -> dict[str, str]:
     return value
 
 
-def parse_request(raw: bytes) -> tuple[ResponsesRequest, dict[str, Any], ChatCompletionRequest]:
-    """The request, its chat body (always streamed from the node, with usage) and that body's
-    struct. Every refusal is an InvalidRequestError naming the field."""
+def parse_request(raw: bytes) -> ResponsesRequest:
+    """Every refusal is an InvalidRequestError naming the field."""
     body = decode_json_object(raw)
     _check_unsupported(body)
     model = body.get("model")
@@ -179,13 +258,7 @@ def parse_request(raw: bytes) -> tuple[ResponsesRequest, dict[str, Any], ChatCom
         raise InvalidRequestError("'model' is required.", param="model")
     if "input" not in body:
         raise InvalidRequestError("'input' is required.", param="input")
-    given = _input(body["input"])
-    messages = [{"role": _ROLES[m.role], "content": m.text} for m in given]
-    instructions = body.get("instructions")
-    if instructions is not None:
-        if not isinstance(instructions, str):
-            raise InvalidRequestError("'instructions' must be a string.", param="instructions")
-        messages.insert(0, {"role": "system", "content": instructions})
+    given = parse_input(body["input"])
     whole_numbers_as_integers(body, ("max_output_tokens",))
     max_output = body.get("max_output_tokens")
     if max_output is not None and (
@@ -194,41 +267,66 @@ def parse_request(raw: bytes) -> tuple[ResponsesRequest, dict[str, Any], ChatCom
         raise InvalidRequestError(
             "'max_output_tokens' must be a positive integer.", param="max_output_tokens"
         )
-    user = body.get("user")
-    if user is not None and not isinstance(user, str):
-        raise InvalidRequestError("'user' must be a string.", param="user")
+    tools = _tools(body.get("tools"))
     request = ResponsesRequest(
         model=model,
         input=given,
-        instructions=instructions,
+        instructions=_optional_string(body, "instructions"),
         max_output_tokens=max_output,
         temperature=_number(body, "temperature", 0, 2),
         top_p=_number(body, "top_p", 0, 1),
         stream=_flag(body, "stream", False),
         background=_flag(body, "background", False),
         store=_flag(body, "store", True),
-        user=user,
+        user=_optional_string(body, "user"),
         metadata=_metadata(body.get("metadata")),
+        tools=tools,
+        tool_choice=_tool_choice(body.get("tool_choice"), tools),
+        parallel_tool_calls=_optional_flag(body, "parallel_tool_calls"),
+        previous_response_id=_optional_string(body, "previous_response_id"),
     )
     if request.background and request.stream:
-        raise _unsupported("stream", "Streaming a background response")
+        raise unsupported("stream", "Streaming a background response")
     if request.background and not request.store:
         raise InvalidRequestError(
             "A background response must be stored: 'store' cannot be false.", param="store"
         )
+    return request
+
+
+def chat_request(request: ResponsesRequest, earlier: tuple[InputItem, ...] = ()) -> ChatRequest:
+    """`request` as a chat request, after `earlier` (the conversation of its previous response)."""
+    messages, sources = chat_messages(
+        earlier + request.input,
+        ("previous_response_id",) * len(earlier) + tuple(f"input[{i}]" for i in range(len(request.input))),
+    )
+    if request.instructions is not None:
+        messages.insert(0, {"role": "system", "content": request.instructions})
+        sources.insert(0, "instructions")
     # The run always reads a stream (so a cancel can abort it mid-generation) with its usage.
     chat: dict[str, Any] = {
-        "model": model,
+        "model": request.model,
         "messages": messages,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if request.tools:
+        # Chat APIs take tool_choice and parallel_tool_calls only beside tools.
+        chat["tools"] = [tool.as_chat() for tool in request.tools]
+        choice = request.tool_choice
+        chat["tool_choice"] = (
+            {"type": "function", "function": {"name": choice.name}}
+            if isinstance(choice, NamedFunction)
+            else choice
+        )
+        if request.parallel_tool_calls is not None:
+            chat["parallel_tool_calls"] = request.parallel_tool_calls
     for name, value in (
-        ("max_tokens", max_output),
+        ("max_tokens", request.max_output_tokens),
         ("temperature", request.temperature),
         ("top_p", request.top_p),
-        ("user", user),
+        ("user", request.user),
     ):
         if value is not None:
             chat[name] = value
-    return request, chat, msgspec.convert(chat, ChatCompletionRequest)
+    return ChatRequest(chat, msgspec.convert(chat, ChatCompletionRequest), tuple(sources))

@@ -444,6 +444,17 @@ def _validator(document: dict[str, Any], schema: dict[str, Any]) -> Draft202012V
 
 _BATCH = {"input_file_id": "file-none", "endpoint": "/v1/chat/completions", "completion_window": "24h"}
 _RESPONSE = {"model": "meridian-small", "input": "Hi", "max_output_tokens": 4}
+_FUNCTION = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
+# An agent loop's second turn: the question, the model's call, the client's result of it.
+_CONVERSATION = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+    {
+        "type": "function_call_output",
+        "call_id": "call_1",
+        "output": [{"type": "input_text", "text": "Sunny"}],
+    },
+]
 
 
 @pytest.mark.parametrize(
@@ -474,6 +485,29 @@ _RESPONSE = {"model": "meridian-small", "input": "Hi", "max_output_tokens": 4}
         ("/v1/responses", {**_RESPONSE, "reasoning": {"effort": "high"}}, "reasoning"),
         ("/v1/responses", {**_RESPONSE, "background": True, "stream": True}, "stream"),
         ("/v1/responses", {**_RESPONSE, "background": True, "store": False}, "store"),
+        ("/v1/responses", {**_RESPONSE, "tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ("/v1/responses", {**_RESPONSE, "tools": [{**_FUNCTION, "defer_loading": True}]}, "defer_loading"),
+        ("/v1/responses", {**_RESPONSE, "tool_choice": "required"}, "tool_choice"),
+        (
+            "/v1/responses",
+            {**_RESPONSE, "tools": [_FUNCTION], "tool_choice": {"type": "file_search"}},
+            "tool_choice",
+        ),
+        (
+            "/v1/responses",
+            {
+                **_RESPONSE,
+                "input": [
+                    {"type": "function_call_output", "call_id": "c", "output": [{"type": "input_image"}]}
+                ],
+            },
+            "input[0].output[0]",
+        ),
+        (
+            "/v1/responses",
+            {**_RESPONSE, "input": [{"type": "function_call", "call_id": "c", "name": "f"}]},
+            "arguments",
+        ),
         (
             "/v1/messages",
             {**MINIMAL["/v1/messages"], "messages": [{"role": "user", "content": [{"type": "image"}]}]},
@@ -531,6 +565,21 @@ def test_what_a_door_refuses_its_schema_refuses_too(
         ("/v1/responses", _RESPONSE, 200),
         ("/v1/responses", {**_RESPONSE, "input": [{"role": "developer", "content": "Be brief."}]}, 200),
         ("/v1/responses", {**_RESPONSE, "stream": False, "background": True, "store": True}, 200),
+        # Function tools and a conversation of calls, served by the provider (the node calls none).
+        (
+            "/v1/responses",
+            {
+                **_RESPONSE,
+                "tools": [_FUNCTION, {"type": "function", "name": "now", "strict": None}],
+                "tool_choice": {"type": "function", "name": "get_weather"},
+                "parallel_tool_calls": False,
+            },
+            200,
+        ),
+        ("/v1/responses", {**_RESPONSE, "input": _CONVERSATION, "tools": [_FUNCTION]}, 200),
+        ("/v1/responses", {**_RESPONSE, "tools": [_FUNCTION], "tool_choice": "none"}, 200),
+        # A previous response this tenant does not have: not found, as a path id would be.
+        ("/v1/responses", {**_RESPONSE, "previous_response_id": "resp_none"}, 404),
         ("/v1/batches", {**_BATCH, "callback_url": "https://example.com/done"}, 404),
         ("/v1/batches", {**_BATCH, "metadata": {f"k{i}": "v" * 512 for i in range(16)}}, 404),
     ],
@@ -544,6 +593,46 @@ def test_what_a_schema_allows_its_door_does_not_refuse_as_invalid(
         gw.url + path, json=body, headers={"authorization": f"Bearer {GLOBAL_KEY}"}, timeout=60
     )
     assert response.status_code == status, response.text
+
+
+def test_a_function_call_and_its_conversation_answer_as_documented(
+    gw: RunningGateway, document: dict[str, Any]
+) -> None:
+    """The answer with a function_call output item, its follow-up, and the input items of both
+    (messages, calls, outputs) validate against the document's answer schemas."""
+    headers = {"authorization": f"Bearer {GLOBAL_KEY}"}
+    created = httpx.post(
+        gw.url + "/v1/responses", json={**_RESPONSE, "tools": [_FUNCTION]}, headers=headers, timeout=60
+    )
+    assert created.status_code == 200, created.text
+    answer = created.json()
+    assert [item["type"] for item in answer["output"]] == ["function_call"]
+    call = answer["output"][0]
+    result = {"type": "function_call_output", "call_id": call["call_id"], "output": "Sunny"}
+    follow_up = httpx.post(
+        gw.url + "/v1/responses",
+        json={**_RESPONSE, "input": [result], "tools": [_FUNCTION], "previous_response_id": answer["id"]},
+        headers=headers,
+        timeout=60,
+    )
+    assert follow_up.status_code == 200, follow_up.text
+    listed = httpx.post(
+        gw.url + "/v1/responses",
+        json={**_RESPONSE, "input": _CONVERSATION, "tools": [_FUNCTION]},
+        headers=headers,
+        timeout=60,
+    ).json()
+    listed_schema = answer_schema(document, "/v1/responses/{response_id}/input_items", "get", "200")
+    for made in (answer, follow_up.json(), listed):
+        assert _validator(document, answer_schema(document, "/v1/responses", "post", "200")).is_valid(made)
+        url = f"{gw.url}/v1/responses/{made['id']}/input_items?order=asc"
+        items = httpx.get(url, headers=headers, timeout=30)
+        assert items.status_code == 200 and _validator(document, listed_schema).is_valid(items.json()), (
+            items.text
+        )
+        if made is listed:
+            kinds = [item["type"] for item in items.json()["data"]]
+            assert kinds == ["message", "function_call", "function_call_output"]
 
 
 def test_usage_and_costs_answer_with_no_parameters_as_the_document_allows(

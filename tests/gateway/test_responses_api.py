@@ -1,4 +1,5 @@
-"""The Responses API (text subset) end to end: real node processes, the official `openai` SDK."""
+"""The Responses API end to end: real node processes, the official `openai` SDK (function tools,
+which only providers serve, in tests/providers/test_responses_tools_e2e.py)."""
 
 from __future__ import annotations
 
@@ -310,9 +311,10 @@ def test_walking_the_input_item_pages_returns_each_message_once_in_order(
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
+        # Function tools are served by upstreams that call tools: this gateway has only a node.
         ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
+        ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
         ({"reasoning": {"effort": "low"}}, "reasoning"),
-        ({"previous_response_id": "resp_x"}, "previous_response_id"),
         (
             {
                 "input": [
@@ -326,6 +328,7 @@ def test_walking_the_input_item_pages_returns_each_message_once_in_order(
             "input[0].content[0]",
         ),
         ({"input": [{"type": "function_call_output", "call_id": "c", "output": "{}"}]}, "input[0]"),
+        ({"input": [{"type": "reasoning", "summary": []}]}, "input[0]"),
         ({"text": {"format": {"type": "json_object"}}}, "text"),
         ({"max_output_tokens": 0}, "max_output_tokens"),
     ],
@@ -338,6 +341,65 @@ def test_unsupported_features_are_a_400_naming_the_param(
         sdk(gw).responses.create(**body)
     assert raised.value.status_code == 400
     assert raised.value.param == param, raised.value.body  # type: ignore[attr-defined]
+
+
+def test_a_previous_response_that_is_not_this_tenants_is_not_found(gw: RunningGateway) -> None:
+    """As OpenAI's `previous_response_not_found`: unknown, deleted, unstored or another tenant's."""
+    client = sdk(gw)
+    unstored = client.responses.create(model="meridian-small", input="Hi", max_output_tokens=1, store=False)
+    deleted = client.responses.create(model="meridian-small", input="Hi", max_output_tokens=1)
+    client.responses.delete(deleted.id)
+    mine = client.responses.create(model="meridian-small", input="Hi", max_output_tokens=1)
+    for previous, key in (
+        ("resp_x", GLOBAL_KEY),
+        (unstored.id, GLOBAL_KEY),
+        (deleted.id, GLOBAL_KEY),
+        (mine.id, EU_KEY),
+    ):
+        with pytest.raises(openai.NotFoundError) as missing:
+            sdk(gw, key).responses.create(
+                model="meridian-small", input="Go on", previous_response_id=previous
+            )
+        assert missing.value.code == "previous_response_not_found"
+        assert missing.value.param == "previous_response_id"  # type: ignore[attr-defined]
+
+
+def test_a_follow_up_continues_the_previous_conversation_not_its_instructions(gw: RunningGateway) -> None:
+    """The node reads the earlier input and output before the new input: the same prompt tokens as
+    the whole conversation sent at once, without the earlier instructions."""
+    client = sdk(gw)
+    first = client.responses.create(
+        model="meridian-small",
+        instructions="Be brief.",
+        input="Name a colour",
+        max_output_tokens=4,
+        temperature=0,
+    )
+    follow_up = client.responses.create(
+        model="meridian-small", input="And another", previous_response_id=first.id, max_output_tokens=1
+    )
+    whole = client.responses.create(
+        model="meridian-small",
+        input=[
+            {"role": "user", "content": "Name a colour"},
+            {"role": "assistant", "content": first.output_text},
+            {"role": "user", "content": "And another"},
+        ],
+        max_output_tokens=1,
+    )
+    assert follow_up.previous_response_id == first.id and follow_up.instructions is None
+    assert follow_up.usage is not None and whole.usage is not None
+    assert follow_up.usage.input_tokens == whole.usage.input_tokens
+    [only] = client.responses.input_items.list(follow_up.id)
+    assert (only.role, only.content[0].text) == ("user", "And another")  # type: ignore[union-attr]
+    # A running response cannot be continued yet.
+    running = client.responses.create(
+        model="meridian-small", input="Go on and on", max_output_tokens=LONG, background=True
+    )
+    with pytest.raises(openai.ConflictError) as refused:
+        client.responses.create(model="meridian-small", input="More", previous_response_id=running.id)
+    assert refused.value.code == "previous_response_in_progress"
+    client.responses.cancel(running.id)
 
 
 @pytest.mark.parametrize("background", [True, False])

@@ -1,6 +1,7 @@
 """The Responses door's parser (gateway/responses/translate.py) refuses every body it cannot
 serve with an InvalidRequestError naming the field, whatever JSON each field holds, at any depth
-of `input`: never another exception (a 500). schemathesis found a content part whose `type` was an
+of `input` (messages, function calls and their outputs) and `tools`: never another exception (a
+500); what it accepts translates to a chat request. schemathesis found a content part whose `type` was an
 object: the set lookup raised TypeError."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.responses.translate import parse_request
+from gateway.responses.translate import chat_request, parse_request
 from protocol import ChatCompletionRequest, InvalidRequestError
 
 json_values = st.recursive(
@@ -30,15 +31,43 @@ parts = st.fixed_dictionaries(
     {"type": _or_any(st.sampled_from(["input_text", "output_text", "input_image"]))},
     optional={"text": _or_any(st.text())},
 )
-items = st.fixed_dictionaries(
+messages = st.fixed_dictionaries(
     {
         "role": _or_any(st.sampled_from(["user", "assistant", "system", "developer", "tool"])),
         "content": _or_any(st.text() | st.lists(_or_any(parts), max_size=3)),
     },
     optional={"type": _or_any(st.just("message"))},
 )
+calls = st.fixed_dictionaries(
+    {"type": st.just("function_call")},
+    optional={
+        "call_id": _or_any(st.text(max_size=4)),
+        "name": _or_any(st.text(max_size=4)),
+        "arguments": _or_any(st.text(max_size=8)),
+        "id": _or_any(st.text(max_size=4)),
+        "status": _or_any(st.sampled_from(["completed", "in_progress", "failed"])),
+    },
+)
+outputs = st.fixed_dictionaries(
+    {"type": st.just("function_call_output")},
+    optional={
+        "call_id": _or_any(st.text(max_size=4)),
+        "output": _or_any(st.text(max_size=8) | st.lists(_or_any(parts), max_size=2)),
+        "id": _or_any(st.text(max_size=4)),
+    },
+)
+items = messages | calls | outputs
+tools = st.fixed_dictionaries(
+    {"type": _or_any(st.sampled_from(["function", "web_search", "custom"]))},
+    optional={
+        "name": _or_any(st.text(max_size=4)),
+        "description": _or_any(st.text(max_size=4)),
+        "parameters": _or_any(st.just({"type": "object"})),
+        "strict": _or_any(st.booleans()),
+    },
+)
 # Mostly fields a client would send, so that most bodies reach `input`'s depths; any JSON in any
-# field too, and fields the text subset refuses.
+# field too, and fields the door refuses.
 bodies = st.fixed_dictionaries(
     {
         "model": st.text(min_size=1) | json_values,
@@ -55,8 +84,12 @@ bodies = st.fixed_dictionaries(
         "metadata": st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=3) | json_values,
         "user": st.text() | json_values,
         "text": st.fixed_dictionaries({}, optional={"format": json_values}) | json_values,
-        "tool_choice": st.sampled_from(["none", "auto"]) | json_values,
-        "tools": st.just([]) | json_values,
+        "tool_choice": st.sampled_from(["none", "auto", "required"])
+        | st.fixed_dictionaries({"type": st.just("function"), "name": _or_any(st.text(max_size=4))})
+        | json_values,
+        "tools": st.lists(tools, max_size=2) | json_values,
+        "parallel_tool_calls": st.booleans() | json_values,
+        "previous_response_id": st.text(max_size=4) | json_values,
         "truncation": st.just("disabled") | json_values,
         "reasoning": json_values,
     },
@@ -67,11 +100,13 @@ bodies = st.fixed_dictionaries(
 @given(bodies)
 def test_every_body_is_served_or_refused_naming_a_field(body: dict[str, Any]) -> None:
     try:
-        request, chat, parsed = parse_request(msgspec.json.encode(body))
+        request = parse_request(msgspec.json.encode(body))
     except InvalidRequestError as exc:
         assert exc.status_code == 400 and exc.message
         return
-    assert isinstance(parsed, ChatCompletionRequest) and chat["messages"]
+    chat = chat_request(request)
+    assert isinstance(chat.parsed, ChatCompletionRequest) and chat.body["messages"]
+    assert len(chat.sources) == len(chat.body["messages"])
     assert request.model == body["model"]
 
 

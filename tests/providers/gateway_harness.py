@@ -6,13 +6,15 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
 from gateway.policy import key_digest
 from router.types import Residency, TenantPolicy
 from tests.gateway.conftest import NodeProcess, RunningGateway, gateway_config, run_gateway
+from tests.providers.conftest import provider_entry
+from tests.support.fake_providers import FakeProvider, running
 from tests.support.processes import free_port
 
 
@@ -77,3 +79,20 @@ def running_gateway(
     )
     with run_gateway(config, tenants=TENANTS, env=env) as gateway:
         yield gateway
+
+
+# The provider each kind's gateway of `one_provider_gateway` lists.
+PROVIDER_IDS = {"openai": "a-openai", "anthropic": "a-anthropic"}
+
+
+@contextmanager
+def one_provider_gateway(
+    kind: Literal["openai", "anthropic"], node: NodeProcess, folder: Path
+) -> Iterator[tuple[RunningGateway, FakeProvider]]:
+    """A gateway over a real node and one fake provider of `kind` (tool calls go to the provider)."""
+    with running(FakeProvider(kind, api_key=f"sk-{kind}-test")) as fake:
+        entry = provider_entry(fake, PROVIDER_IDS[kind], jurisdiction="us")
+        with running_gateway(
+            folder, providers=[entry], nodes=[listed(node)], env={entry["api_key_env"]: fake.api_key}
+        ) as gateway:
+            yield gateway, fake

@@ -14,9 +14,13 @@ import anthropic
 import pytest
 
 from tests.gateway.conftest import NodeProcess, RunningGateway
-from tests.providers.conftest import provider_entry
-from tests.providers.gateway_harness import PRIVATE_KEY, US_KEY, listed, running_gateway
-from tests.support.fake_providers import TOOL_CALL_ARGUMENTS, FakeProvider, running
+from tests.providers.gateway_harness import (
+    PRIVATE_KEY,
+    PROVIDER_IDS,
+    US_KEY,
+    one_provider_gateway,
+)
+from tests.support.fake_providers import TOOL_CALL_ARGUMENTS, FakeProvider
 
 pytestmark = pytest.mark.slow
 
@@ -29,24 +33,14 @@ TOOLS = [
     {"name": "get_time", "input_schema": {"type": "object", "properties": {}}},
 ]
 ASKED = [{"role": "user", "content": "Weather in Paris?"}]
-PROVIDER_IDS = {"openai": "a-openai", "anthropic": "a-anthropic"}
 
 
 @pytest.fixture(scope="module", params=["openai", "anthropic"])
 def served(
     request: pytest.FixtureRequest, node: NodeProcess, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[RunningGateway, FakeProvider]]:
-    """A gateway over the node and one provider of each kind in turn (tools go to the provider)."""
-    kind = request.param
-    with running(FakeProvider(kind, api_key=f"sk-{kind}-test")) as fake:
-        entry = provider_entry(fake, PROVIDER_IDS[kind], jurisdiction="us")
-        with running_gateway(
-            tmp_path_factory.mktemp(f"tools-{kind}"),
-            providers=[entry],
-            nodes=[listed(node)],
-            env={entry["api_key_env"]: fake.api_key},
-        ) as gateway:
-            yield gateway, fake
+    with one_provider_gateway(request.param, node, tmp_path_factory.mktemp(f"tools-{request.param}")) as pair:
+        yield pair
 
 
 def sdk(gateway: RunningGateway, key: str = US_KEY) -> anthropic.Anthropic:

@@ -6,7 +6,6 @@ tool call pieces arrive (output safety may release a call's tail after the next 
 
 from __future__ import annotations
 
-import itertools
 import json
 from typing import Any
 
@@ -28,7 +27,14 @@ from gateway.upstreams.providers.anthropic_errors import anthropic_error
 from protocol import ChatCompletionRequest
 from protocol.anthropic import MessagesRequest
 from protocol.chunk import chunk_from
-from tests.providers.tool_strategies import json_objects, names, texts
+from tests.providers.tool_strategies import (
+    delta_chunk,
+    held_back,
+    json_objects,
+    names,
+    streamed_answers,
+    texts,
+)
 
 WEATHER = {"name": "get_weather", "description": "The weather.", "input_schema": {"type": "object"}}
 
@@ -388,86 +394,6 @@ def test_arguments_that_are_not_a_json_object_are_the_upstreams_fault(arguments:
 
 
 # -- the stream --------------------------------------------------------------------------------------
-
-
-def split_at(text: str, cuts: list[int]) -> list[str]:
-    points = [0, *sorted(cut % (len(text) + 1) for cut in cuts), len(text)]
-    return [text[a:b] for a, b in itertools.pairwise(points)]
-
-
-def delta_chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-    return {"id": "chatcmpl-1", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-
-
-@st.composite
-def streamed_answers(draw: st.DrawFn) -> tuple[list[dict[str, Any]], str, list[dict[str, Any]]]:
-    """An OpenAI stream's chunks: text, then tool calls (each announced with its id and name, its
-    arguments split at random, sometimes starting in the announcing delta), finish and usage; the
-    text and the calls it carries."""
-    text = draw(st.text(max_size=20))
-    calls = [
-        {"id": f"call_{k}", "name": draw(names), "input": draw(json_objects)}
-        for k in range(draw(st.integers(0, 3)))
-    ]
-    chunks = [delta_chunk({"role": "assistant", "content": ""})]
-    chunks += [
-        delta_chunk({"content": piece})
-        for piece in split_at(text, draw(st.lists(st.integers(0, 99), max_size=4)))
-    ]
-    for k, call in enumerate(calls):
-        arguments = json.dumps(call["input"], ensure_ascii=draw(st.booleans()))
-        pieces = split_at(arguments, draw(st.lists(st.integers(0, 999), max_size=5)))
-        first = pieces.pop(0) if draw(st.booleans()) else ""
-        function = {"name": call["name"], "arguments": first}
-        chunks.append(
-            delta_chunk(
-                {"tool_calls": [{"index": k, "id": call["id"], "type": "function", "function": function}]}
-            )
-        )
-        chunks += [delta_chunk({"tool_calls": [{"index": k, "function": {"arguments": p}}]}) for p in pieces]
-    chunks.append(delta_chunk({}, "tool_calls" if calls else "stop"))
-    chunks.append({"id": "chatcmpl-1", "choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 7}})
-    return chunks, text, calls
-
-
-def held_back(chunks: list[dict[str, Any]], hold: int) -> list[dict[str, Any]]:
-    """The chunks as output safety releases them: each channel's last `hold` characters held until
-    the finish, where what is held comes out (a call's announcement, id and name, passes at once)."""
-    pending: dict[str, str] = {}
-    out = []
-    for chunk in chunks:
-        choices = chunk["choices"]
-        if not choices:
-            out.append(chunk)
-            continue
-        delta, finish = choices[0]["delta"], choices[0]["finish_reason"]
-        released: dict[str, Any] = {k: v for k, v in delta.items() if k == "role"}
-        if "content" in delta:
-            pending["content"] = pending.get("content", "") + delta["content"]
-        for call in delta.get("tool_calls", []):
-            channel = f"tool:{call['index']}"
-            pending[channel] = pending.get(channel, "") + call["function"].get("arguments", "")
-            if "id" in call:
-                released.setdefault("tool_calls", []).append(
-                    {**call, "function": {"name": call["function"]["name"], "arguments": ""}}
-                )
-        for channel, text in pending.items():
-            cut = len(text) if finish is not None else max(0, len(text) - hold)
-            if not cut:
-                continue
-            pending[channel] = text[cut:]
-            if channel == "content":
-                released["content"] = text[:cut]
-            else:
-                index = int(channel.removeprefix("tool:"))
-                calls = released.setdefault("tool_calls", [])
-                call = next((c for c in calls if c["index"] == index), None)
-                if call is None:
-                    calls.append({"index": index, "function": {"arguments": text[:cut]}})
-                else:
-                    call["function"]["arguments"] = text[:cut]
-        out.append(delta_chunk(released, finish))
-    return out
 
 
 def translate_stream(chunks: list[dict[str, Any]]) -> list[Event]:

@@ -145,8 +145,11 @@ def test_the_sdks_count_and_errors_come_in_each_doors_format(gateway: RunningGat
     )
     assert count.object == "response.input_tokens" and count.input_tokens == counted.input_tokens
     with pytest.raises(openai.BadRequestError) as unsupported:
+        gpt.responses.input_tokens.count(model="tiny", input="x", reasoning={"effort": "low"})
+    assert unsupported.value.body["param"] == "reasoning"  # type: ignore[index]
+    with pytest.raises(openai.NotFoundError) as unknown:
         gpt.responses.input_tokens.count(model="tiny", input="x", previous_response_id="resp_1")
-    assert unsupported.value.body["param"] == "previous_response_id"  # type: ignore[index]
+    assert unknown.value.body["param"] == "previous_response_id"  # type: ignore[index]
 
 
 def test_a_count_is_a_request_against_the_quota_charges_no_tokens_and_ignores_the_context_cap(

@@ -3,8 +3,8 @@
 1. **Nothing the client receives carries text the tenant's output policy removed, in any field**:
    content, completion text, logprobs (`token`, `bytes`, `top_logprobs`), the stop string an
    upstream says ended the text (`stop_reason`, `stop_sequence`), a tool call's arguments (in
-   any split into streamed pieces, on the chat and Messages doors), Responses events, Anthropic
-   events; streamed or whole; for a secret the policy redacts and a word it blocks.
+   any split into streamed pieces, on the chat, Messages and Responses doors), Responses events,
+   Anthropic events; streamed or whole; for a secret the policy redacts and a word it blocks.
 2. **A stream ends with its upstream's finish or an explicit error, never silently short**, and
    the text that passed the checks is never dropped: however the upstream ended (finish, [DONE]
    without a finish, a dropped connection, an error event, a body that just stops; Anthropic's
@@ -104,7 +104,9 @@ def cases(draw: st.DrawFn, *, tool_calls: bool = False) -> dict[str, Any]:
     removed text planted in its arguments when there is any."""
     door = draw(
         st.sampled_from(
-            ["chat", "messages"] if tool_calls else ["chat", "completions", "responses", "messages"]
+            ["chat", "messages", "responses"]
+            if tool_calls
+            else ["chat", "completions", "responses", "messages"]
         )
     )
     upstream = "openai" if door == "completions" else draw(st.sampled_from(["openai", "anthropic"]))
@@ -113,7 +115,7 @@ def cases(draw: st.DrawFn, *, tool_calls: bool = False) -> dict[str, Any]:
     words = draw(st.lists(st.sampled_from(WORDS), min_size=1, max_size=30))
     text = "".join(words)
     # The answer may end in a tool call whose arguments carry the removed text instead.
-    tool = tool_calls or (door in ("chat", "messages") and draw(st.booleans()))
+    tool = tool_calls or (door in ("chat", "messages", "responses") and draw(st.booleans()))
     query = "".join(draw(st.lists(st.sampled_from(WORDS), min_size=1, max_size=12))) if tool else ""
     if tenant != "plain":
         planted = f" {SECRET}" if tenant == "redactor" else f" {WORD}"
@@ -176,6 +178,8 @@ def _request(case: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, str]]
         schema = {"type": "object", "properties": {"query": {"type": "string"}}}
         if case["door"] == "messages":
             body["tools"] = [{"name": TOOL_NAME, "input_schema": schema}]
+        elif case["door"] == "responses":
+            body["tools"] = [{"type": "function", "name": TOOL_NAME, "parameters": schema}]
         else:
             body["tools"] = [{"type": "function", "function": {"name": TOOL_NAME, "parameters": schema}}]
     return path, body, headers
@@ -272,6 +276,9 @@ def _arguments(door: str, events: list[dict[str, Any]]) -> str:
         if door == "messages":
             if event.get("type") == "content_block_delta":
                 parts.append(event["delta"].get("partial_json") or "")
+        elif door == "responses":
+            if event.get("type") == "response.function_call_arguments.delta":
+                parts.append(event["delta"])
         else:
             for choice in event.get("choices") or []:
                 for call in (choice.get("delta") or {}).get("tool_calls") or []:
@@ -283,6 +290,9 @@ def _whole_arguments(door: str, body: dict[str, Any]) -> str:
     if door == "messages":
         uses = [block for block in body.get("content") or [] if block.get("type") == "tool_use"]
         return json.dumps(uses[0]["input"]) if uses else ""
+    if door == "responses":
+        calls = [item for item in body.get("output") or [] if item.get("type") == "function_call"]
+        return calls[0]["arguments"] if calls else ""
     if door != "chat":
         return ""
     calls = body["choices"][0]["message"].get("tool_calls") or []
