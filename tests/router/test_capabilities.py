@@ -33,11 +33,9 @@ from router import (
 from router.overload import pool_wait
 from router.tiers import degrade_model
 from router.types import Target
-from tests.router.builders import CATALOG, JURISDICTION_OF, LARGE, SMALL, fleet, node, provider, tenant
+from tests.router.builders import CATALOG, JURISDICTION_OF, LARGE, fleet, node, provider, tenant
+from tests.router.test_residency import MODELS, REGIONS, residencies
 
-REGIONS = sorted(JURISDICTION_OF)
-JURISDICTIONS = sorted(set(JURISDICTION_OF.values()))
-MODELS = (SMALL, LARGE)
 CAPABILITIES = sorted(ALL_CAPABILITIES)
 capability_sets = st.frozensets(st.sampled_from(CAPABILITIES))
 
@@ -71,11 +69,6 @@ def fleets(draw: st.DrawFn) -> FleetSnapshot:
     )
 
 
-residencies = st.builds(
-    Residency,
-    jurisdictions=st.frozensets(st.sampled_from(JURISDICTIONS), max_size=2),
-    regions=st.frozensets(st.sampled_from(REGIONS), max_size=3),
-)
 policies = st.builds(tenant, allow_commercial=st.booleans(), allow_degrade=st.booleans())
 
 
