@@ -64,6 +64,7 @@ class Tool(msgspec.Struct, kw_only=True):
     input_schema: dict[str, Any] | UnsetType = UNSET
     description: str | None = None
     type: str | UnsetType = UNSET  # "custom" or left out
+    strict: bool | None = None  # the input is guaranteed to follow input_schema
 
 
 class ToolChoice(msgspec.Struct, kw_only=True):

@@ -65,7 +65,8 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     logit_bias: dict[str, float] | None = None
     response_format: dict[str, Any] | None = None
     tools: list[Any] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    # An object names a tool (`{"type": "function", ...}`, or another kind an upstream knows).
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     # Meridian extensions (vLLM uses the same names for the first four).
     top_k: int | None = None
     ignore_eos: bool = False
@@ -82,6 +83,18 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     # keep a seeded sample stream reproducible against a node without speculation). The tokens do
     # not depend on it (greedy: the same; sampled: the same distribution); only how they are made.
     speculative: bool = True
+
+    def __post_init__(self) -> None:
+        # Served as text, a choice that asks for a call would answer another question than the
+        # one asked; OpenAI and vLLM refuse it too.
+        if not self.tools and (
+            self.tool_choice == "required"
+            or (isinstance(self.tool_choice, dict) and self.tool_choice.get("type") == "function")
+        ):
+            raise InvalidRequestError(
+                "This `tool_choice` asks for a tool call and needs `tools` to choose from.",
+                param="tool_choice",
+            )
 
     def stop_list(self) -> list[str]:
         if self.stop is None:

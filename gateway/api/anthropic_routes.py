@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import Any
 
-import msgspec
 from litestar import Controller, Request, post
 from litestar.types import ASGIApp
 
@@ -25,13 +24,14 @@ from gateway.call.context import CallContext
 from gateway.call.pipeline import RequestPipeline
 from gateway.call.served import ServedStream
 from gateway.translate.anthropic_to_openai import messages_request_to_chat
+from gateway.translate.chat_request import ChatRequest
 from gateway.translate.errors import TranslationError
 from gateway.translate.openai_to_anthropic_answers import (
     ChatToMessagesStream,
     Event,
     chat_response_to_message,
 )
-from protocol import ChatCompletionRequest, InvalidRequestError
+from protocol import InvalidRequestError
 from protocol.anthropic import MessagesCountRequest, MessagesRequest
 from protocol.chunk import StreamFailed, to_builtins
 from protocol.objects import MessageTokensCount
@@ -64,13 +64,12 @@ async def _frames(stream: ServedStream, events: ChatToMessagesStream) -> AsyncGe
         yield _event(event)
 
 
-def _chat_request(request: MessagesRequest) -> tuple[dict[str, Any], ChatCompletionRequest]:
-    """The Messages request's OpenAI chat body and that body's struct; 400s name the field."""
+def _chat_request(request: MessagesRequest) -> ChatRequest:
+    """The Messages request as a chat request; 400s name the field."""
     try:
-        body = messages_request_to_chat(request)
+        return messages_request_to_chat(request)
     except TranslationError as exc:
         raise InvalidRequestError(exc.message, param=exc.param) from None
-    return body, msgspec.convert(body, ChatCompletionRequest)
 
 
 class AnthropicController(Controller):
@@ -83,14 +82,16 @@ class AnthropicController(Controller):
         self, request: Request[Any, Any, Any], pipeline: RequestPipeline, call: Call, tenant: Tenant
     ) -> ASGIApp:
         messages = decode_request(await request_body(request), MessagesRequest)
-        body, parsed = _chat_request(messages)
-        if parsed.stream:
-            stream = await pipeline.stream(call, "chat", parsed, body)
+        chat = _chat_request(messages)
+        if chat.parsed.stream:
+            with chat.errors_in_request_terms():
+                stream = await pipeline.stream(call, "chat", chat.parsed, chat.body)
             events = ChatToMessagesStream(
                 message_id=message_id(call), model=call.model, stop_sequences=messages.stop_sequences
             )
             return SSEResponse(stream, frames=_frames(stream, events))
-        result = await pipeline.complete(call, "chat", parsed, body)
+        with chat.errors_in_request_terms():
+            result = await pipeline.complete(call, "chat", chat.parsed, chat.body)
         message = chat_response_to_message(to_builtins(result), stop_sequences=messages.stop_sequences)
         message["id"] = message_id(call)
         return Answer.json(message, call.headers)
@@ -102,8 +103,9 @@ class AnthropicController(Controller):
         """Anthropic's token count: the input tokens of the conversation as the model that would
         serve it reads them (its chat template included), counted by that model's upstream."""
         counted = decode_request(await request_body(request), MessagesCountRequest)
-        body, parsed = _chat_request(counted.as_messages_request())
-        body.pop("max_tokens")
-        parsed.max_tokens = None
-        count = await pipeline.count_tokens(call, parsed, body)
+        chat = _chat_request(counted.as_messages_request())
+        chat.body.pop("max_tokens")
+        chat.parsed.max_tokens = None
+        with chat.errors_in_request_terms():
+            count = await pipeline.count_tokens(call, chat.parsed, chat.body)
         return Answer.json(MessageTokensCount(input_tokens=count), call.headers)

@@ -361,19 +361,30 @@ _EXTENSIONS = {
     ),
     "token_ids": "Meridian extension: the generated token ids, when the request set return_token_ids.",
 }
-# A tool_choice that asks for a tool call ("any", or "tool") in a request without tools.
-_CHOICE_NEEDS_TOOLS: dict[str, Any] = {
-    "not": {
+
+
+def _no_tools_for(choice: dict[str, Any]) -> dict[str, Any]:
+    """A request whose tool_choice is `choice` (one that asks for a tool call) and has no tools."""
+    return {
         "properties": {
-            "tool_choice": {
-                "type": "object",
-                "properties": {"type": {"enum": ["any", "tool"]}},
-                "required": ["type"],
-            },
+            "tool_choice": choice,
             "tools": {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]},
         },
         "required": ["tool_choice"],
     }
+
+
+# Anthropic's choices that ask for a call ("any", or "tool"); OpenAI's ("required", or a function).
+_CHOICE_NEEDS_TOOLS = {
+    "not": _no_tools_for(
+        {"type": "object", "properties": {"type": {"enum": ["any", "tool"]}}, "required": ["type"]}
+    )
+}
+_OPENAI_CHOICE_ASKS_A_CALL: dict[str, Any] = {
+    "anyOf": [
+        {"const": "required"},
+        {"type": "object", "properties": {"type": {"const": "function"}}, "required": ["type"]},
+    ]
 }
 # Rules a door checks after decoding, so that its 400 can name what it does not serve (a struct
 # constraint would refuse with the decoder's words): stated here so the document keeps them too.
@@ -390,6 +401,9 @@ _CHECKED_AFTER_DECODING: dict[tuple[str, str], dict[str, Any]] = {
             {"properties": {"name": {"type": "string"}}, "required": ["name"]},
         ]
     },
+    # protocol/openai.py: a tool_choice that asks for a call needs tools.
+    ("ChatCompletionRequest", ""): {"not": _no_tools_for(_OPENAI_CHOICE_ASKS_A_CALL)},
+    ("CompletionRequest", ""): {"not": _no_tools_for(_OPENAI_CHOICE_ASKS_A_CALL)},
     ("MessagesRequest", ""): _CHOICE_NEEDS_TOOLS,
     ("MessagesCountRequest", ""): _CHOICE_NEEDS_TOOLS,
     ("Thinking", "type"): {"enum": ["disabled"]},
@@ -406,22 +420,7 @@ _CHECKED_AFTER_DECODING: dict[tuple[str, str], dict[str, Any]] = {
                     "properties": {"background": {"const": True}, "store": {"const": False}},
                     "required": ["background", "store"],
                 },
-                {
-                    "properties": {
-                        "tool_choice": {
-                            "anyOf": [
-                                {"const": "required"},
-                                {
-                                    "type": "object",
-                                    "properties": {"type": {"const": "function"}},
-                                    "required": ["type"],
-                                },
-                            ]
-                        },
-                        "tools": {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]},
-                    },
-                    "required": ["tool_choice"],
-                },
+                _no_tools_for(_OPENAI_CHOICE_ASKS_A_CALL),
             ]
         }
     },

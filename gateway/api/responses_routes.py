@@ -30,10 +30,11 @@ from gateway.call.pipeline import RequestPipeline
 from gateway.responses import Run, parse_request
 from gateway.responses.items import InputItem
 from gateway.responses.store import ResponseStore
-from gateway.responses.translate import ChatRequest, ResponsesRequest, chat_request
+from gateway.responses.translate import ResponsesRequest, chat_request
 from gateway.runtime.tasks import run_shielded
+from gateway.translate.chat_request import ChatRequest
 from protocol import InvalidRequestError
-from protocol.errors import APIError, ConflictError, NotFoundError
+from protocol.errors import ConflictError, NotFoundError
 from protocol.objects import InputTokenCount
 from protocol.sse import encode_event
 
@@ -158,10 +159,8 @@ class ResponsesController(Controller):
         its conversation (`previous_response_id`'s too), instructions and tools as the model that
         would serve them reads them."""
         _, _, chat = _translated(responses, await request_body(request), tenant.tenant_id)
-        try:
+        with chat.errors_in_request_terms():
             count = await pipeline.count_tokens(call, chat.parsed, chat.body)
-        except APIError as error:
-            raise chat.in_request_terms(error) from None
         return Answer.json(InputTokenCount(input_tokens=count), call.headers)
 
     @get("/{response_id:str}")

@@ -59,6 +59,9 @@ class Outcome:
 NO_OUTCOME = Outcome()
 
 
+_NO_KEY = "-"
+
+
 @dataclass(slots=True)
 class CallContext:
     """One client call: what the edge needs to answer it, however far it got.
@@ -88,7 +91,7 @@ class CallContext:
     latency: Latency = field(default_factory=Latency)
     headers: dict[str, str] = field(default_factory=dict)
     tenant: TenantPolicy | None = None
-    api_key_id: str = "-"  # a short hash of the caller's key, for the usage event
+    api_key_id: str = _NO_KEY  # a short hash of the caller's key, for the usage event
     safety: CallSafety | None = None  # the content checks made on this call (gateway/safety)
     served: Served | None = None
     # What the small tier used of an `auto` request the confidence cascade escalated.
@@ -98,6 +101,19 @@ class CallContext:
     def __post_init__(self) -> None:
         self.headers["x-request-id"] = self.request_id
         self.latency.started = self.started
+
+    def __setattr__(self, name: str, value: object) -> None:
+        # The set-once fields are set by the one stage that learns them; a second write would be
+        # two stages disagreeing about the call, and is refused (the dataclass's __init__, which
+        # fills the empty slots, is the first write).
+        if name in _SET_ONCE:
+            try:
+                current = getattr(self, name)
+            except AttributeError:  # in __init__
+                current = _SET_ONCE[name]
+            if current is not _SET_ONCE[name]:
+                raise AttributeError(f"CallContext.{name} is set once, and was already set")
+        object.__setattr__(self, name, value)
 
     @property
     def model(self) -> str:
@@ -124,3 +140,14 @@ class CallContext:
                 "x-meridian-route": header_safe(route_reason),
             }
         )
+
+
+# CallContext's set-once fields and the value each has until its stage sets it.
+_SET_ONCE: dict[str, object] = {
+    "tenant": None,
+    "api_key_id": _NO_KEY,
+    "safety": None,
+    "served": None,
+    "escalation": None,
+    "recorded": False,
+}

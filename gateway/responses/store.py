@@ -20,8 +20,8 @@ from gateway.errors import to_api_error
 from gateway.responses.config import ResponsesConfig
 from gateway.responses.errors import ResponsesBusy
 from gateway.responses.run import Run
-from gateway.responses.translate import ChatRequest
 from gateway.runtime.tasks import cancel_and_wait
+from gateway.translate.chat_request import ChatRequest
 
 logger = logging.getLogger(__name__)
 

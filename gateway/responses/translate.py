@@ -11,17 +11,19 @@ with a 400 naming the field, rather than silently ignored.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import msgspec
 
 from gateway.responses.items import InputItem, chat_messages, parse_input, unsupported
+from gateway.translate.chat_request import ChatRequest
 from protocol import ChatCompletionRequest, InvalidRequestError
-from protocol.errors import APIError
 from protocol.objects import METADATA_KEYS
 from protocol.openai import decode_json_object, whole_numbers_as_integers
+
+# The chat fields the pipeline's errors name that a Responses request calls otherwise.
+_CHAT_FIELD_NAMES = {"max_tokens": "max_output_tokens", "messages": "input"}
 
 # Fields that are accepted as given; all others are refused (the set the door serves).
 _SUPPORTED = frozenset(
@@ -108,32 +110,6 @@ class ResponsesRequest:
     def echoed_tool_choice(self) -> str | dict[str, str]:
         choice = self.tool_choice
         return {"type": "function", "name": choice.name} if isinstance(choice, NamedFunction) else choice
-
-
-@dataclass(frozen=True)
-class ChatRequest:
-    """The chat request a Responses request is served as: its body (always streamed from the
-    node, with usage), that body's struct, and the request field each chat message came from."""
-
-    body: dict[str, Any]
-    parsed: ChatCompletionRequest
-    sources: tuple[str, ...]
-
-    def in_request_terms(self, error: APIError) -> APIError:
-        """`error` (the pipeline's, about the chat request) naming the Responses request's field:
-        a message's (`messages[3].role`, which a conversation of tool calls asks for) becomes the
-        item it came from (`input[2]`); `max_tokens` is `max_output_tokens`."""
-        param = error.param
-        if param is None:
-            return error
-        found = re.fullmatch(r"messages\[(\d+)\].*", param)
-        if found is not None and int(found.group(1)) < len(self.sources):
-            renamed = self.sources[int(found.group(1))]
-        else:
-            renamed = {"max_tokens": "max_output_tokens", "messages": "input"}.get(param, param)
-        error.message = error.message.replace(f"`{param}`", f"`{renamed}`")
-        error.param = renamed
-        return error
 
 
 def _check_unsupported(body: dict[str, Any]) -> None:
@@ -329,4 +305,6 @@ def chat_request(request: ResponsesRequest, earlier: tuple[InputItem, ...] = ())
     ):
         if value is not None:
             chat[name] = value
-    return ChatRequest(chat, msgspec.convert(chat, ChatCompletionRequest), tuple(sources))
+    return ChatRequest(
+        chat, msgspec.convert(chat, ChatCompletionRequest), tuple(sources), renamed=_CHAT_FIELD_NAMES
+    )

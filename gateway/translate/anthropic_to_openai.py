@@ -19,9 +19,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 from msgspec import UNSET
 
+from gateway.translate.chat_request import ChatRequest
 from gateway.translate.errors import TranslationError
+from protocol import ChatCompletionRequest
 from protocol.anthropic import (
     AssistantMessage,
     MessagesRequest,
@@ -58,6 +61,8 @@ def _tools(tools: list[Tool]) -> list[dict[str, Any]]:
         if tool.description is not None:
             function["description"] = tool.description
         function["parameters"] = tool.input_schema
+        if tool.strict is not None:
+            function["strict"] = tool.strict
         out.append({"type": "function", "function": function})
     return out
 
@@ -102,19 +107,23 @@ def _tool_result_text(block: ToolResultBlock) -> str:
     return text
 
 
-def _user_messages(message: UserMessage) -> list[dict[str, Any]]:
-    """A user turn: its tool results as tool messages, then its text, if any, as a user message."""
+def _user_messages(message: UserMessage, where: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """A user turn (at `where`): its tool results as tool messages, then its text, if any, as a
+    user message; with the field each came from."""
     if isinstance(message.content, str):
-        return [{"role": "user", "content": message.content}]
-    results = [
-        {"role": "tool", "tool_call_id": block.tool_use_id, "content": _tool_result_text(block)}
-        for block in message.content
-        if isinstance(block, ToolResultBlock)
-    ]
+        return [{"role": "user", "content": message.content}], [where]
+    results, sources = [], []
+    for index, block in enumerate(message.content):
+        if isinstance(block, ToolResultBlock):
+            results.append(
+                {"role": "tool", "tool_call_id": block.tool_use_id, "content": _tool_result_text(block)}
+            )
+            sources.append(f"{where}.content[{index}]")
     text = _text([block for block in message.content if isinstance(block, TextBlock)])
     if text or not results:
         results.append({"role": "user", "content": text})
-    return results
+        sources.append(where)
+    return results, sources
 
 
 def _assistant_message(message: AssistantMessage) -> dict[str, Any]:
@@ -137,7 +146,9 @@ def _assistant_message(message: AssistantMessage) -> dict[str, Any]:
     return {"role": "assistant", "content": text or None, "tool_calls": calls}
 
 
-def messages_request_to_chat(request: MessagesRequest) -> dict[str, Any]:
+def messages_request_to_chat(request: MessagesRequest) -> ChatRequest:
+    """`request` as a chat request, each chat message's source its turn (`messages[i]`), or the
+    tool result block it came from (`messages[i].content[j]`), or `system`."""
     if request.thinking is not None and request.thinking.type != "disabled":
         # Dropped silently, it would answer another question than the one asked: refused by name.
         raise TranslationError(
@@ -145,14 +156,19 @@ def messages_request_to_chat(request: MessagesRequest) -> dict[str, Any]:
             param="thinking",
         )
     messages: list[dict[str, Any]] = []
+    sources: list[str] = []
     if request.system:
         system = request.system if isinstance(request.system, str) else _text(request.system)
         messages.append({"role": "system", "content": system})
-    for message in request.messages:
+        sources.append("system")
+    for index, message in enumerate(request.messages):
         if isinstance(message, UserMessage):
-            messages.extend(_user_messages(message))
+            turn, turn_sources = _user_messages(message, f"messages[{index}]")
+            messages.extend(turn)
+            sources.extend(turn_sources)
         else:
             messages.append(_assistant_message(message))
+            sources.append(f"messages[{index}]")
     body: dict[str, Any] = {"model": request.model, "messages": messages, "max_tokens": request.max_tokens}
     body.update(_tools_fields(request))
     if messages[-1]["role"] == "assistant" and "tool_calls" not in messages[-1]:
@@ -174,4 +190,4 @@ def messages_request_to_chat(request: MessagesRequest) -> dict[str, Any]:
         # Usage arrives in a last chunk only when asked for; message_delta needs it.
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
-    return body
+    return ChatRequest(body, msgspec.convert(body, ChatCompletionRequest), tuple(sources))

@@ -7,7 +7,9 @@ door's answers go the same direction in openai_to_anthropic_answers.py.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from typing import Any
 
 from gateway.translate.errors import TranslationError
@@ -71,6 +73,10 @@ def _tools(body: dict[str, Any]) -> list[dict[str, Any]]:
             entry["description"] = function["description"]
         # input_schema is required; OpenAI's parameters are optional (a function of no arguments).
         entry["input_schema"] = function.get("parameters") or {"type": "object", "properties": {}}
+        # Both APIs' `strict`: the call's input is guaranteed to follow the schema. Dropped, the
+        # client would trust inputs nothing checked.
+        if function.get("strict") is not None:
+            entry["strict"] = bool(function["strict"])
         tools.append(entry)
     return tools
 
@@ -99,6 +105,22 @@ def _tool_choice(body: dict[str, Any]) -> dict[str, Any] | None:
     return out
 
 
+# The Messages API's pattern for a tool_use block's id. OpenAI's are `call_…`, but clients and
+# other OpenAI-compatible upstreams send others (`functions.get_weather:0`, ids with dots).
+_ANTHROPIC_TOOL_ID = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _tool_id(call_id: str) -> str:
+    """`call_id` as the Messages API takes it: as it is when it fits the pattern, else with each
+    character outside it replaced and a hash of the whole appended, so that two ids never become
+    one. The same on both sides, so a tool_result still answers its tool_use; the answer's calls
+    are the provider's own ids, so nothing needs mapping back."""
+    if _ANTHROPIC_TOOL_ID.fullmatch(call_id):
+        return call_id
+    digest = hashlib.sha256(call_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return re.sub(r"[^A-Za-z0-9_-]", "_", call_id) + "_" + digest
+
+
 def _tool_uses(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
     """An assistant message's tool calls as tool_use blocks."""
     blocks = []
@@ -121,7 +143,7 @@ def _tool_uses(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
             raise TranslationError(
                 "tool call arguments must be a JSON object", param=f"{at}.function.arguments"
             )
-        blocks.append({"type": "tool_use", "id": call_id, "name": name, "input": tool_input})
+        blocks.append({"type": "tool_use", "id": _tool_id(call_id), "name": name, "input": tool_input})
     return blocks
 
 
@@ -129,7 +151,7 @@ def _tool_result(message: dict[str, Any], where: str) -> dict[str, Any]:
     tool_call_id = message.get("tool_call_id")
     if not isinstance(tool_call_id, str) or not tool_call_id:
         raise TranslationError("a tool message needs a tool_call_id", param=f"{where}.tool_call_id")
-    block: dict[str, Any] = {"type": "tool_result", "tool_use_id": tool_call_id}
+    block: dict[str, Any] = {"type": "tool_result", "tool_use_id": _tool_id(tool_call_id)}
     text = _part_text(message.get("content"), f"{where}.content")
     if text:  # content is optional in a tool_result, and empty text blocks are refused
         block["content"] = text

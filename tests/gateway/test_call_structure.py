@@ -91,6 +91,21 @@ def test_the_call_context_keeps_what_the_edge_needs_and_each_stage_sets_its_own_
     assert len(written) == len(set(written)), sorted(written)
 
 
+@pytest.mark.parametrize("name", sorted({field for _, field in SET_ONCE}))
+def test_a_set_once_field_refuses_a_second_write(name: str) -> None:
+    """The source has one assignment per field; at run time a second write (a stage setting what
+    another already learned, or a retry setting it again) raises instead of overwriting."""
+    ctx = CallContext(request_id="req_1", client_region=None)
+    first, second = object(), object()
+    setattr(ctx, name, first)
+    assert getattr(ctx, name) is first
+    with pytest.raises(AttributeError, match="set once"):
+        setattr(ctx, name, second)
+    assert getattr(ctx, name) is first
+    ctx.session_key = "a"  # the fields fixed at the start are plain
+    ctx.session_key = "b"
+
+
 def _attributes_assigned(tree: ast.Module) -> list[tuple[str, str]]:
     """(owner, attribute) of every `owner.attribute = ...` (plain, augmented, annotated, unpacked)."""
     found = []

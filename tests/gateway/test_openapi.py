@@ -461,6 +461,31 @@ _CONVERSATION = [
     ("path", "body", "param"),
     [
         ("/v1/messages", {**MINIMAL["/v1/messages"], "max_tokens": 0}, "max_tokens"),
+        # A choice that asks for a call, without tools to call, would be answered in text.
+        (
+            "/v1/chat/completions",
+            {**MINIMAL["/v1/chat/completions"], "tool_choice": "required"},
+            "tool_choice",
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                **MINIMAL["/v1/chat/completions"],
+                "tools": [],
+                "tool_choice": {"type": "function", "function": {"name": "f"}},
+            },
+            "tool_choice",
+        ),
+        (
+            "/v1/chat/completions",
+            {**MINIMAL["/v1/chat/completions"], "tool_choice": "sometimes"},
+            "tool_choice",
+        ),
+        (
+            "/v1/completions",
+            {**MINIMAL["/v1/completions"], "tools": None, "tool_choice": "required"},
+            "tool_choice",
+        ),
         ("/v1/messages", {**MINIMAL["/v1/messages"], "messages": []}, "messages"),
         (
             "/v1/messages",
@@ -560,6 +585,13 @@ def test_what_a_door_refuses_its_schema_refuses_too(
         # A whole number is an integer to JSON Schema (schemathesis sends 2.0 for one).
         ("/v1/messages", {**MINIMAL["/v1/messages"], "max_tokens": 2.0}, 200),
         ("/v1/chat/completions", {**MINIMAL["/v1/chat/completions"], "max_tokens": 2.0, "n": 1.0}, 200),
+        # "none" and "auto" ask for no call: without tools they ask for nothing.
+        ("/v1/chat/completions", {**MINIMAL["/v1/chat/completions"], "tool_choice": "none"}, 200),
+        (
+            "/v1/chat/completions",
+            {**MINIMAL["/v1/chat/completions"], "tools": [], "tool_choice": "auto"},
+            200,
+        ),
         ("/v1/completions", {**MINIMAL["/v1/completions"], "max_tokens": 2.0}, 200),
         ("/v1/responses", {**_RESPONSE, "max_output_tokens": 4.0}, 200),
         ("/v1/responses", _RESPONSE, 200),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -214,6 +215,9 @@ def tool_lists(draw: st.DrawFn) -> list[dict[str, Any]]:
             function["description"] = description
         if parameters is not None:
             function["parameters"] = parameters
+        strict = draw(st.none() | st.booleans())
+        if strict is not None:
+            function["strict"] = strict
         tools.append({"type": "function", "function": function})
     return tools
 
@@ -224,6 +228,7 @@ def conversations(draw: st.DrawFn, tool_names: list[str]) -> list[dict[str, Any]
     by (some of) their results in any order, then perhaps the user's text. Ids are unique."""
     first = draw(st.text(min_size=1, max_size=12))
     messages: list[dict[str, Any]] = [{"role": "user", "content": content_of(first, draw(st.booleans()))}]
+    ids: set[str] = set()
     for step in draw(st.lists(st.sampled_from(["user", "assistant", "system", "tools"]), max_size=6)):
         if step in ("user", "assistant", "system"):
             role = "developer" if step == "system" and draw(st.booleans()) else step
@@ -236,9 +241,13 @@ def conversations(draw: st.DrawFn, tool_names: list[str]) -> list[dict[str, Any]
             empty = not arguments and draw(st.booleans())
             text = "" if empty else json.dumps(arguments, ensure_ascii=draw(st.booleans()))
             function = {"name": draw(st.sampled_from(tool_names)), "arguments": text}
-            calls.append(
-                {"id": f"call_{len(messages)}_{len(calls)}", "type": "function", "function": function}
+            # Any id a client may send (`functions.get_weather:0`, dots, spaces, non-ASCII), unique.
+            call_id = draw(
+                st.just(f"call_{len(messages)}_{len(calls)}")
+                | st.text(min_size=1, max_size=12).filter(lambda i: i not in ids)
             )
+            ids.add(call_id)
+            calls.append({"id": call_id, "type": "function", "function": function})
         messages.append({"role": "assistant", "content": draw(st.none() | texts), "tool_calls": calls})
         answered = draw(st.permutations(calls))[: draw(st.integers(0, len(calls)))]
         for call in answered:
@@ -306,14 +315,21 @@ def test_tool_requests_become_valid_messages_requests(body: dict[str, Any]) -> N
     ]
     calls = [call for m in messages for call in m.get("tool_calls") or []]
     uses = [block for turn in turns for block in blocks_of(turn) if block["type"] == "tool_use"]
-    assert [(u["id"], u["name"]) for u in uses] == [(c["id"], c["function"]["name"]) for c in calls]
+    assert [u["name"] for u in uses] == [c["function"]["name"] for c in calls]
+    # Ids take the Messages API's pattern, one for one: an id that has it is kept.
+    translated = {c["id"]: u["id"] for u, c in zip(uses, calls, strict=True)}
+    assert all(re.fullmatch(r"[A-Za-z0-9_-]+", u["id"]) for u in uses)
+    assert len(set(translated.values())) == len(translated)
+    assert all(new == old for old, new in translated.items() if re.fullmatch(r"[A-Za-z0-9_-]+", old))
     for use, call in zip(uses, calls, strict=True):
         assert use["input"] == (
             json.loads(call["function"]["arguments"]) if call["function"]["arguments"] else {}
         )
     results = {m["tool_call_id"]: text_of(m["content"]) for m in messages if m["role"] == "tool"}
     got = [b for turn in turns for b in blocks_of(turn) if b["type"] == "tool_result"]
-    assert [b["tool_use_id"] for b in got] == [m["tool_call_id"] for m in messages if m["role"] == "tool"]
+    answered = [m["tool_call_id"] for m in messages if m["role"] == "tool"]
+    assert [b["tool_use_id"] for b in got] == [translated[i] for i in answered]
+    results = {translated[i]: text for i, text in results.items()}
     assert all(b.get("content", "") == results[b["tool_use_id"]] for b in got)
 
     # Each answered tool_use is answered in the very next (user) turn.
@@ -332,6 +348,7 @@ def test_tool_requests_become_valid_messages_requests(body: dict[str, Any]) -> N
             "parameters", {"type": "object", "properties": {}}
         )
         assert tool.get("description") == (asked["function"].get("description") or None)
+        assert tool.get("strict") == asked["function"].get("strict")
     choice = out.get("tool_choice")
     asked_choice = body.get("tool_choice")
     expected_type = {None: "auto", "auto": "auto", "none": "none", "required": "any"}.get(

@@ -221,7 +221,7 @@ def test_messages_request_becomes_chat_request() -> None:
             "metadata": {"user_id": "u"},
         }
     )
-    body = messages_request_to_chat(request)
+    body = messages_request_to_chat(request).body
     assert body["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     assert (body["max_tokens"], body["stop"], body["temperature"], body["user"]) == (20, ["END"], 0.2, "u")
     assert body["stream_options"] == {"include_usage": True}
@@ -270,16 +270,16 @@ def test_server_tools_a_choice_without_tools_and_thinking_are_refused_by_name(
 def test_a_last_assistant_message_is_continued_not_answered_in_a_new_turn() -> None:
     turns = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello,"}]
     base = {"model": "tiny", "max_tokens": 5}
-    body = messages_request_to_chat(decode_messages({**base, "messages": turns}))
+    body = messages_request_to_chat(decode_messages({**base, "messages": turns})).body
     assert (body["continue_final_message"], body["add_generation_prompt"]) == (True, False)
-    body = messages_request_to_chat(decode_messages({**base, "messages": turns[:1]}))
+    body = messages_request_to_chat(decode_messages({**base, "messages": turns[:1]})).body
     assert not {"continue_final_message", "add_generation_prompt"} & set(body)
 
 
 def test_what_asks_for_no_tools_or_thinking_is_served_without_them() -> None:
     base = {"model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}]}
     for fields in ({"tools": []}, {"tool_choice": {"type": "auto"}}, {"thinking": {"type": "disabled"}}):
-        body = messages_request_to_chat(decode_messages({**base, **fields}))
+        body = messages_request_to_chat(decode_messages({**base, **fields})).body
         assert not {"tools", "tool_choice", "thinking"} & set(body)
 
 

@@ -158,6 +158,43 @@ def test_a_tool_call_comes_back_through_the_openai_sdk_from_the_anthropic_provid
     )
 
 
+def test_a_conversation_with_another_apis_tool_ids_reaches_the_anthropic_provider(
+    gateway: RunningGateway, fakes: tuple[FakeProvider, FakeProvider]
+) -> None:
+    """Ids from other OpenAI-compatible models (`functions.get_weather:0`) do not fit the
+    Messages API's id pattern, which the fake enforces as Anthropic does: the adapter renames
+    them, the same on the call and its result, and the provider answers."""
+    anthropic, _ = fakes
+    messages = [*CHAT["messages"]]
+    for call_id in ("functions.get_weather:0", "call 1/é"):
+        arguments = json.dumps(TOOL_CALL_ARGUMENTS)
+        call = {
+            "id": call_id,
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": arguments},
+        }
+        messages += [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": call_id, "content": "Sunny"},
+        ]
+    response = _chat(gateway, {**CHAT, "messages": messages, "tools": TOOLS})
+    assert response.status_code == 200, response.text
+    assert _served_by(response) == "a-anthropic"
+    assert response.json()["choices"][0]["message"]["content"] == anthropic.reply
+    turns = anthropic.requests[-1].body["messages"]
+    uses = [
+        b["id"]
+        for t in turns
+        if isinstance(t["content"], list)
+        for b in t["content"]
+        if b["type"] == "tool_use"
+    ]
+    results = [
+        b["tool_use_id"] for t in turns if isinstance(t["content"], list) for b in t["content"] if b["type"] == "tool_result"
+    ]  # fmt: skip
+    assert uses == results and len(set(uses)) == 2
+
+
 def test_a_streamed_tool_call_arrives_whole(gateway: RunningGateway) -> None:
     client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=US_KEY, max_retries=0)
     calls: dict[int, dict[str, str]] = {}

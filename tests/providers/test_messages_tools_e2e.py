@@ -170,6 +170,35 @@ def test_a_tenant_without_commercial_fallback_is_told_tools_are_not_served(
     assert len(fake.requests) == heard  # no provider heard of it
 
 
+@pytest.mark.parametrize("door", ["create", "stream", "count_tokens"])
+def test_a_refused_tool_conversation_names_the_clients_own_turn(
+    served: tuple[RunningGateway, FakeProvider], door: str
+) -> None:
+    """The pipeline names chat messages; the system prompt and the split of a turn's tool results
+    shift their indices, and the client must be told its own (`messages[1]`, the tool_use turn,
+    not the chat request's `messages[2]`)."""
+    gateway, fake = served
+    heard = len(fake.requests)
+    client = sdk(gateway, PRIVATE_KEY)
+    turns = [
+        *ASKED,
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "12 C"}]},
+    ]  # fmt: skip
+    request: dict[str, Any] = {"model": "tiny", "system": "Be brief.", "messages": turns}
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        if door == "count_tokens":
+            client.messages.count_tokens(**request)
+        elif door == "stream":
+            with client.messages.stream(max_tokens=8, **request) as streamed:
+                streamed.get_final_message()
+        else:
+            client.messages.create(max_tokens=8, **request)
+    message = refused.value.body["error"]["message"]  # type: ignore[index]
+    assert "asked by `messages[1]`" in message, message
+    assert len(fake.requests) == heard
+
+
 # OpenAI's count API is called with the conversation alone (gateway/upstreams/providers).
 @pytest.mark.parametrize("served", ["anthropic"], indirect=True)
 def test_count_tokens_with_tools_is_counted_by_the_provider(

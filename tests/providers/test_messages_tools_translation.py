@@ -7,6 +7,7 @@ tool call pieces arrive (output safety may release a call's tail after the next 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import msgspec
@@ -24,7 +25,7 @@ from gateway.translate.openai_to_anthropic_answers import (
     chat_response_to_message,
 )
 from gateway.upstreams.providers.anthropic_errors import anthropic_error
-from protocol import ChatCompletionRequest
+from protocol import ChatCompletionRequest, InvalidRequestError
 from protocol.anthropic import MessagesRequest
 from protocol.chunk import chunk_from
 from tests.providers.tool_strategies import (
@@ -40,7 +41,7 @@ WEATHER = {"name": "get_weather", "description": "The weather.", "input_schema":
 
 
 def to_chat(body: dict[str, Any]) -> dict[str, Any]:
-    return messages_request_to_chat(msgspec.convert(body, MessagesRequest))
+    return messages_request_to_chat(msgspec.convert(body, MessagesRequest)).body
 
 
 def request(messages: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
@@ -210,6 +211,9 @@ def tool_definitions(draw: st.DrawFn) -> list[dict[str, Any]]:
             tool["description"] = draw(texts)
         if draw(st.booleans()):
             tool["type"] = "custom"
+        strict = draw(st.none() | st.booleans())
+        if strict is not None:
+            tool["strict"] = strict
         tools.append(tool)
     return tools
 
@@ -321,8 +325,10 @@ def test_a_tool_request_survives_the_round_trip_through_the_chat_format(asked: d
     back = chat_to_messages(body, model="claude-x", default_max_tokens=1)
     assert canonical_turns(back["messages"]) == canonical_turns(asked["messages"])
     assert back.get("system") == asked.get("system")
-    assert [(t["name"], t.get("description") or None, t["input_schema"]) for t in back["tools"]] == [
-        (t["name"], t.get("description") or None, t["input_schema"]) for t in asked["tools"]
+    assert [
+        (t["name"], t.get("description") or None, t["input_schema"], t.get("strict")) for t in back["tools"]
+    ] == [
+        (t["name"], t.get("description") or None, t["input_schema"], t.get("strict")) for t in asked["tools"]
     ]
     choice = asked.get("tool_choice")
     if choice is None:
@@ -332,6 +338,46 @@ def test_a_tool_request_survives_the_round_trip_through_the_chat_format(asked: d
         if choice.get("disable_parallel_tool_use") and choice["type"] != "none":
             expected["disable_parallel_tool_use"] = True
         assert back["tool_choice"] == expected
+
+
+def source_of(asked: dict[str, Any], source: str) -> tuple[str, Any]:
+    """What a chat message's source names in the Messages request: ("system", text), a turn
+    ("user"/"assistant", its message) or a tool result block ("tool_result", the block)."""
+    if source == "system":
+        return "system", asked["system"]
+    found = re.fullmatch(r"messages\[(\d+)\](?:\.content\[(\d+)\])?", source)
+    assert found is not None, source
+    turn = asked["messages"][int(found.group(1))]
+    if found.group(2) is None:
+        return turn["role"], turn
+    block = turn["content"][int(found.group(2))]
+    assert block["type"] == "tool_result"
+    return "tool_result", block
+
+
+@settings(max_examples=300, deadline=None)
+@given(tool_requests())
+def test_each_chat_message_names_the_field_it_came_from(asked: dict[str, Any]) -> None:
+    """The pipeline's errors name chat messages; the door renames them by these sources, so each
+    must name the turn (or tool result block) the message was made of, in order."""
+    chat = messages_request_to_chat(msgspec.convert(asked, MessagesRequest))
+    messages = chat.body["messages"]
+    assert len(chat.sources) == len(messages)
+    for message, source in zip(messages, chat.sources, strict=True):
+        kind, origin = source_of(asked, source)
+        if message["role"] == "tool":
+            assert kind == "tool_result" and origin["tool_use_id"] == message["tool_call_id"]
+        else:
+            assert kind == message["role"]
+    turns = [int(re.match(r"messages\[(\d+)\]", s).group(1)) for s in chat.sources if s != "system"]
+    assert turns == sorted(turns) and set(turns) == set(range(len(asked["messages"])))
+    # A message's error names its source; other fields keep their names.
+    last = len(messages) - 1
+    error = chat.in_request_terms(
+        InvalidRequestError(f"`messages[{last}].role` is bad.", param=f"messages[{last}].role")
+    )
+    assert (error.param, error.message) == (chat.sources[last], f"`{chat.sources[last]}` is bad.")
+    assert chat.in_request_terms(InvalidRequestError("x", param="max_tokens")).param == "max_tokens"
 
 
 # -- the whole answer ---------------------------------------------------------------------------------

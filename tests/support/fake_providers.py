@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import threading
 import time
@@ -131,6 +132,9 @@ class FakeProvider:
         if fault.first_byte_delay_s:
             await asyncio.sleep(fault.first_byte_delay_s)
         status, payload, extra = self._check(scope["path"], headers, fault)
+        refused = self._refused(body) if status == 200 else None
+        if refused is not None:
+            status, payload, extra = 400, self._error(400, refused), {}
         if status != 200:
             await _send_json(send, status, payload, extra)
             return
@@ -163,6 +167,19 @@ class FakeProvider:
             extra = {"retry-after": fault.retry_after} if fault.retry_after is not None else {}
             return fault.status, self._error(fault.status, f"injected HTTP {fault.status}"), extra
         return 200, None, {}
+
+    def _refused(self, body: dict[str, Any]) -> str | None:
+        """What the real Messages API refuses of a well-formed body that the adapter could get
+        wrong: tool ids outside its pattern (`messages.N.content.M.tool_use.id`)."""
+        if self.kind != "anthropic":
+            return None
+        for n, message in enumerate(body.get("messages") or []):
+            content = message.get("content")
+            for m, block in enumerate(content if isinstance(content, list) else []):
+                key = {"tool_use": "id", "tool_result": "tool_use_id"}.get(block.get("type"))
+                if key is not None and not re.fullmatch(r"[A-Za-z0-9_-]+", str(block.get(key))):
+                    return f"messages.{n}.content.{m}.{block['type']}.{key}: String should match pattern"
+        return None
 
     def _error(self, status: int, message: str) -> dict[str, Any]:
         if self.kind == "anthropic":
