@@ -117,6 +117,17 @@ CASES = [
     ("audio", CHAT, chat(audio={"voice": "alloy", "format": "wav"}), 400, "audio", None),
     ("audio_modality", CHAT, chat(modalities=["text", "audio"]), 400, "modalities", None),
     ("web_search", CHAT, chat(web_search_options={}), 400, "web_search_options", None),
+    # A choice that asks for a call needs tools: served as text, it would answer another question.
+    ("tool_choice_required", CHAT, chat(tool_choice="required"), 400, "tool_choice", None),
+    (
+        "tool_choice_named",
+        CHAT,
+        chat(tool_choice={"type": "function", "function": {"name": "f"}}),
+        400,
+        "tool_choice",
+        None,
+    ),
+    ("tool_choice_unknown", CHAT, chat(tool_choice="sometimes"), 400, "tool_choice", None),
 ]
 
 

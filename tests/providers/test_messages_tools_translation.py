@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from gateway.errors import to_api_error
 from gateway.translate.anthropic_to_openai import TOOL_ERROR_PREFIX, messages_request_to_chat
+from gateway.translate.chat_request import ChatRequest
 from gateway.translate.errors import UntranslatableAnswer
 from gateway.translate.openai_to_anthropic import chat_to_messages
 from gateway.translate.openai_to_anthropic_answers import (
@@ -25,7 +26,7 @@ from gateway.translate.openai_to_anthropic_answers import (
     chat_response_to_message,
 )
 from gateway.upstreams.providers.anthropic_errors import anthropic_error
-from protocol import ChatCompletionRequest, InvalidRequestError
+from protocol import InvalidRequestError
 from protocol.anthropic import MessagesRequest
 from protocol.chunk import chunk_from
 from tests.providers.tool_strategies import (
@@ -301,9 +302,11 @@ def canonical_turns(messages: list[dict[str, Any]]) -> list[tuple[str, list[tupl
 @given(tool_requests())
 def test_a_tool_request_survives_the_round_trip_through_the_chat_format(asked: dict[str, Any]) -> None:
     """Messages → chat (the front door) → Messages (the Anthropic adapter): the same tools and
-    tool_choice, and each turn's tool calls and results, paired and in order."""
-    body = to_chat(asked)
-    msgspec.convert(body, ChatCompletionRequest)  # the door's next step takes it
+    tool_choice, and each turn's tool calls and results, paired and in order; each chat message
+    names the field it came from (`check_sources`)."""
+    chat = messages_request_to_chat(msgspec.convert(asked, MessagesRequest))
+    body = chat.body
+    check_sources(asked, chat)
     # Each tool call's arguments are its input; each result answers in a tool message of its own,
     # after the calls and before the user's text.
     calls = [call for m in body["messages"] for call in m.get("tool_calls") or []]
@@ -355,12 +358,9 @@ def source_of(asked: dict[str, Any], source: str) -> tuple[str, Any]:
     return "tool_result", block
 
 
-@settings(max_examples=300, deadline=None)
-@given(tool_requests())
-def test_each_chat_message_names_the_field_it_came_from(asked: dict[str, Any]) -> None:
-    """The pipeline's errors name chat messages; the door renames them by these sources, so each
+def check_sources(asked: dict[str, Any], chat: ChatRequest) -> None:
+    """The pipeline's errors name chat messages; the door renames them by `chat.sources`, so each
     must name the turn (or tool result block) the message was made of, in order."""
-    chat = messages_request_to_chat(msgspec.convert(asked, MessagesRequest))
     messages = chat.body["messages"]
     assert len(chat.sources) == len(messages)
     for message, source in zip(messages, chat.sources, strict=True):
