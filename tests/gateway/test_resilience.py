@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from tests.gateway.conftest import (
+    AUTH,
     EU_KEY,
     GLOBAL_KEY,
     NodeProcess,
@@ -165,6 +166,19 @@ def test_eu_tenant_never_routed_to_us_even_when_eu_nodes_die(
     assert httpx.get(gw.url + "/health").json()["healthy_nodes"] == 1
 
 
+def kill_while_busy(node: NodeProcess, deadline_s: float = 60.0) -> None:
+    """SIGKILL `node` once its /load reports a request running or waiting, so that the kill hits
+    requests in flight however the machine schedules the load (the drill's point); at the
+    deadline, killed anyway (the assertion on what it hit then says the load never reached it)."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        load = httpx.get(node.url + "/load", headers=AUTH, timeout=10).json()
+        if load["num_running"] + load["num_waiting"] > 0:
+            break
+        time.sleep(0.005)
+    node.kill()
+
+
 def test_failover_drill_kill_one_node_under_mixed_load(gw: RunningGateway, fleet: list[NodeProcess]) -> None:
     rng = random.Random(42)
     # Home region is eu-west, so the EU nodes carry the load: kill one of them.
@@ -179,8 +193,9 @@ def test_failover_drill_kill_one_node_under_mixed_load(gw: RunningGateway, fleet
         )
         with lock:
             completed += 1
-            if completed == 8:
-                victim.kill()  # mid-load: others are in flight on every node, this one among them
+            kill = completed == 8
+        if kill:  # mid-load, outside the lock so that the other threads keep sending
+            kill_while_busy(victim)
         return outcome
 
     started = time.monotonic()
