@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -265,6 +266,42 @@ def test_an_allowed_callback_goes_to_the_address_checked_with_the_urls_host(gw: 
         assert callbacks.hosts == [f"localhost:{port}"]
     finally:
         callbacks.close()
+
+
+def test_a_callback_builds_no_tls_context_on_the_event_loop(
+    gw: RunningGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A TLS context loads the CA bundle (50-100 ms of CPU): the runner builds its own once, and a
+    callback's client is given it, rather than building one on the loop that serves requests."""
+    import httpx._transports.default as transports
+
+    build, built_in = transports.create_ssl_context, []
+
+    def recording(verify: Any = True, cert: Any = None, trust_env: bool = True) -> Any:
+        task = asyncio.current_task() if _in_event_loop() else None
+        built_in.append((task.get_name() if task else "", verify is True))
+        return build(verify=verify, cert=cert, trust_env=trust_env)
+
+    monkeypatch.setattr(transports, "create_ssl_context", recording)
+    callbacks = Callbacks()
+    try:
+        batch_id = _failed_batch(sdk(gw), callbacks.url)
+        deadline = time.monotonic() + 30
+        while not callbacks.received and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [c["id"] for c in callbacks.received] == [batch_id]
+    finally:
+        callbacks.close()
+    in_callbacks = [fresh for name, fresh in built_in if name.startswith("batch callback")]
+    assert in_callbacks == [False]  # one client, given the runner's context
+
+
+def _in_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])

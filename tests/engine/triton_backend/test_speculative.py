@@ -17,7 +17,7 @@ from tests.support.checkpoints import scale_attention_output
 
 pytestmark = needs_triton
 
-GREEDY = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +31,13 @@ def test_speculating_on_triton_gives_transformers_tokens(local_dir: Path, graph_
     engine = LLMEngine.from_pretrained(local_dir, attention_backend="triton", block_size=8, speculative=SPEC)
     if graph_buffers:
         engine.runner.use_decode_graphs(max_num_seqs=16, max_blocks_per_seq=64, capture=False)
-    prompts = random_prompts([5, 20, 40, 3, 9, 12, 33])
+    # Each step costs seconds in the interpreter: seed 290's prompts draft from their fourth token
+    # on, so 12 tokens see proposals both accepted and rejected (32 tokens of seed 0 saw one token
+    # accepted, in the last steps).
+    prompts = random_prompts([5, 20, 40, 3, 9, 12, 33], seed=290)
     check_speculation_gives_transformers_tokens(engine, local_dir, prompts, GREEDY)
+    stats = engine.stats()
+    assert stats["spec_decode_num_draft_tokens"] > stats["spec_decode_num_accepted_tokens"]
 
 
 @pytest.mark.slow
@@ -45,5 +50,7 @@ def test_a_draft_model_on_triton_gives_transformers_tokens(local_dir: Path, tmp_
         local_dir, attention_backend="triton", block_size=8, speculative={**spec, "min_acceptance_rate": 0.0}
     )
     prompts = random_prompts([5, 20, 12], seed=2)
-    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)  # 27 tokens drafted, 9 taken
     check_speculation_gives_transformers_tokens(engine, local_dir, prompts, params)
+    stats = engine.stats()
+    assert stats["spec_decode_num_draft_tokens"] > stats["spec_decode_num_accepted_tokens"]
