@@ -20,6 +20,11 @@ pytestmark = needs_triton
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 
 
+def assert_some_proposals_rejected(engine: LLMEngine) -> None:
+    stats = engine.stats()
+    assert stats["spec_decode_num_draft_tokens"] > stats["spec_decode_num_accepted_tokens"]
+
+
 @pytest.fixture(scope="module")
 def local_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return scale_attention_output(write_checkpoint(tmp_path_factory.mktemp("local"), arch="llama"), 0.02)
@@ -36,8 +41,7 @@ def test_speculating_on_triton_gives_transformers_tokens(local_dir: Path, graph_
     # accepted, in the last steps).
     prompts = random_prompts([5, 20, 40, 3, 9, 12, 33], seed=290)
     check_speculation_gives_transformers_tokens(engine, local_dir, prompts, GREEDY)
-    stats = engine.stats()
-    assert stats["spec_decode_num_draft_tokens"] > stats["spec_decode_num_accepted_tokens"]
+    assert_some_proposals_rejected(engine)
 
 
 @pytest.mark.slow
@@ -52,5 +56,4 @@ def test_a_draft_model_on_triton_gives_transformers_tokens(local_dir: Path, tmp_
     prompts = random_prompts([5, 20, 12], seed=2)
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)  # 27 tokens drafted, 9 taken
     check_speculation_gives_transformers_tokens(engine, local_dir, prompts, params)
-    stats = engine.stats()
-    assert stats["spec_decode_num_draft_tokens"] > stats["spec_decode_num_accepted_tokens"]
+    assert_some_proposals_rejected(engine)
