@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from gateway.ledger.store import AggregateQuery, LedgerStore
+from gateway.ledger.event import UsageEvent
+from gateway.ledger.store import AggregateQuery, LedgerStore, PostgresLedger, SqliteLedger
+from gateway.ledger.store.operation import Reply, Statement
 from tests.ledger.conftest import DAY_MS, T0_MS, event
 
 HOUR_MS = 3_600_000
@@ -139,6 +144,101 @@ async def test_concurrent_commits_of_overlapping_batches_count_each_request_once
 async def test_batches_of_any_size_commit(store: LedgerStore, count: int) -> None:
     assert await store.commit([event(f"r{i}") for i in range(count)]) == count
     assert (await totals(store))[0] == count
+
+
+def statements_of_a_commit(store: type[LedgerStore], events: list[UsageEvent]) -> list[Statement]:
+    """The statements a commit of `events` runs, every event new (driven without a database)."""
+    steps = store._commit.__wrapped__(store.__new__(store), events)  # type: ignore[attr-defined]
+    ids = [(e.request_id,) for e in events]
+    statements = [next(steps)]
+    try:
+        while True:
+            # What an insert that returns ids returns: all of them; what `stored` finds: none.
+            rows = ids if statements[-1].sql == store.batch.insert_events else []
+            statements.append(steps.send(Reply(rows, len(rows))))
+    except StopIteration as done:
+        assert done.value == len(events)
+    return statements
+
+
+@pytest.mark.parametrize("store", [SqliteLedger, PostgresLedger])
+def test_a_batch_is_committed_in_the_same_few_statements_whatever_its_size(store: type[LedgerStore]) -> None:
+    """A statement per event made SQLite's thread drop and retake the GIL hundreds of times per
+    batch, against the event loop (gateway/ledger/store/operations.py:BatchStatements)."""
+    one = statements_of_a_commit(store, [event("r0")])
+    many = statements_of_a_commit(store, [event(f"r{i}", ts_ms=T0_MS + i * 61_000) for i in range(500)])
+    assert len(many) == len(one) <= 3
+    assert all(not statement.many for statement in many)
+
+
+_TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12)
+_FLOAT = st.floats(allow_nan=False, allow_infinity=False)
+_COUNT = st.integers(0, 2**40)  # a batch's sums stay within SQLite's 64-bit integers
+_EVENTS = st.lists(
+    st.builds(
+        UsageEvent,
+        request_id=st.uuids().map(str),
+        ts_ms=st.integers(T0_MS, T0_MS + 3 * DAY_MS),
+        tenant_id=_TEXT,
+        api_key_id=_TEXT,
+        model_requested=_TEXT,
+        model=_TEXT,
+        tier=_TEXT,
+        region=_TEXT,
+        jurisdiction=_TEXT,
+        upstream=_TEXT,
+        route_reason=_TEXT,
+        status=_TEXT,
+        stream=st.booleans(),
+        prompt_tokens=_COUNT,
+        cached_tokens=_COUNT,
+        completion_tokens=_COUNT,
+        usage_estimated=st.booleans(),
+        cost_usd=_FLOAT,
+        price_version=_TEXT,
+        total_ms=_FLOAT,
+        gateway_overhead_ms=st.none() | _FLOAT,
+        ttft_ms=st.none() | _FLOAT,
+        queue_wait_ms=st.none() | _FLOAT,
+        prefill_ms=st.none() | _FLOAT,
+        decode_ms=st.none() | _FLOAT,
+        retries=st.integers(0, 2**31 - 1),
+        continuations=st.integers(0, 2**31 - 1),
+        degraded=st.booleans(),
+        safety=st.booleans(),
+        model_version=_TEXT,
+    ),
+    min_size=1,
+    max_size=20,
+    unique_by=lambda e: e.request_id,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(events=_EVENTS)
+def test_sqlite_stores_every_field_of_an_event_as_it_was_sent(
+    tmp_path: Path, events: list[UsageEvent]
+) -> None:
+    """The SQLite store packs a batch into one JSON text that SQLite unpacks: whatever an event
+    holds (any text but NUL, which no name the gateway writes contains; any finite float; any
+    count) comes back equal, and a second commit of the batch finds every event stored."""
+    path = tmp_path / f"ledger-{next(_DATABASES)}.sqlite"
+
+    async def round_trip() -> tuple[int, int, list[UsageEvent]]:
+        store = SqliteLedger(path)
+        try:
+            first = await store.commit(events)
+            again = await store.commit(events)
+            return first, again, await store.events(T0_MS, T0_MS + 4 * DAY_MS, None, after=None, limit=100)
+        finally:
+            await store.close()
+
+    first, again, stored = asyncio.run(round_trip())
+    assert (first, again) == (len(events), 0)
+    assert stored == sorted(events, key=lambda e: (e.ts_ms, e.request_id))
+
+
+_DATABASES = itertools.count()
 
 
 async def test_an_unreachable_postgres_is_ledger_unavailable(tmp_path: Path) -> None:

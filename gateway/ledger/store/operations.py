@@ -1,13 +1,14 @@
 """What the ledger store does, written once for SQLite and PostgreSQL as generators of the
 statements they run (gateway/ledger/store/operation.py, the style of every store on this
-database); the subclasses say where they run and, for a commit, whether the database takes a
-whole batch of events in one statement."""
+database); the subclasses say where they run and how their database takes a whole batch of
+events in a fixed number of statements (`BatchStatements`)."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from typing import TypeVar
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import ClassVar, TypeVar
 
 from gateway.ledger.event import UsageEvent
 from gateway.ledger.store import sql
@@ -16,13 +17,33 @@ from gateway.ledger.store.operation import Operation, Statement, operation
 
 T = TypeVar("T")
 
+Rows = Sequence[Sequence[object]]
+
+
+@dataclass(frozen=True)
+class BatchStatements:
+    """A batch committed in the same few statements whatever its size, never a statement per event.
+
+    A statement per event made the SQLite store's thread take and drop the GIL hundreds of times
+    per batch, each time while the event loop wanted it: under load that cost the gateway's
+    request thread more CPU than the inserts themselves. `pack` puts a batch's rows into one
+    statement's parameters (PostgreSQL: one array per column for `unnest`; SQLite: one JSON array
+    for `json_each`); its second argument is the rows' width."""
+
+    # Inserts the packed events; returns the request ids it inserted, unless `stored` is set.
+    insert_events: str
+    # Adds the packed rollup deltas (sql.rollup_rows) to their buckets.
+    upsert_rollups: str
+    pack: Callable[[Rows, int], Sequence[object]]
+    # For a database whose insert cannot return the new ids in one step (SQLite hands RETURNING
+    # rows back one step each): which of the packed request ids are stored already. Read in the
+    # same write transaction, so it is still true when the insert runs.
+    stored: str | None = None
+
 
 class LedgerStore(ABC):
     name: str
-    # A batch's events in one statement that returns the request ids it inserted, then its rollup
-    # deltas in one (PostgreSQL's `unnest`: one round trip however many); None: a row at a time.
-    insert_events: str | None = None
-    upsert_rollups: str | None = None
+    batch: ClassVar[BatchStatements]
 
     @abstractmethod
     async def _run(self, operation: Operation[T], *, transaction: bool = False) -> T: ...
@@ -42,23 +63,25 @@ class LedgerStore(ABC):
 
     @operation(transaction=True)
     def _commit(self, events: list[UsageEvent]) -> Operation[int]:
-        # A redelivered event is neither stored nor counted twice, and a crash between the two
-        # statements rolls back both.
-        new: list[UsageEvent] = []
-        if self.insert_events is None:
-            for event in events:
-                if (yield Statement(sql.INSERT_EVENT, sql.event_row(event))).rowcount == 1:
-                    new.append(event)
+        # A redelivered event is neither stored nor counted twice, and a crash between the
+        # statements rolls back all of them.
+        batch = self.batch
+        width = len(sql.EVENT_COLUMNS)
+        if batch.stored is None:
+            rows = [sql.event_row(e) for e in events]
+            inserted = yield Statement(batch.insert_events, batch.pack(rows, width), fetch=True)
+            new_ids = {row[0] for row in inserted.rows}
+            new = [e for e in events if e.request_id in new_ids]
+        else:
+            ids = [(e.request_id,) for e in events]
+            stored = yield Statement(batch.stored, batch.pack(ids, 1), fetch=True)
+            old_ids = {row[0] for row in stored.rows}
+            new = [e for e in events if e.request_id not in old_ids]
             if new:
-                yield Statement(sql.UPSERT_ROLLUP, sql.rollup_rows(new), many=True)
-            return len(new)
-        rows = [sql.event_row(e) for e in events]
-        reply = yield Statement(self.insert_events, _columns(rows, len(sql.EVENT_COLUMNS)), fetch=True)
-        inserted = {row[0] for row in reply.rows}
-        new = [e for e in events if e.request_id in inserted]
-        if new and self.upsert_rollups is not None:
+                yield Statement(batch.insert_events, batch.pack([sql.event_row(e) for e in new], width))
+        if new:
             deltas = sql.rollup_rows(new)
-            yield Statement(self.upsert_rollups, _columns(deltas, len(sql.ROLLUP_COLUMNS)))
+            yield Statement(batch.upsert_rollups, batch.pack(deltas, len(sql.ROLLUP_COLUMNS)))
         return len(new)
 
     @operation()
@@ -86,6 +109,6 @@ class LedgerStore(ABC):
         return deleted
 
 
-def _columns(rows: Sequence[Sequence[object]], width: int) -> list[list[object]]:
+def columns(rows: Rows, width: int) -> list[list[object]]:
     """Rows as one array per column, for `unnest`."""
     return [[row[i] for row in rows] for i in range(width)]

@@ -14,7 +14,7 @@ from typing import TypeVar
 from gateway.ledger.errors import LedgerUnavailable
 from gateway.ledger.store import sql
 from gateway.ledger.store.operation import Operation
-from gateway.ledger.store.operations import LedgerStore
+from gateway.ledger.store.operations import BatchStatements, LedgerStore, columns
 from gateway.ledger.store.pool import PostgresPool
 
 T = TypeVar("T")
@@ -44,14 +44,14 @@ INSERT_EVENTS = (
 UPSERT_ROLLUPS = (
     f"INSERT INTO usage_rollups ({', '.join(sql.ROLLUP_COLUMNS)}) SELECT * FROM unnest("
     + ", ".join(f"%s::{t}[]" for t in _ROLLUP_TYPES)
-    + sql.UPSERT_ROLLUP[sql.UPSERT_ROLLUP.index(") ON CONFLICT") :].replace("VALUES", "")
+    + ") "
+    + sql.ROLLUP_CONFLICT
 )
 
 
 class PostgresLedger(LedgerStore):
     name = "postgres"
-    insert_events = INSERT_EVENTS
-    upsert_rollups = UPSERT_ROLLUPS
+    batch = BatchStatements(insert_events=INSERT_EVENTS, upsert_rollups=UPSERT_ROLLUPS, pack=columns)
 
     def __init__(self, dsn: str, *, pool_size: int = 4, timeout_s: float = 5.0) -> None:
         self._pool = PostgresPool(

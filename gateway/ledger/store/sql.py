@@ -71,19 +71,13 @@ SCHEMA = (
 # stores check in their own way). A new database gets them the same way, so there is one path.
 ADDED_COLUMNS: tuple[tuple[str, str], ...] = (("model_version", "TEXT NOT NULL DEFAULT ''"),)
 
-INSERT_EVENT = (
-    f"INSERT INTO usage_events ({', '.join(EVENT_COLUMNS)}) "
-    f"VALUES ({', '.join(['%s'] * len(EVENT_COLUMNS))}) ON CONFLICT (request_id) DO NOTHING"
-)
-
 ROLLUP_COLUMNS = (
     "width", "bucket_ms", "tenant_id", "model", "region", "api_key_id",
     "requests", "input_tokens", "cached_tokens", "output_tokens", "cost_usd",
 )  # fmt: skip
 _SUMS = ROLLUP_COLUMNS[6:]
-UPSERT_ROLLUP = (
-    f"INSERT INTO usage_rollups ({', '.join(ROLLUP_COLUMNS)}) "
-    f"VALUES ({', '.join(['%s'] * len(ROLLUP_COLUMNS))}) "
+# What a rollup row's deltas do when its bucket exists: they add to it.
+ROLLUP_CONFLICT = (
     "ON CONFLICT (width, tenant_id, bucket_ms, model, region, api_key_id) DO UPDATE SET "
     + ", ".join(f"{c} = usage_rollups.{c} + excluded.{c}" for c in _SUMS)
 )
@@ -111,7 +105,7 @@ def rollup_model(event: UsageEvent) -> str:
 
 
 def rollup_rows(events: Iterable[UsageEvent]) -> list[tuple[object, ...]]:
-    """Each event added to its minute, hour and day bucket: the deltas for UPSERT_ROLLUP."""
+    """Each event added to its minute, hour and day bucket: the deltas the rollups are upserted with."""
     sums: dict[RollupKey, list[float]] = {}
     for e in events:
         for width, span in WIDTH_MS.items():
