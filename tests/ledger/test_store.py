@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.ledger.event import UsageEvent
-from gateway.ledger.store import AggregateQuery, LedgerStore, PostgresLedger, SqliteLedger
+from gateway.ledger.store import AggregateQuery, AggregateRow, LedgerStore, PostgresLedger, SqliteLedger
 from gateway.ledger.store.operation import Reply, Statement
 from tests.ledger.conftest import DAY_MS, T0_MS, event
 
@@ -224,18 +224,23 @@ def test_sqlite_stores_every_field_of_an_event_as_it_was_sent(
     count) comes back equal, and a second commit of the batch finds every event stored."""
     path = tmp_path / f"ledger-{next(_DATABASES)}.sqlite"
 
-    async def round_trip() -> tuple[int, int, list[UsageEvent]]:
+    async def round_trip() -> tuple[int, int, list[UsageEvent], list[AggregateRow]]:
         store = SqliteLedger(path)
         try:
             first = await store.commit(events)
             again = await store.commit(events)
-            return first, again, await store.events(T0_MS, T0_MS + 4 * DAY_MS, None, after=None, limit=100)
+            stored = await store.events(T0_MS, T0_MS + 4 * DAY_MS, None, after=None, limit=100)
+            days = await store.aggregate(AggregateQuery("1d", T0_MS, T0_MS + 4 * DAY_MS, None))
+            return first, again, stored, days
         finally:
             await store.close()
 
-    first, again, stored = asyncio.run(round_trip())
+    first, again, stored, days = asyncio.run(round_trip())
     assert (first, again) == (len(events), 0)
     assert stored == sorted(events, key=lambda e: (e.ts_ms, e.request_id))
+    assert sum(r.requests for r in days) == len(events)
+    assert sum(r.input_tokens for r in days) == sum(e.prompt_tokens for e in events)
+    assert sum(r.output_tokens for r in days) == sum(e.completion_tokens for e in events)
 
 
 _DATABASES = itertools.count()

@@ -2,9 +2,9 @@
 `SqliteFile` (one connection, WAL: the usage API and `meridian usage export` read while the worker
 writes; several gateway processes may share the file).
 
-A batch is four statements in its write transaction, whatever its size: which of its request ids
-are stored already, the new events inserted and their rollup deltas upserted from one JSON array
-each (`json_each`, in SQLite's JSON functions), then the commit. sqlite3 drops the GIL around each
+A batch is three statements in one write transaction, whatever its size: which of its request ids
+are stored already, then the new events inserted and their rollup deltas upserted, each from one
+JSON array (`json_each`, in SQLite's JSON functions). sqlite3 drops the GIL around each
 statement's steps, and a statement per event made the worker thread contend with the event loop
 for it hundreds of times a batch.
 """
@@ -37,7 +37,8 @@ def _from_json(width: int) -> str:
 def _pack(rows: Rows, width: int) -> Sequence[object]:
     del width  # each row carries its own
     # Text, not bytes: SQLite's JSON functions refuse a BLOB. Booleans arrive as 1 and 0, as
-    # sqlite3 binds them.
+    # sqlite3 binds them; floats and integers come back exact (tests/ledger/test_store.py). A NUL
+    # would end a text value there: no name the gateway writes into an event holds one.
     return (msgspec.json.encode(rows).decode(),)
 
 
