@@ -74,6 +74,13 @@ class SqliteLedger(LedgerStore):
 
 def _prepare(db: sqlite3.Connection) -> None:
     """The ledger's tables, and the columns added since the first release."""
+    try:  # built into SQLite since 3.38, and compiled into the usual builds before it
+        db.execute("SELECT value FROM json_each('[1]')").fetchall()
+    except sqlite3.OperationalError as exc:
+        raise sqlite3.OperationalError(
+            f"this Python's SQLite {sqlite3.sqlite_version} lacks the JSON functions the ledger "
+            f"commits batches with ({exc}); use a PostgreSQL store or a Python whose SQLite has them"
+        ) from exc
     for statement in sql.SCHEMA:
         db.execute(statement)
     present = {row[1] for row in db.execute("PRAGMA table_info(usage_events)")}
