@@ -135,10 +135,9 @@ class BatchStore(ABC):
             (*row, not accepted and batch.callback_url is not None),
         )
         if accepted and lines:
+            rows = [(batch.id, ln.line_no, ln.custom_id, ln.url, json.dumps(ln.body)) for ln in lines]
             yield Statement(
-                "INSERT INTO batch_lines (batch_id, line_no, custom_id, url, body) VALUES (%s, %s, %s, %s, %s)",
-                [(batch.id, ln.line_no, ln.custom_id, ln.url, json.dumps(ln.body)) for ln in lines],
-                many=True,
+                sql.insert_lines(self.dialect), self.dialect.bulk.pack(rows, len(sql.LINE_COLUMNS))
             )
         return accepted
 

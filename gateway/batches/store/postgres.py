@@ -13,6 +13,7 @@ from typing import TypeVar
 from gateway.batches.errors import BatchStoreUnavailable
 from gateway.batches.store.operations import BatchStore
 from gateway.batches.store.sql import Dialect, schema
+from gateway.ledger.store.bulk import POSTGRES
 from gateway.ledger.store.operation import Operation
 from gateway.ledger.store.pool import PostgresPool
 
@@ -23,6 +24,7 @@ T = TypeVar("T")
 _ENQUEUE_LOCK_SPACE = 1_801_806_418
 
 DIALECT = Dialect(
+    bulk=POSTGRES,
     seq_column="seq BIGSERIAL NOT NULL UNIQUE",
     next_seq="DEFAULT",
     lock_rows=" FOR UPDATE OF {} SKIP LOCKED",

@@ -1,6 +1,7 @@
 """The batch store's tables and the SQL text both databases run (`%s` placeholders; the SQLite
 store substitutes `?`), and how a batch row becomes a record. What differs between the two
-databases is a `Dialect`: how batches are numbered and how rows being leased are locked."""
+databases is a `Dialect`: how many rows go in as one statement, how batches are numbered and how
+rows being leased are locked."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.batches.records import RUNNABLE, TIMESTAMPS, BatchRecord, FileRecord
+from gateway.ledger.store.bulk import Bulk
 
 
 @dataclass(frozen=True)
 class Dialect:
+    bulk: Bulk  # how a batch's lines go in as one statement (gateway/ledger/store/bulk.py)
     seq_column: str  # the `seq` column's definition: creation order, for listing
     next_seq: str  # the value an inserted batch's `seq` gets
     lock_rows: str  # appended to a SELECT of rows about to be leased ({} their alias): skip what others take
@@ -44,6 +47,16 @@ def schema(dialect: Dialect) -> tuple[str, ...]:
         PRIMARY KEY (batch_id, line_no))""",
         "CREATE INDEX IF NOT EXISTS batch_lines_claimable ON batch_lines (status, lease_until)",
     )
+
+
+LINE_COLUMNS = ("batch_id", "line_no", "custom_id", "url", "body")
+LINE_TYPES = ("text", "bigint", "text", "text", "text")
+
+
+def insert_lines(dialect: Dialect) -> str:
+    """A batch's lines, packed (`dialect.bulk.pack`), in one statement: 50,000 lines as one
+    statement each would make SQLite's thread contend with the event loop for the GIL at each."""
+    return f"INSERT INTO batch_lines ({', '.join(LINE_COLUMNS)}) {dialect.bulk.select(LINE_TYPES)}"
 
 
 FILE_COLUMNS = "id, tenant_id, filename, purpose, bytes, created_at"

@@ -16,12 +16,14 @@ from typing import TypeVar
 from gateway.batches.errors import BatchStoreUnavailable
 from gateway.batches.store.operations import BatchStore
 from gateway.batches.store.sql import Dialect, schema
+from gateway.ledger.store.bulk import SQLITE
 from gateway.ledger.store.operation import Operation
 from gateway.ledger.store.sqlite_file import SqliteFile
 
 T = TypeVar("T")
 
 DIALECT = Dialect(
+    bulk=SQLITE,
     seq_column="seq INTEGER NOT NULL UNIQUE",
     next_seq="(SELECT COALESCE(MAX(seq), 0) + 1 FROM batches)",  # inside the write transaction
     lock_rows="",  # the write transaction already excludes every other writer

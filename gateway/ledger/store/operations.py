@@ -1,44 +1,56 @@
 """What the ledger store does, written once for SQLite and PostgreSQL as generators of the
 statements they run (gateway/ledger/store/operation.py, the style of every store on this
-database); the subclasses say where they run and how their database takes a whole batch of
-events in a fixed number of statements (`BatchStatements`)."""
+database); the subclasses say where they run and how their database takes many rows in one
+statement (gateway/ledger/store/bulk.py), from which `BatchStatements` are built."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, TypeVar
 
 from gateway.ledger.event import UsageEvent
 from gateway.ledger.store import sql
+from gateway.ledger.store.bulk import Bulk
 from gateway.ledger.store.interface import AggregateQuery, AggregateRow
 from gateway.ledger.store.operation import Operation, Statement, operation
 
 T = TypeVar("T")
 
-Rows = Sequence[Sequence[object]]
-
 
 @dataclass(frozen=True)
 class BatchStatements:
-    """A batch committed in the same few statements whatever its size, never a statement per event.
+    """A batch committed in the same few statements whatever its size, never a statement per
+    event: its rows go packed (gateway/ledger/store/bulk.py), which for SQLite keeps the worker
+    thread from contending with the event loop for the GIL at every event."""
 
-    A statement per event made the SQLite store's thread take and drop the GIL hundreds of times
-    per batch, each time while the event loop wanted it: under load that cost the gateway's
-    request thread more CPU than the inserts themselves. `pack` puts a batch's rows into one
-    statement's parameters (PostgreSQL: one array per column for `unnest`; SQLite: one JSON array
-    for `json_each`); its second argument is the rows' width."""
-
+    bulk: Bulk
     # Inserts the packed events; returns the request ids it inserted, unless `stored` is set.
     insert_events: str
     # Adds the packed rollup deltas (sql.rollup_rows) to their buckets.
     upsert_rollups: str
-    pack: Callable[[Rows, int], Sequence[object]]
     # For a database whose insert cannot return the new ids in one step (SQLite hands RETURNING
     # rows back one step each): which of the packed request ids are stored already. Read in the
     # same write transaction, so it is still true when the insert runs.
-    stored: str | None = None
+    stored: str | None
+
+    @classmethod
+    def on(cls, bulk: Bulk, *, returning: bool) -> BatchStatements:
+        # `WHERE true`: SQLite's grammar needs it between an upsert's SELECT and its ON CONFLICT.
+        insert = (
+            f"INSERT INTO usage_events ({', '.join(sql.EVENT_COLUMNS)}) {bulk.select(sql.EVENT_TYPES)} "
+            "WHERE true ON CONFLICT (request_id) DO NOTHING"
+        )
+        return cls(
+            bulk=bulk,
+            insert_events=insert + (" RETURNING request_id" if returning else ""),
+            upsert_rollups=f"INSERT INTO usage_rollups ({', '.join(sql.ROLLUP_COLUMNS)}) "
+            f"{bulk.select(sql.ROLLUP_TYPES)} WHERE true {sql.ROLLUP_CONFLICT}",
+            stored=None
+            if returning
+            else f"SELECT request_id FROM usage_events WHERE request_id IN ({bulk.select(('text',))})",
+        )
 
 
 class LedgerStore(ABC):
@@ -69,19 +81,19 @@ class LedgerStore(ABC):
         width = len(sql.EVENT_COLUMNS)
         if batch.stored is None:
             rows = [sql.event_row(e) for e in events]
-            inserted = yield Statement(batch.insert_events, batch.pack(rows, width), fetch=True)
+            inserted = yield Statement(batch.insert_events, batch.bulk.pack(rows, width), fetch=True)
             new_ids = {row[0] for row in inserted.rows}
             new = [e for e in events if e.request_id in new_ids]
         else:
             ids = [(e.request_id,) for e in events]
-            stored = yield Statement(batch.stored, batch.pack(ids, 1), fetch=True)
+            stored = yield Statement(batch.stored, batch.bulk.pack(ids, 1), fetch=True)
             old_ids = {row[0] for row in stored.rows}
             new = [e for e in events if e.request_id not in old_ids]
             if new:
-                yield Statement(batch.insert_events, batch.pack([sql.event_row(e) for e in new], width))
+                yield Statement(batch.insert_events, batch.bulk.pack([sql.event_row(e) for e in new], width))
         if new:
             deltas = sql.rollup_rows(new)
-            yield Statement(batch.upsert_rollups, batch.pack(deltas, len(sql.ROLLUP_COLUMNS)))
+            yield Statement(batch.upsert_rollups, batch.bulk.pack(deltas, len(sql.ROLLUP_COLUMNS)))
         return len(new)
 
     @operation()
@@ -107,8 +119,3 @@ class LedgerStore(ABC):
         for statement in sql.PURGE:
             deleted += (yield Statement(statement, (before_ms,))).rowcount
         return deleted
-
-
-def columns(rows: Rows, width: int) -> list[list[object]]:
-    """Rows as one array per column, for `unnest`."""
-    return [[row[i] for row in rows] for i in range(width)]

@@ -71,9 +71,31 @@ SCHEMA = (
 # stores check in their own way). A new database gets them the same way, so there is one path.
 ADDED_COLUMNS: tuple[tuple[str, str], ...] = (("model_version", "TEXT NOT NULL DEFAULT ''"),)
 
+# Each column's SQL type, as the schema declares it (PostgreSQL casts a packed batch's arrays to
+# them: gateway/ledger/store/bulk.py).
+EVENT_TYPES: tuple[str, ...] = tuple(
+    {
+        "request_id": "text", "ts_ms": "bigint", "tenant_id": "text", "api_key_id": "text",
+        "model_requested": "text", "model": "text", "tier": "text", "region": "text",
+        "jurisdiction": "text", "upstream": "text", "route_reason": "text", "status": "text",
+        "stream": "boolean", "prompt_tokens": "bigint", "cached_tokens": "bigint",
+        "completion_tokens": "bigint", "usage_estimated": "boolean", "cost_usd": "double precision",
+        "price_version": "text", "total_ms": "double precision",
+        "gateway_overhead_ms": "double precision", "ttft_ms": "double precision",
+        "queue_wait_ms": "double precision", "prefill_ms": "double precision",
+        "decode_ms": "double precision", "retries": "integer", "continuations": "integer",
+        "degraded": "boolean", "safety": "boolean", "model_version": "text",
+    }[column]
+    for column in EVENT_COLUMNS
+)  # fmt: skip
+
 ROLLUP_COLUMNS = (
     "width", "bucket_ms", "tenant_id", "model", "region", "api_key_id",
     "requests", "input_tokens", "cached_tokens", "output_tokens", "cost_usd",
+)  # fmt: skip
+ROLLUP_TYPES = (
+    "text", "bigint", "text", "text", "text", "text",
+    "bigint", "bigint", "bigint", "bigint", "double precision",
 )  # fmt: skip
 _SUMS = ROLLUP_COLUMNS[6:]
 # What a rollup row's deltas do when its bucket exists: they add to it.

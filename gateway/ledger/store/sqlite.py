@@ -4,57 +4,28 @@ writes; several gateway processes may share the file).
 
 A batch is three statements in one write transaction, whatever its size: which of its request ids
 are stored already, then the new events inserted and their rollup deltas upserted, each from one
-JSON array (`json_each`, in SQLite's JSON functions). sqlite3 drops the GIL around each
-statement's steps, and a statement per event made the worker thread contend with the event loop
-for it hundreds of times a batch.
+JSON array (gateway/ledger/store/bulk.py).
 """
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TypeVar
 
-import msgspec
-
 from gateway.ledger.errors import LedgerUnavailable
 from gateway.ledger.store import sql
+from gateway.ledger.store.bulk import SQLITE
 from gateway.ledger.store.operation import Operation
-from gateway.ledger.store.operations import BatchStatements, LedgerStore, Rows
+from gateway.ledger.store.operations import BatchStatements, LedgerStore
 from gateway.ledger.store.sqlite_file import SqliteFile
 
 T = TypeVar("T")
 
 
-def _from_json(width: int) -> str:
-    """The rows of one packed JSON array (`_pack`), column by column."""
-    return (
-        "SELECT " + ", ".join(f"json_extract(value, '$[{i}]')" for i in range(width)) + " FROM json_each(%s)"
-    )
-
-
-def _pack(rows: Rows, width: int) -> Sequence[object]:
-    del width  # each row carries its own
-    # Text, not bytes: SQLite's JSON functions refuse a BLOB. Booleans arrive as 1 and 0, as
-    # sqlite3 binds them; floats and integers come back exact (tests/ledger/test_store.py). A NUL
-    # would end a text value there: no name the gateway writes into an event holds one.
-    return (msgspec.json.encode(rows).decode(),)
-
-
-BATCH = BatchStatements(
-    stored=f"SELECT request_id FROM usage_events WHERE request_id IN ({_from_json(1)})",
-    insert_events=f"INSERT INTO usage_events ({', '.join(sql.EVENT_COLUMNS)}) {_from_json(len(sql.EVENT_COLUMNS))}",
-    # `WHERE true`: SQLite's grammar needs it between an upsert's SELECT and its ON CONFLICT.
-    upsert_rollups=f"INSERT INTO usage_rollups ({', '.join(sql.ROLLUP_COLUMNS)}) "
-    f"{_from_json(len(sql.ROLLUP_COLUMNS))} WHERE true {sql.ROLLUP_CONFLICT}",
-    pack=_pack,
-)
-
-
 class SqliteLedger(LedgerStore):
     name = "sqlite"
-    batch = BATCH
+    batch = BatchStatements.on(SQLITE, returning=False)
 
     def __init__(self, path: str | Path, *, busy_timeout_s: float = 10.0) -> None:
         self._file = SqliteFile(
