@@ -16,7 +16,7 @@ from typing import TypeVar
 from gateway.batches.errors import BatchStoreUnavailable
 from gateway.batches.store.operations import BatchStore
 from gateway.batches.store.sql import Dialect, schema
-from gateway.ledger.store.bulk import SQLITE
+from gateway.ledger.store.bulk import SQLITE, require_sqlite_json
 from gateway.ledger.store.operation import Operation
 from gateway.ledger.store.sqlite_file import SqliteFile
 
@@ -52,5 +52,6 @@ class SqliteBatchStore(BatchStore):
 
 
 def _prepare(db: sqlite3.Connection) -> None:
+    require_sqlite_json(db)
     for statement in schema(DIALECT):
         db.execute(statement)

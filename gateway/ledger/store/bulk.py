@@ -16,6 +16,7 @@ takes the rows in one round trip the same way.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -52,6 +53,18 @@ def _unnest_select(types: Sequence[str]) -> str:
 
 def _columns(rows: Rows, width: int) -> Sequence[object]:
     return [[row[i] for row in rows] for i in range(width)]
+
+
+def require_sqlite_json(db: sqlite3.Connection) -> None:
+    """Refuses, in words, a SQLite without its JSON functions (built in since 3.38, and compiled
+    into the usual builds before): a store opening its file calls it first."""
+    try:
+        db.execute("SELECT value FROM json_each('[1]')").fetchall()
+    except sqlite3.OperationalError as exc:
+        raise sqlite3.OperationalError(
+            f"this Python's SQLite {sqlite3.sqlite_version} lacks the JSON functions the stores write "
+            f"rows with ({exc}); use a PostgreSQL store, or a Python whose SQLite has them"
+        ) from exc
 
 
 SQLITE = Bulk(select=_json_select, pack=_json_pack)

@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from gateway.ledger.errors import LedgerUnavailable
 from gateway.ledger.store import sql
-from gateway.ledger.store.bulk import SQLITE
+from gateway.ledger.store.bulk import SQLITE, require_sqlite_json
 from gateway.ledger.store.operation import Operation
 from gateway.ledger.store.operations import BatchStatements, LedgerStore
 from gateway.ledger.store.sqlite_file import SqliteFile
@@ -45,13 +45,7 @@ class SqliteLedger(LedgerStore):
 
 def _prepare(db: sqlite3.Connection) -> None:
     """The ledger's tables, and the columns added since the first release."""
-    try:  # built into SQLite since 3.38, and compiled into the usual builds before it
-        db.execute("SELECT value FROM json_each('[1]')").fetchall()
-    except sqlite3.OperationalError as exc:
-        raise sqlite3.OperationalError(
-            f"this Python's SQLite {sqlite3.sqlite_version} lacks the JSON functions the ledger "
-            f"commits batches with ({exc}); use a PostgreSQL store or a Python whose SQLite has them"
-        ) from exc
+    require_sqlite_json(db)
     for statement in sql.SCHEMA:
         db.execute(statement)
     present = {row[1] for row in db.execute("PRAGMA table_info(usage_events)")}
