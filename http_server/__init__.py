@@ -5,13 +5,14 @@ of connections; these are the bounds a public server needs (slowloris, oversized
 
 - `ServerLimits` (limits.py): the typed, documented limits, a `server:` section in each config;
 - `server_config` (server.py): a uvicorn config whose connections enforce the connection cap, the
-  header read timeout and the header size limit, answering in OpenAI's error format;
+  header read timeout and the header size limit, answering in OpenAI's error format; and, where
+  asked, whose client leaving cancels its request's task (`client_left` tells the app why);
 - `read_body` (body.py): the request body within the size limit and the body read timeout, and
   `ClientDisconnected` when the client leaves before sending it.
 """
 
 from http_server.body import ClientDisconnected, read_body
 from http_server.limits import ServerLimits
-from http_server.server import server_config
+from http_server.server import client_left, server_config
 
-__all__ = ["ClientDisconnected", "ServerLimits", "read_body", "server_config"]
+__all__ = ["ClientDisconnected", "ServerLimits", "client_left", "read_body", "server_config"]

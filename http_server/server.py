@@ -6,7 +6,13 @@ refused here never reaches the app. Refusals are written directly, with `connect
 the connection is closed; in OpenAI's error format, or in the format the server was given for
 the path the request named (`error_formats`: the gateway's /v1/messages answers in Anthropic's).
 An app's answer given before the request's body arrived also says `connection: close` and ends
-the connection cleanly (`_EarlyAnswerCycle`).
+the connection cleanly (`_ServerCycle`).
+
+With `cancel_on_disconnect`, a client that leaves once its request has arrived in full cancels
+the request's task (uvicorn only flags the cycle, and an app awaiting an upstream never looks):
+the app's clean-up runs at once, not when the upstream answers to nobody. The scope then says so
+(`client_left`), so the app can tell this cancellation from any other; one the app lets through
+ends in the server, quietly, not as an "Exception in ASGI application".
 """
 
 from __future__ import annotations
@@ -57,9 +63,20 @@ def refusal(error: APIError, path: bytes = b"", formats: ErrorFormats | None = N
     return b"".join([*head, b"\r\n", body])
 
 
-class _EarlyAnswerCycle(RequestResponseCycle):
-    """uvicorn's request cycle, which says `connection: close` when the app answers before the
-    request's body has arrived (401 for a missing key, 404, 405, 413, 408).
+# Set in the request's scope when the client left while the app was still answering.
+CLIENT_LEFT = "meridian.client_left"
+
+
+def client_left(scope: Mapping[str, Any]) -> bool:
+    """Whether the request's client left before its response was complete (and the server, with
+    `cancel_on_disconnect`, cancelled the request's task for it)."""
+    return CLIENT_LEFT in scope
+
+
+class _ServerCycle(RequestResponseCycle):
+    """uvicorn's request cycle, which keeps its task (so that a client leaving can cancel it) and
+    says `connection: close` when the app answers before the request's body has arrived (401 for
+    a missing key, 404, 405, 413, 408).
 
     Plain uvicorn keeps such a connection, reading and dropping the rest of the body for as long
     as the client sends it; ours half-closed it without saying so, and a kept-alive client's next
@@ -70,6 +87,30 @@ class _EarlyAnswerCycle(RequestResponseCycle):
     long as a slow client takes to send it."""
 
     closes_early = False
+    task: asyncio.Task[None] | None = None
+    inner_app: Any = None
+
+    async def run_asgi(self, app: Any) -> None:
+        self.task = asyncio.current_task()  # type: ignore[assignment]
+        self.inner_app = app
+        await super().run_asgi(self._app)
+
+    async def _app(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await self.inner_app(scope, receive, send)
+        except asyncio.CancelledError:
+            if not client_left(scope):
+                raise
+            # Ours: the request ended with its client; nothing failed.
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+
+    def cancel_for_departure(self) -> None:
+        """The client left: cancel the app's work if its request had arrived in full (else the
+        app, reading the body, learns it from `receive`: read_body's ClientDisconnected)."""
+        if self.task is None or self.task.done() or self.more_body or self.response_complete:
+            return
+        self.scope[CLIENT_LEFT] = True  # type: ignore[literal-required]
+        self.task.cancel()
 
     async def send(self, message: Any) -> None:
         if message["type"] == "http.response.start" and self.more_body and not self.response_started:
@@ -92,6 +133,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     limits = ServerLimits()
     error_formats: ErrorFormats = {}
+    cancel_on_disconnect = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -118,7 +160,10 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_head_timer()
+        cycle = self.cycle
         super().connection_lost(exc)
+        if self.cancel_on_disconnect and isinstance(cycle, _ServerCycle):
+            cycle.cancel_for_departure()
 
     def data_received(self, data: bytes) -> None:
         if not self._refused:  # after a refusal, what the client still sends is dropped
@@ -142,16 +187,19 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._stop_head_timer()
         super().on_headers_complete()
-        if type(self.cycle) is RequestResponseCycle:
-            # uvicorn builds the cycle itself; its ASGI task has not run yet, so every send goes
-            # through the subclass (it adds behaviour only, no state of its own but a flag).
-            self.cycle.__class__ = _EarlyAnswerCycle
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        if type(cycle) is RequestResponseCycle:
+            # uvicorn builds the cycle itself; its task is made here, so every call on it goes
+            # through the subclass (which adds behaviour, and no state but its task and flag).
+            cycle.__class__ = _ServerCycle
+        super()._start_asgi_task(cycle, app)
 
     def on_response_complete(self) -> None:
         cycle = self.cycle
         if (cycle.more_body or getattr(cycle, "closes_early", False)) and not self.transport.is_closing():
             # Answered before the request's body was read (401, 404, 413, 408, ...): the response
-            # said `connection: close` (_EarlyAnswerCycle); close, gently.
+            # said `connection: close` (_ServerCycle); close, gently.
             self._linger()
             return
         super().on_response_complete()
@@ -222,10 +270,17 @@ def server_config(
     port: int,
     limits: ServerLimits,
     error_formats: ErrorFormats | None = None,
+    *,
+    cancel_on_disconnect: bool = False,
     **options: Any,
 ) -> uvicorn.Config:
-    """A uvicorn config for `app` whose connections enforce `limits`; `options` are uvicorn's."""
-    attributes = {"limits": limits, "error_formats": dict(error_formats or {})}
+    """A uvicorn config for `app` whose connections enforce `limits`; `options` are uvicorn's.
+    `cancel_on_disconnect`: a client that leaves cancels its request's task (see module doc)."""
+    attributes = {
+        "limits": limits,
+        "error_formats": dict(error_formats or {}),
+        "cancel_on_disconnect": cancel_on_disconnect,
+    }
     protocol = type("ServerProtocol", (LimitedHttpProtocol,), attributes)
     return uvicorn.Config(
         app,

@@ -12,13 +12,21 @@ Whatever a handler or a dependency raises reaches its door's exception handler, 
 the door's own error format once (errors.py), tells the call's observers how it ended, and puts
 the call's headers on the answer. Requests rejected before any door is reached (404, 405) are
 answered by the app's handler, in the format of the door whose path they named.
+
+A client that leaves before its answer is complete is no exception: the server cancels the
+request's task (http_server's `cancel_on_disconnect`), every stage's clean-up runs as the
+cancellation unwinds it (the upstream closed, the quota settled, the usage recorded), and
+`ClientDepartures`, the app's outermost layer, ends the request there, its call recorded as 499
+(the status nginx gave a client that closed its request) unless its stream's close recorded it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Annotated, Any
 
-from litestar import Request, Response
+from litestar import Litestar, Request, Response
 from litestar.di import Provide
 from litestar.params import Dependency
 from litestar.routes import HTTPRoute
@@ -27,8 +35,11 @@ from gateway.call.context import CallContext
 from gateway.call.pipeline import RequestPipeline
 from gateway.errors import to_api_error
 from gateway.upstreams.providers.anthropic_errors import anthropic_error
+from http_server import client_left
 from protocol import APIError, AuthenticationError
 from router.types import TenantPolicy
+
+logger = logging.getLogger(__name__)
 
 _CALL = "meridian.call"
 
@@ -137,3 +148,25 @@ def any_door_errors(request: Request[Any, Any, Any], exc: Exception) -> Response
     if path.startswith("/v1/models"):
         return client_errors(request, exc)
     return openai_errors(request, exc)
+
+
+class ClientDepartures:
+    """The public app as the server runs it: a request whose client left (its task cancelled by
+    the server, which says so in the scope) ends here, its call recorded as 499; any other
+    cancellation goes on."""
+
+    def __init__(self, app: Litestar) -> None:
+        self.app = app
+        self._pipeline: RequestPipeline = app.state["gateway"].pipeline
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await self.app(scope, receive, send)
+        except asyncio.CancelledError:
+            if not client_left(scope):
+                raise
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            ctx: CallContext | None = scope.get(_CALL)
+            if ctx is not None and not ctx.recorded:
+                logger.info("request %s: the client left before its answer was complete", ctx.request_id)
+                self._pipeline.record(ctx, "499", stream=False)

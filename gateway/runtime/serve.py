@@ -19,6 +19,7 @@ from typing import Any
 import uvicorn
 from litestar import Litestar
 
+from gateway.api.doors import ClientDepartures
 from gateway.app import Gateway, create_admin_app
 from gateway.upstreams.providers.anthropic_errors import anthropic_error
 from http_server import server_config
@@ -48,12 +49,14 @@ def uvicorn_config(app: Litestar, host: str, port: int, *, log_level: str = "war
     """The gateway app's server config; the limits are its own config's `server` section."""
     gateway: Gateway = app.state["gateway"]
     return server_config(
-        app,
+        ClientDepartures(app),
         host,
         port,
         gateway.config.server,
         # A request refused before the app (a malformed header) still answers in its door's format.
         error_formats={"/v1/messages": anthropic_error},
+        # A client that leaves releases its upstream, quota and admission at once (api/doors.py).
+        cancel_on_disconnect=True,
         lifespan="on",
         log_level=log_level,
         access_log=False,

@@ -24,11 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
-import yaml
 
 from tests.gateway.conftest import GLOBAL_KEY, RunningGateway, gateway_config, run_gateway
-from tests.support.processes import free_port
+from tests.support.stream_node import answer_probe, begin_stream, one_node_regions, serve_in_thread
 
 # Kernel buffers on loopback autotune to a few MB per socket (net.ipv4.tcp_wmem/rmem maxima: 4 MB
 # and 6 MB by default); four of them lie between the upstream and the client. Unbounded buffering
@@ -57,28 +55,9 @@ class EndlessUpstream:
         self.streaming = threading.Event()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or await answer_probe(scope, send):
             return
-        if scope["path"] in ("/ready", "/load"):
-            body = b'{"kv_cache_usage": 0.0, "waiting_tokens": 0, "num_running": 0, "num_waiting": 0}'
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 200,
-                    "headers": [(b"content-type", b"application/json")],
-                }
-            )
-            await send({"type": "http.response.body", "body": body})
-            return
-        while (await receive()).get("more_body"):
-            pass
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [(b"content-type", b"text/event-stream")],
-            }
-        )
+        await begin_stream(receive, send)
         self.streaming.set()
         gone = asyncio.ensure_future(receive())  # http.disconnect once the gateway lets go
         frames = _FRAME * 16
@@ -96,33 +75,14 @@ class EndlessUpstream:
 @pytest.fixture
 def upstream() -> Iterator[tuple[str, EndlessUpstream]]:
     app = EndlessUpstream()
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off", log_level="error")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "the upstream did not start"
-        time.sleep(0.01)
-    yield f"http://127.0.0.1:{port}", app
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serve_in_thread(app) as url:
+        yield url, app
 
 
 @pytest.fixture
 def gateway(upstream: tuple[str, EndlessUpstream], tmp_path: Path) -> Iterator[RunningGateway]:
     url, _ = upstream
-    node = {
-        "node_id": "endless",
-        "url": url,
-        "region": "eu-west",
-        "jurisdiction": "eu",
-        "models": ["meridian-small"],
-    }
-    regions = tmp_path / "regions.yaml"
-    regions.write_text(yaml.safe_dump({"nodes": [node]}))
+    regions = one_node_regions(tmp_path, "endless", url)
     with run_gateway(gateway_config(regions)) as running:
         yield running
 

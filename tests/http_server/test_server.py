@@ -13,10 +13,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import uvicorn
 
 from http_server import ClientDisconnected, ServerLimits, read_body, server_config
 from tests.support.processes import free_port
+from tests.support.threaded_server import running
 
 LIMITS = ServerLimits(
     max_connections=4, header_timeout_s=0.5, body_timeout_s=0.5, max_header_bytes=4096, max_body_bytes=2048
@@ -84,19 +84,10 @@ class EchoApp:
 def served() -> Iterator[tuple[int, EchoApp]]:
     app = EchoApp()
     port = free_port()
-    server = uvicorn.Server(
-        server_config(app, "127.0.0.1", port, LIMITS, lifespan="off", log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    app.loop = server.servers[0].get_loop()
-    yield port, app
-    server.should_exit = True
-    thread.join(timeout=10)
+    config = server_config(app, "127.0.0.1", port, LIMITS, lifespan="off", log_level="warning")
+    with running(config) as server:
+        app.loop = server.servers[0].get_loop()
+        yield port, app
 
 
 def connect(port: int) -> socket.socket:

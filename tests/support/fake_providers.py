@@ -32,6 +32,8 @@ from typing import Any, Literal
 
 import uvicorn
 
+from tests.support import threaded_server
+
 Kind = Literal["openai", "anthropic"]
 # (generation path, token count path) of each API.
 PATHS = {
@@ -402,20 +404,10 @@ def serve_in_thread(app: Any, *, lifespan: Literal["on", "off"] = "off") -> Iter
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     config = uvicorn.Config(app, log_level="critical", lifespan=lifespan, timeout_graceful_shutdown=1)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("server did not start")
-        time.sleep(0.01)
     try:
-        yield sock.getsockname()[1]
+        with threaded_server.running(config, [sock]):
+            yield sock.getsockname()[1]
     finally:
-        server.should_exit = True
-        server.force_exit = True
-        thread.join(timeout=5)
         sock.close()
 
 
