@@ -8,11 +8,21 @@ of connections; these are the bounds a public server needs (slowloris, oversized
   header read timeout and the header size limit, answering in OpenAI's error format; and, where
   asked, whose client leaving cancels its request's task (`client_left` tells the app why);
 - `read_body` (body.py): the request body within the size limit and the body read timeout, and
-  `ClientDisconnected` when the client leaves before sending it.
+  `ClientDisconnected` when the client leaves before sending it;
+- `EventStream` (stream.py): a streamed (SSE) response sent from the request's task, its frames
+  closed however it ended (the client leaving included).
 """
 
 from http_server.body import ClientDisconnected, read_body
 from http_server.limits import ServerLimits
 from http_server.server import client_left, server_config
+from http_server.stream import EventStream
 
-__all__ = ["ClientDisconnected", "ServerLimits", "client_left", "read_body", "server_config"]
+__all__ = [
+    "ClientDisconnected",
+    "EventStream",
+    "ServerLimits",
+    "client_left",
+    "read_body",
+    "server_config",
+]

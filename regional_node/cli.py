@@ -206,6 +206,8 @@ def serve(config: NodeConfig) -> int:
             config.host,
             config.port,
             config.server,
+            # A client that leaves aborts its engine request at once (server/serving.py).
+            cancel_on_disconnect=True,
             lifespan="on",
             log_level=config.log_level,
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,

@@ -18,14 +18,12 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from litestar import Controller, Request, delete, get, post
-from litestar.response.base import ASGIResponse
 from litestar.types import ASGIApp, Receive, Scope, Send
 
 from gateway.api.answer import Answer
 from gateway.api.body import request_body
 from gateway.api.doors import DEPENDENCIES, Call, Tenant, every_method_in_allow, openai_errors
 from gateway.api.paging import page_of, page_query
-from gateway.api.sse import EventStream
 from gateway.call.pipeline import RequestPipeline
 from gateway.responses import Run, parse_request
 from gateway.responses.items import InputItem
@@ -33,37 +31,29 @@ from gateway.responses.store import ResponseStore
 from gateway.responses.translate import ResponsesRequest, chat_request
 from gateway.runtime.tasks import run_shielded
 from gateway.translate.chat_request import ChatRequest
+from http_server import EventStream
 from protocol import InvalidRequestError
 from protocol.errors import ConflictError, NotFoundError
 from protocol.objects import InputTokenCount
 from protocol.sse import encode_event
 
 
-class _CancelOnEnd:
-    """An ASGI app: the streamed response, then the run cancelled if it is still going (the
-    client left mid-stream: its foreground run has no one to answer)."""
-
-    def __init__(self, inner: ASGIResponse, store: ResponseStore, run: Run) -> None:
-        self._inner = inner
-        self._store = store
-        self._run = run
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await self._inner(scope, receive, send)
-        finally:
-            await run_shielded(lambda: self._store.cancel(self._run), what="cancel an abandoned response")
-
-
 class _EventStream(EventStream):
+    """The run's events, then the run cancelled if it is still going (the client left
+    mid-stream: its foreground run has no one to answer)."""
+
+    __slots__ = ("_run", "_store")
+
     def __init__(self, store: ResponseStore, run: Run, headers: dict[str, str]) -> None:
         self._store = store
         self._run = run
         super().__init__(_frames(run), headers)
 
-    def to_asgi_response(self, *args: Any, **kwargs: Any) -> ASGIResponse:
-        inner = super().to_asgi_response(*args, **kwargs)
-        return _CancelOnEnd(inner, self._store, self._run)  # type: ignore[return-value]
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await run_shielded(lambda: self._store.cancel(self._run), what="cancel an abandoned response")
 
 
 async def _frames(run: Run) -> AsyncGenerator[bytes, None]:

@@ -6,6 +6,7 @@ from typing import Any
 
 import msgspec
 from litestar import Request, Response, get, post
+from litestar.types import ASGIApp
 
 from http_server import read_body
 from protocol import ChatCompletionRequest, CompletionRequest, NotFoundError, decode_request
@@ -31,13 +32,13 @@ async def _body(request: Request[Any, Any, Any], node: NodeState) -> bytes:
 
 
 @post("/v1/chat/completions", status_code=200)
-async def chat_completions(request: Request[Any, Any, Any], node: NodeState) -> Response[Any]:
+async def chat_completions(request: Request[Any, Any, Any], node: NodeState) -> ASGIApp:
     body = decode_request(await _body(request, node), ChatCompletionRequest)
     return await serve_chat(node, request, body)
 
 
 @post("/v1/completions", status_code=200)
-async def completions(request: Request[Any, Any, Any], node: NodeState) -> Response[Any]:
+async def completions(request: Request[Any, Any, Any], node: NodeState) -> ASGIApp:
     body = decode_request(await _body(request, node), CompletionRequest)
     return await serve_completion(node, request, body)
 

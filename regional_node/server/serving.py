@@ -15,15 +15,13 @@ from typing import Any
 
 import msgspec
 from litestar import Request, Response
-from litestar.background_tasks import BackgroundTask
-from litestar.response import Stream
 
+from http_server import EventStream
 from protocol import ChatCompletionRequest, CompletionRequest
 from protocol.timing import Timing
 from regional_node.server.chat import ChatFormat
 from regional_node.server.completions import CompletionFormat
 from regional_node.server.config import NodeConfig
-from regional_node.server.disconnect import until_disconnect
 from regional_node.server.errors import api_error
 from regional_node.server.generation import GenerationRequest, collect, start_generation
 from regional_node.server.metrics import NodeMetrics
@@ -36,7 +34,7 @@ from regional_node.server.prompts import (
     completion_prompt_ids,
 )
 from regional_node.server.sampling import check_supported, sampling_params
-from regional_node.server.streaming import SSE_HEADERS, SSE_MEDIA_TYPE, ChunkSource, sse_stream
+from regional_node.server.streaming import ChunkSource, sse_stream
 from regional_node.server.tenancy import tenancy_from
 from regional_node.server.tracing import NodeTracer
 from regional_node.server.wire import new_id
@@ -58,7 +56,7 @@ class NodeState:
 
 async def serve_chat(
     node: NodeState, request: Request[Any, Any, Any], body: ChatCompletionRequest
-) -> Response[Any]:
+) -> Response[Any] | EventStream:
     model = node.pool.get(body.model)
     check_supported(body)
     tokenizer = model.engine.tokenizer
@@ -73,14 +71,14 @@ async def serve_chat(
     # prefill, off the first token's path; it is done long before the response is.
     recording = asyncio.create_task(_record_prefixes(node, request.headers, model, body, prompt_ids))
     try:
-        return await _respond(node, request, job, source, body.stream, body.stream_options)
+        return await _respond(node, job, source, body.stream, body.stream_options)
     finally:
         await asyncio.shield(recording)
 
 
 async def serve_completion(
     node: NodeState, request: Request[Any, Any, Any], body: CompletionRequest
-) -> Response[Any]:
+) -> Response[Any] | EventStream:
     model = node.pool.get(body.model)
     check_supported(body)
     prompt = completion_prompt(body)
@@ -92,7 +90,7 @@ async def serve_completion(
     response_id = new_id("cmpl")
     source = CompletionFormat(body, response_id, model.name, tokenizer)
     job = _job(node, request.headers, model, body, prompt_ids, response_id, "completions", "prompt")
-    return await _respond(node, request, job, source, body.stream, body.stream_options)
+    return await _respond(node, job, source, body.stream, body.stream_options)
 
 
 async def _record_prefixes(
@@ -147,35 +145,26 @@ def _job(
 
 async def _respond(
     node: NodeState,
-    request: Request[Any, Any, Any],
     job: GenerationRequest,
     source: ChatFormat | CompletionFormat,
     stream: bool,
     stream_options: Any,
-) -> Response[Any]:
+) -> Response[Any] | EventStream:
     headers = {"x-request-id": job.request_id, "x-meridian-node": node.config.node_id}
+    # A client that leaves cancels this task (the server's `cancel_on_disconnect`), wherever it
+    # is: the engine request's iterator is closed as the cancellation unwinds it, which aborts
+    # the request and frees its KV blocks.
+    generation = await start_generation(job, node.metrics)
     if not stream:
-
-        async def run() -> tuple[bytes, str]:
-            generation = await start_generation(job, node.metrics)
-            content = _encoder.encode(source.response(await collect(generation)))
-            return content, generation.server_timing()
-
-        content, server_timing = await until_disconnect(request, run())
-        headers["server-timing"] = server_timing
+        content = _encoder.encode(source.response(await collect(generation)))
+        headers["server-timing"] = generation.server_timing()
         return Response(content=content, media_type="application/json", headers=headers)
 
-    # Waiting for the first delta (queueing + prefill) also watches for a client that leaves.
-    generation = await until_disconnect(request, start_generation(job, node.metrics))
     # What is known at the first byte; the usage chunk carries the rest.
     first = generation.timing()
     headers["server-timing"] = Timing(queue=first.queue, prefill=first.prefill).server_timing()
     include_usage = bool(stream_options is not None and stream_options.include_usage)
     chunks: ChunkSource = source
-    return Stream(
-        sse_stream(generation, chunks, include_usage=include_usage),
-        media_type=SSE_MEDIA_TYPE,
-        headers={**SSE_HEADERS, **headers},
-        # Runs after the body ends, on a disconnect too: the engine request never outlives it.
-        background=BackgroundTask(generation.close),
-    )
+    # Sent from this task and closed however it ends (http_server/stream.py): sse_stream's
+    # `finally` ends the engine request, a client that left mid-stream included.
+    return EventStream(sse_stream(generation, chunks, include_usage=include_usage), headers)

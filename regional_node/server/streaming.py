@@ -5,15 +5,16 @@ something, a chunk with finish_reason, the usage chunk (`choices: []`) if asked 
 `data: [DONE]`. A failure after the first byte becomes an OpenAI error event followed by
 [DONE], so a client never waits on a stream that will not end.
 
-Backpressure: this generator pulls the next engine delta only after Litestar has handed the
-previous chunk to uvicorn, and uvicorn's `send` waits while its socket buffer is above the
-high-water mark (64 KiB). So a slow reader holds at most that much here; the engine keeps
-generating into the request's own queue, which `max_tokens` bounds (one entry per step).
+Backpressure: this generator pulls the next engine delta only after the previous chunk was
+handed to uvicorn (http_server's `EventStream`), and uvicorn's `send` waits while its socket
+buffer is above the high-water mark (64 KiB). So a slow reader holds at most that much here; the
+engine keeps generating into the request's own queue, which `max_tokens` bounds (one entry per
+step).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
@@ -28,9 +29,6 @@ from regional_node.server.wire import usage
 
 if TYPE_CHECKING:
     from regional_node.engine import RequestDelta
-
-SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
-SSE_MEDIA_TYPE = "text/event-stream"
 
 
 class ChunkSource(Protocol):
@@ -47,7 +45,7 @@ class ChunkSource(Protocol):
 
 async def sse_stream(
     generation: Generation, source: ChunkSource, *, include_usage: bool
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """The response body of a streaming request. Always ends the engine request on exit."""
     try:
         for chunk in source.opening():
