@@ -124,16 +124,20 @@ class ResponsesController(Controller):
         responses.start(run, ctx, chat)
         if wanted.background:
             return Answer.json(run.to_object(), ctx.headers)
-        # Errors before the first token are HTTP errors, as for chat: the run's failed open
-        # raises the APIError (with this call's headers) here.
-        await run.opened
+        try:
+            # Errors before the first token are HTTP errors, as for chat: the run's failed open
+            # raises the APIError (with this call's headers) here.
+            await run.opened
+            if run.events is None:
+                await run.done.wait()
+        except BaseException:
+            if (
+                not run.finished
+            ):  # this request was cancelled (its client left): nobody else will read the run
+                await run_shielded(lambda: responses.cancel(run), what="cancel an abandoned response")
+            raise
         if run.events is not None:
             return _EventStream(responses, run, ctx.headers)
-        try:
-            await run.done.wait()
-        finally:
-            if not run.finished:  # this request was cancelled: nobody else will read the run
-                await run_shielded(lambda: responses.cancel(run), what="cancel an abandoned response")
         return Answer.json(run.to_object(), ctx.headers)
 
     @post("/input_tokens", status_code=200)

@@ -5,9 +5,10 @@ client was waiting for a whole answer, for a stream's first chunk, or reading a 
 
 The upstream sends its first frames (none, for the first two), then nothing until the gateway
 lets go of it. The tenant may hold one request at a time, so its next request is admitted only
-once the first is settled. Hypothesis drives the phase, where the client leaves (after how many
-frames, by a close or a reset) and how the frames are cut into the upstream's writes. A request
-left before its answer began is counted as 499.
+once the first is settled. Hypothesis drives the front door (chat, completions, Anthropic's
+messages, the Responses API, whose run is a task of its own), the phase, where the client leaves
+(after how many frames, by a close or a reset) and how the frames are cut into the upstream's
+writes. A request left before its answer began is counted as 499.
 """
 
 from __future__ import annotations
@@ -36,14 +37,15 @@ SILENCE_S = 120.0  # the upstream's silence: far past every deadline below
 RELEASE_S = 20.0  # generous: a loaded 2-core box still lets go within a second or two
 
 
-def _frame(i: int) -> bytes:
-    chunk = {
-        "id": "chatcmpl-leave",
-        "object": "chat.completion.chunk",
-        "created": 1,
-        "model": "meridian-small",
-        "choices": [{"index": 0, "delta": {"content": f"t{i} "}, "finish_reason": None}],
-    }
+def _frame(i: int, path: str) -> bytes:
+    """A chunk of the node's chat stream, or of its text completion stream."""
+    if path == "/v1/completions":
+        choice: dict[str, Any] = {"index": 0, "text": f"t{i} ", "finish_reason": None}
+        obj = "text_completion"
+    else:
+        choice = {"index": 0, "delta": {"content": f"t{i} "}, "finish_reason": None}
+        obj = "chat.completion.chunk"
+    chunk = {"id": "leave", "object": obj, "created": 1, "model": "meridian-small", "choices": [choice]}
     return b"data: " + json.dumps(chunk).encode() + b"\n\n"
 
 
@@ -64,7 +66,7 @@ class SilentUpstream:
         await begin_stream(receive, send)
         with self._lock:
             self.opened += 1
-        data = b"".join(_frame(i) for i in range(self.frames))
+        data = b"".join(_frame(i, scope["path"]) for i in range(self.frames))
         step = max(1, -(-len(data) // self.writes))
         for start in range(0, len(data), step):
             await send({"type": "http.response.body", "body": data[start : start + step], "more_body": True})
@@ -100,17 +102,25 @@ def gateway(
         yield running
 
 
-def _send(gateway: RunningGateway, stream: bool) -> socket.socket:
-    """A chat request on a raw socket, sent in full."""
+# Each front door that generates, with its request body; the gateway serves each from the node's
+# chat stream (the Responses door from a run of its own, in a task the request waits on).
+DOORS: dict[str, dict[str, Any]] = {
+    "/v1/chat/completions": {"messages": [{"role": "user", "content": "go"}]},
+    "/v1/completions": {"prompt": "go"},
+    "/v1/messages": {"max_tokens": 16, "messages": [{"role": "user", "content": "go"}]},
+    "/v1/responses": {"input": "go"},
+}
+
+
+def _send(gateway: RunningGateway, stream: bool, door: str = "/v1/chat/completions") -> socket.socket:
+    """A request to `door` on a raw socket, sent in full."""
     port = int(gateway.url.rsplit(":", 1)[1])
-    body = json.dumps(
-        {"model": "meridian-small", "messages": [{"role": "user", "content": "go"}], "stream": stream}
-    ).encode()
+    body = json.dumps({"model": "meridian-small", **DOORS[door], "stream": stream}).encode()
     client = socket.create_connection(("127.0.0.1", port), timeout=RELEASE_S)
     client.sendall(
-        b"POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n"
+        b"POST %s HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n"
         b"authorization: Bearer %s\r\ncontent-length: %d\r\n\r\n%s"
-        % (ONE_AT_A_TIME_KEY.encode(), len(body), body)
+        % (door.encode(), ONE_AT_A_TIME_KEY.encode(), len(body), body)
     )
     return client
 
@@ -133,20 +143,22 @@ def _peeked_status(client: socket.socket) -> bytes:
     return got[9:12]
 
 
-def _admitted(gateway: RunningGateway, silent: SilentUpstream, *, stream: bool) -> socket.socket:
+def _admitted(
+    gateway: RunningGateway, silent: SilentUpstream, *, stream: bool, door: str = "/v1/chat/completions"
+) -> socket.socket:
     """A request that reached the upstream. The slot of the example before may still be on its
     way back (the upstream saw its stream let go of a moment before the gateway settled it): a
     429 then is sent again."""
     opened = silent.opened
     deadline = time.monotonic() + RELEASE_S
-    client = _send(gateway, stream)
+    client = _send(gateway, stream, door)
     while silent.opened != opened + 1:
         assert time.monotonic() < deadline, (
             "the request never reached the upstream (its slot never came back?)"
         )
         if select.select([client], [], [], 0.02)[0] and _peeked_status(client) == b"429":
             client.close()
-            client = _send(gateway, stream)
+            client = _send(gateway, stream, door)
     return client
 
 
@@ -169,8 +181,9 @@ def _wait(what: str, done: Any) -> None:
         time.sleep(0.02)
 
 
-@settings(max_examples=18, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=36, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
+    door=st.sampled_from(sorted(DOORS)),
     phase=st.sampled_from(["waiting", "opening", "streaming"]),
     frames=st.integers(1, 4),
     writes=st.integers(1, 3),
@@ -180,6 +193,7 @@ def _wait(what: str, done: Any) -> None:
 def test_a_client_leaving_a_silent_upstream_releases_it_and_its_slot(
     gateway: RunningGateway,
     upstream: tuple[str, SilentUpstream],
+    door: str,
     phase: str,
     frames: int,
     writes: int,
@@ -189,7 +203,7 @@ def test_a_client_leaving_a_silent_upstream_releases_it_and_its_slot(
     _, silent = upstream
     silent.frames, silent.writes = (frames if phase == "streaming" else 0), writes
     released, left = silent.released, _left(gateway)
-    client = _admitted(gateway, silent, stream=phase != "waiting")
+    client = _admitted(gateway, silent, stream=phase != "waiting", door=door)
     if phase == "streaming":
         assert _status(client) == b"200"
         client.settimeout(0.2)
