@@ -1,12 +1,13 @@
-"""The SSE responses, and their guarantee that a stream is closed, however it ends.
+"""The generation doors' SSE responses, and their guarantee that a stream is closed, however it ends.
 
-A handler returns one as is, an ASGI app like answer.py's `Answer`: http_server's `EventStream`,
-whose frames are sent from the request's task and closed however the response ended: a
-client that leaves cancels the request's task (http_server's `cancel_on_disconnect`) wherever it is,
-sending a frame or waiting for the upstream's next chunk, and the closes below then run as ordinary
-awaits; the gateway's outermost layer ends the request (api/doors.py). For a chat stream, the
-ServedStream (the one owner of the upstream connection, the lease, the admission ticket and the
-quota's settlement) is closed after its frames, even when they never started.
+Each is http_server's `EventStream`, an ASGI app a handler returns as is (like answer.py's
+`Answer`): its frames are sent from the request's task and closed however the response ended. A
+client that leaves cancels that task (http_server's `cancel_on_disconnect`) wherever it is,
+sending a frame or waiting for the upstream's next chunk; the closes then run as ordinary awaits,
+and the gateway's outermost layer ends the request (api/doors.py). A chat stream's ServedStream
+(the one owner of the upstream connection, the lease, the admission ticket and the quota's
+settlement) is closed after its frames, even when they never started: a generator that never
+started runs no `finally` of its own.
 """
 
 from __future__ import annotations
