@@ -169,11 +169,29 @@ def node_main(argv: list[str] | None = None) -> int:
     return serve(config)
 
 
+def server_settings(app: Any, config: NodeConfig) -> Any:
+    """The uvicorn config the node's `app` runs under: the config's address and `server` limits,
+    and a client that leaves cancels its request, which aborts its engine request at once
+    (server/serving.py)."""
+    from http_server import server_config
+
+    return server_config(
+        app,
+        config.host,
+        config.port,
+        config.server,
+        cancel_on_disconnect=True,
+        lifespan="on",
+        log_level=config.log_level,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        access_log=config.log_level in ("debug", "trace"),
+    )
+
+
 def serve(config: NodeConfig) -> int:
     """Run the node until SIGTERM/SIGINT; 0 on a clean stop, 1 if the server could not start."""
     import uvicorn
 
-    from http_server import server_config
     from regional_node.server.app import create_app
 
     logging.basicConfig(
@@ -200,20 +218,7 @@ def serve(config: NodeConfig) -> int:
             if isinstance(captured, list):
                 captured.clear()
 
-    server = NodeServer(
-        server_config(
-            create_app(config),
-            config.host,
-            config.port,
-            config.server,
-            # A client that leaves aborts its engine request at once (server/serving.py).
-            cancel_on_disconnect=True,
-            lifespan="on",
-            log_level=config.log_level,
-            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-            access_log=config.log_level in ("debug", "trace"),
-        )
-    )
+    server = NodeServer(server_settings(create_app(config), config))
     try:
         server.run()
     except SystemExit as exc:  # uvicorn exits on a port it cannot bind
