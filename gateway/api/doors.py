@@ -16,8 +16,9 @@ answered by the app's handler, in the format of the door whose path they named.
 A client that leaves before its answer is complete is no exception: the server cancels the
 request's task (http_server's `cancel_on_disconnect`), every stage's clean-up runs as the
 cancellation unwinds it (the upstream closed, the quota settled, the usage recorded), and
-`ClientDepartures`, the app's outermost layer, ends the request there, its call recorded as 499
-(the status nginx gave a client that closed its request) unless its stream's close recorded it.
+`ClientDepartures`, the app's outermost layer, records its call as 499 (the status nginx gave a
+client that closed its request) unless its stream's close recorded it; the server then ends the
+request quietly.
 """
 
 from __future__ import annotations
@@ -152,8 +153,8 @@ def any_door_errors(request: Request[Any, Any, Any], exc: Exception) -> Response
 
 class ClientDepartures:
     """The public app as the server runs it: a request whose client left (its task cancelled by
-    the server, which says so in the scope) ends here, its call recorded as 499; any other
-    cancellation goes on."""
+    the server, which says so in the scope) has its call recorded as 499 here; the server then
+    ends it quietly."""
 
     def __init__(self, app: Litestar) -> None:
         self.app = app
@@ -163,10 +164,8 @@ class ClientDepartures:
         try:
             await self.app(scope, receive, send)
         except asyncio.CancelledError:
-            if not client_left(scope):
-                raise
-            asyncio.current_task().uncancel()  # type: ignore[union-attr]
             ctx: CallContext | None = scope.get(_CALL)
-            if ctx is not None and not ctx.recorded:
+            if client_left(scope) and ctx is not None and not ctx.recorded:
                 logger.info("request %s: the client left before its answer was complete", ctx.request_id)
                 self._pipeline.record(ctx, "499", stream=False)
+            raise

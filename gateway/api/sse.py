@@ -4,7 +4,7 @@ Each is http_server's `EventStream`, an ASGI app a handler returns as is (like a
 `Answer`): its frames are sent from the request's task and closed however the response ended. A
 client that leaves cancels that task (http_server's `cancel_on_disconnect`) wherever it is,
 sending a frame or waiting for the upstream's next chunk; the closes then run as ordinary awaits,
-and the gateway's outermost layer ends the request (api/doors.py). A chat stream's ServedStream
+and the gateway's outermost layer counts the request (api/doors.py). A chat stream's ServedStream
 (the one owner of the upstream connection, the lease, the admission ticket and the quota's
 settlement) is closed after its frames, even when they never started: a generator that never
 started runs no `finally` of its own.

@@ -17,7 +17,6 @@ import asyncio
 import json
 import select
 import socket
-import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -30,7 +29,9 @@ from hypothesis import strategies as st
 from gateway.policy import key_digest
 from router.types import TenantLimits, TenantPolicy
 from tests.gateway.conftest import RunningGateway, gateway_config, run_gateway
-from tests.support.stream_node import answer_probe, begin_stream, one_node_regions, serve_in_thread
+from tests.support.leaving import leave
+from tests.support.stream_node import answer_probe, begin_stream, one_node_regions, serve_node
+from tests.support.waiting import wait_for
 
 ONE_AT_A_TIME_KEY = "sk-test-one-at-a-time"
 SILENCE_S = 120.0  # the upstream's silence: far past every deadline below
@@ -81,7 +82,7 @@ class SilentUpstream:
 @pytest.fixture(scope="module")
 def upstream() -> Iterator[tuple[str, SilentUpstream]]:
     app = SilentUpstream()
-    with serve_in_thread(app) as url:
+    with serve_node(app) as url:
         yield url, app
 
 
@@ -174,13 +175,6 @@ def _left(gateway: RunningGateway) -> float:
     )
 
 
-def _wait(what: str, done: Any) -> None:
-    deadline = time.monotonic() + RELEASE_S
-    while not done():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.02)
-
-
 @settings(max_examples=36, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     door=st.sampled_from(sorted(DOORS)),
@@ -206,24 +200,17 @@ def test_a_client_leaving_a_silent_upstream_releases_it_and_its_slot(
     client = _admitted(gateway, silent, stream=phase != "waiting", door=door)
     if phase == "streaming":
         assert _status(client) == b"200"
-        client.settimeout(0.2)
-        try:
-            for _ in range(read):  # some of what is already there (never past it: then it is silent)
-                if not client.recv(1):
-                    break
-        except TimeoutError:
-            pass
-    if reset:  # an RST rather than a FIN: the client's process died
-        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    client.close()
+    # Some of what is already there (never past it: then the upstream is silent).
+    leave(client, read=read if phase == "streaming" else 0, reset=reset)
 
-    _wait(
-        "the gateway kept a silent upstream for a client that had left",
+    wait_for(
         lambda: silent.released == released + 1,
+        "the gateway kept a silent upstream for a client that had left",
+        RELEASE_S,
     )
     if phase != "streaming":  # no answer had begun: the client closed its request
-        _wait("the request was not counted as 499", lambda: _left(gateway) == left + 1)
+        wait_for(lambda: _left(gateway) == left + 1, "the request was not counted as 499", RELEASE_S)
     # The tenant's one slot is back: its next request is admitted (a 429 until it is settled).
     silent.frames = 1
     _admitted(gateway, silent, stream=True).close()
-    _wait("the second stream was not let go of", lambda: silent.released == released + 2)
+    wait_for(lambda: silent.released == released + 2, "the second stream was not let go of", RELEASE_S)

@@ -29,6 +29,7 @@ from tests.gateway.conftest import (
     running_fleet,
 )
 from tests.support.checkpoints import endless_checkpoint
+from tests.support.waiting import wait_for
 
 LONG = 3000  # output tokens of a generation that is still running when the test cancels it
 
@@ -79,13 +80,6 @@ def aborted(node: NodeProcess) -> float:
 def busy(node: NodeProcess) -> bool:
     load = httpx.get(node.url + "/load", headers=AUTH, timeout=5).json()
     return bool(load["num_running"] == 1 and load["kv_blocks_used"] > 0)
-
-
-def wait_for(predicate: Any, what: str, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
 
 
 def test_create_answers_a_chat_completions_greedy_text(gw: RunningGateway) -> None:

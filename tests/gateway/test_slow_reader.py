@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from tests.gateway.conftest import GLOBAL_KEY, RunningGateway, gateway_config, run_gateway
-from tests.support.stream_node import answer_probe, begin_stream, one_node_regions, serve_in_thread
+from tests.support.stream_node import answer_probe, begin_stream, one_node_regions, serve_node
 
 # Kernel buffers on loopback autotune to a few MB per socket (net.ipv4.tcp_wmem/rmem maxima: 4 MB
 # and 6 MB by default); four of them lie between the upstream and the client. Unbounded buffering
@@ -75,7 +75,7 @@ class EndlessUpstream:
 @pytest.fixture
 def upstream() -> Iterator[tuple[str, EndlessUpstream]]:
     app = EndlessUpstream()
-    with serve_in_thread(app) as url:
+    with serve_node(app) as url:
         yield url, app
 
 

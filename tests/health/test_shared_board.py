@@ -30,8 +30,10 @@ from gateway.health import (
 from tests.gateway.conftest import GLOBAL_KEY, RunningGateway, gateway_config, run_gateway
 from tests.providers.conftest import env_for, provider_entry
 from tests.providers.gateway_harness import TENANTS, US_KEY, dead_node
-from tests.support.fake_providers import FakeProvider, Fault, running, serve_in_thread
+from tests.support.fake_providers import FakeProvider, Fault, running
 from tests.support.processes import free_port
+from tests.support.threaded_server import serve_in_thread
+from tests.support.waiting import wait_for
 
 CONFIG = BreakerConfig(opens=RollingWindow(min_calls=2, failure_rate=0.5), cooldown=Cooldown(2.0))
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}
@@ -181,13 +183,6 @@ def chat(gateway: RunningGateway, model: str, key: str = GLOBAL_KEY) -> httpx.Re
         headers={"authorization": f"Bearer {key}"},
         timeout=20,
     )
-
-
-def wait_for(condition: Any, what: str, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
 
 
 def test_two_gateways_share_a_node_ejection_through_the_quota_redis(

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-import struct
 import time
 from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from http_server import ClientDisconnected, EventStream, ServerLimits, client_left, read_body, server_config
+from tests.support.leaving import leave
 from tests.support.processes import free_port
 from tests.support.threaded_server import running
 
@@ -161,9 +161,7 @@ def test_a_client_leaving_ends_its_request_at_once_and_says_why(
             assert time.monotonic() < deadline, "the stream never began"
             time.sleep(0.01)
         time.sleep(0.2)
-    if reset:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    sock.close()
+    leave(sock, reset=reset)
 
     deadline = time.monotonic() + DEADLINE_S
     while ident not in app.ended:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import struct
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -26,8 +25,10 @@ from regional_node.cli import server_settings
 from regional_node.engine import RequestDelta, SamplingParams
 from regional_node.server import NodeConfig, ServedModelConfig, create_app
 from tests.node.fakes import FakeLLMEngine, FakeRunner
+from tests.support.leaving import leave
 from tests.support.processes import free_port
 from tests.support.threaded_server import running
+from tests.support.waiting import wait_for
 
 HOLD_S = 120.0  # the engine's hold: far past the deadline below
 DEADLINE_S = 20.0  # generous: a loaded 2-core box ends the request within a second or two
@@ -99,13 +100,6 @@ def _request(port: int, body: dict[str, Any]) -> socket.socket:
     return client
 
 
-def _wait(what: str, done: Any) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not done():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.01)
-
-
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     stream=st.booleans(),
@@ -121,18 +115,13 @@ def test_a_client_leaving_ends_its_engine_request_in_every_phase(
     held, closed, aborted = runner.held, runner.closed, len(runner.aborted)
     body = {"model": "fake", "prompt": [1, 2, 3], "max_tokens": 64, "stream": stream}
     client = _request(port, body)
-    _wait("the request never reached the engine's hold", lambda: runner.held == held + 1)
-    if stream and tokens:  # the stream's answer has begun: read some of what is there
-        client.settimeout(0.2)
-        try:
-            for _ in range(read):
-                if not client.recv(1):
-                    break
-        except TimeoutError:
-            pass
-    if reset:
-        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    client.close()
+    wait_for(lambda: runner.held == held + 1, "the request never reached the engine's hold", DEADLINE_S)
+    # Where the stream's answer has begun, some of what is there.
+    leave(client, read=read if stream and tokens else 0, reset=reset)
 
-    _wait("the engine's stream was kept for a client that had left", lambda: runner.closed == closed + 1)
-    _wait("the engine request was not aborted", lambda: len(runner.aborted) == aborted + 1)
+    wait_for(
+        lambda: runner.closed == closed + 1,
+        "the engine's stream was kept for a client that had left",
+        DEADLINE_S,
+    )
+    wait_for(lambda: len(runner.aborted) == aborted + 1, "the engine request was not aborted", DEADLINE_S)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -30,9 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import uvicorn
-
-from tests.support import threaded_server
+from tests.support.threaded_server import serve_in_thread
 
 Kind = Literal["openai", "anthropic"]
 # (generation path, token count path) of each API.
@@ -394,21 +391,6 @@ async def _send_stream(send: Any, frames: Iterator[bytes], fault: Fault) -> None
             await asyncio.sleep(fault.stall_s)
         await send({"type": "http.response.body", "body": frame, "more_body": True})
     await send({"type": "http.response.body", "body": b""})
-
-
-@contextmanager
-def serve_in_thread(app: Any, *, lifespan: Literal["on", "off"] = "off") -> Iterator[int]:
-    """Serve an ASGI app with uvicorn on a free loopback port in a background thread; yields the
-    port. The thread has its own event loop, so sync and async tests alike can call the app."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(app, log_level="critical", lifespan=lifespan, timeout_graceful_shutdown=1)
-    try:
-        with threaded_server.running(config, [sock]):
-            yield sock.getsockname()[1]
-    finally:
-        sock.close()
 
 
 @contextmanager

@@ -2,7 +2,7 @@
 
 A test's app answers the gateway's probes with `answer_probe` (an idle node), and begins a chat
 stream with `begin_stream` (the request body read, the SSE head sent); what it streams after that
-(endless frames, a few then silence, ...) is the test's. `serve_in_thread` runs it on a free port,
+(endless frames, a few then silence, ...) is the test's. `serve_node` runs it on a port of its own,
 and `one_node_regions` writes the static regions file that names it as the one node of
 `meridian-small`.
 """
@@ -14,11 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import uvicorn
 import yaml
 
-from tests.support.processes import free_port
-from tests.support.threaded_server import running
+from tests.support.threaded_server import serve_in_thread
 
 _IDLE_LOAD = b'{"kv_cache_usage": 0.0, "waiting_tokens": 0, "num_running": 0, "num_waiting": 0}'
 
@@ -44,10 +42,9 @@ async def begin_stream(receive: Any, send: Any) -> None:
 
 
 @contextlib.contextmanager
-def serve_in_thread(app: Any) -> Iterator[str]:
-    """`app` under uvicorn on a free loopback port, in a daemon thread; yields its base URL."""
-    port = free_port()
-    with running(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off", log_level="error")):
+def serve_node(app: Any) -> Iterator[str]:
+    """`app` on a loopback port of its own, in a thread of the test; yields its base URL."""
+    with serve_in_thread(app) as port:
         yield f"http://127.0.0.1:{port}"
 
 
