@@ -53,7 +53,13 @@ class _EventStream(EventStream):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            await run_shielded(lambda: self._store.cancel(self._run), what="cancel an abandoned response")
+            await _abandon(self._store, self._run)
+
+
+async def _abandon(store: ResponseStore, run: Run) -> None:
+    """A foreground run whose request ended before it did: nobody else will read it, so it stops."""
+    if not run.finished:
+        await run_shielded(lambda: store.cancel(run), what="cancel an abandoned response")
 
 
 async def _frames(run: Run) -> AsyncGenerator[bytes, None]:
@@ -131,10 +137,7 @@ class ResponsesController(Controller):
             if run.events is None:
                 await run.done.wait()
         except BaseException:
-            if (
-                not run.finished
-            ):  # this request was cancelled (its client left): nobody else will read the run
-                await run_shielded(lambda: responses.cancel(run), what="cancel an abandoned response")
+            await _abandon(responses, run)  # its client left, or the run failed to open
             raise
         if run.events is not None:
             return _EventStream(responses, run, ctx.headers)
