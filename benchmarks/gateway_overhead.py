@@ -14,8 +14,9 @@ What it does, in order:
      with no limits, the in-process quota store, node credential from MERIDIAN_NODE_TOKEN, and
      every other setting at its default (access log off, INFO start-up lines only).
   3. With --compare-litellm, starts LiteLLM's proxy in front of the same upstream (one process,
-     no database, callbacks/telemetry/spend logs off, httptools installed alongside it); it is
-     pip-installed into /tmp/meridian-litellm-venv first if that venv has no `litellm` command.
+     no database, callbacks/telemetry/spend logs off, httptools installed alongside it), at the
+     release the goals are stated against (1.106.2; --litellm-version names another); it is
+     pip-installed into /tmp/meridian-litellm-VERSION-venv first if that venv has no `litellm`.
      gateway_bench/litellm_proxy.py says exactly how it is configured.
   4. With --compare-tree PATH, also starts Meridian from the checkout at PATH as `meridian_base`,
      measured in every phase like `meridian`: a before/after comparison in the same conditions
@@ -23,6 +24,9 @@ What it does, in order:
      With --workers N (N > 1), also starts a second Meridian with `--workers N` (N processes on
      one port), measured in the concurrency-32 phases only: the table's `scaling` lines set its
      throughput against the one-worker gateway's.
+     With --without-ledger, also starts the same gateway with its usage ledger off
+     (`ledger: {enabled: false}`) as `meridian_no_ledger`: what recording every request's usage
+     (the event, the in-process outbox, the SQLite writes) costs, measured beside it.
   5. Warms every system up (unrecorded requests, streamed and not), then measures four phases
      in `--rounds` rounds:
        chat_c1    non-streamed chat, concurrency 1          latency p50/p99
@@ -75,7 +79,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gateway_bench.litellm_proxy import DEFAULT_VENV, litellm_version, start_litellm
+from gateway_bench.litellm_proxy import LITELLM_VERSION, default_venv, litellm_version, start_litellm
 from gateway_bench.processes import stop_server
 from gateway_bench.report import added_latency, compare, goals, per_chunk, scaling, summarize, table
 from gateway_bench.runner import Phase, measure, measure_rss, warm_up
@@ -176,10 +180,15 @@ def running_systems(work: Path, args: argparse.Namespace) -> Iterator[list[Syste
             )
         for server in args.servers:
             started.append(start_meridian(work, upstream.base_url, server=server))
+        if args.without_ledger:
+            off = {"ledger": {"enabled": False}}
+            started.append(
+                start_meridian(work, upstream.base_url, name="meridian_no_ledger", extra_config=off)
+            )
         if args.floor:
             started += [start_floor(work, upstream.base_url, kind) for kind in ("litestar", "asgi")]
         if args.compare_litellm:
-            started.append(start_litellm(work, upstream.base_url, args.litellm_venv))
+            started.append(start_litellm(work, upstream.base_url, args.litellm_venv, args.litellm_version))
         yield started
     finally:
         for system in reversed(started):
@@ -293,7 +302,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--chunks", type=int, default=16, help="content chunks per upstream stream")
     parser.add_argument("--deadline-s", type=float, default=180.0, help="time bound of one measurement")
-    parser.add_argument("--litellm-venv", type=Path, default=DEFAULT_VENV)
+    parser.add_argument(
+        "--litellm-version",
+        default=LITELLM_VERSION,
+        help=f"the LiteLLM release to compare with (default {LITELLM_VERSION}, the goals' peer)",
+    )
+    parser.add_argument(
+        "--litellm-venv",
+        type=Path,
+        help="where LiteLLM is installed (default /tmp/meridian-litellm-VERSION-venv)",
+    )
     parser.add_argument(
         "--compare-tree", type=Path, help="also measure Meridian from this checkout, as meridian_base"
     )
@@ -303,6 +321,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=[],
         help="also measure the gateway app under these ASGI servers (granian,hypercorn): "
         "meridian_granian, meridian_hypercorn",
+    )
+    parser.add_argument(
+        "--without-ledger",
+        action="store_true",
+        help="also measure the gateway with its usage ledger off (meridian_no_ledger): what "
+        "recording every request's usage costs",
     )
     parser.add_argument(
         "--floor",
@@ -316,6 +340,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name, value in (QUICK if args.quick else FULL).items():
         if getattr(args, name) is None:
             setattr(args, name, value)
+    if args.litellm_venv is None:
+        args.litellm_venv = default_venv(args.litellm_version)
     return args
 
 

@@ -1,7 +1,10 @@
 """LiteLLM's proxy as a system under test, in a throwaway venv of its own.
 
-The venv (default /tmp/meridian-litellm-venv) is made with `python -m venv` and gets
-`pip install 'litellm[proxy]' httptools`; it is reused when its `litellm` command exists. httptools
+The venv (default /tmp/meridian-litellm-VERSION-venv) is made with `python -m venv` and gets
+`pip install 'litellm[proxy]==VERSION' httptools`; it is reused when its `litellm` command exists
+and its litellm is that version. VERSION is pinned (`LITELLM_VERSION`, the release issue 31's goals
+are stated against), so a run next month measures the same peer as this one; a newer LiteLLM is
+one flag away (gateway_overhead.py --litellm-version). httptools
 is added so that LiteLLM's uvicorn parses HTTP with the same parser as Meridian's (without it
 uvicorn falls back to the slower pure-Python h11, which would flatter Meridian).
 
@@ -26,10 +29,14 @@ from gateway_bench.processes import free_port, start_server, wait_until
 from gateway_bench.systems import REPO, System, chat_answers
 from gateway_bench.upstream import MODEL
 
-DEFAULT_VENV = Path("/tmp/meridian-litellm-venv")
+# The peer the gateway's speed goals are ratios to (issue 31: LiteLLM's proxy 1.106.2).
+LITELLM_VERSION = "1.106.2"
 MASTER_KEY = "sk-litellm-bench"
-PACKAGES = ("litellm[proxy]", "httptools")
 INSTALL_TIMEOUT_S = 1800
+
+
+def default_venv(version: str) -> Path:
+    return Path(f"/tmp/meridian-litellm-{version}-venv")
 
 
 def litellm_command(venv: Path) -> Path:
@@ -54,24 +61,31 @@ def _installed_version(venv: Path) -> str | None:
     return result.stdout.strip() if result.returncode == 0 and result.stdout.strip() else None
 
 
-def ensure_litellm(venv: Path, log_path: Path) -> Path:
-    """The `litellm` command in `venv`, installing it first if needed (slow: minutes)."""
+def ensure_litellm(venv: Path, version: str, log_path: Path) -> Path:
+    """The `litellm` command of LiteLLM `version` in `venv`, installing it first if needed (slow:
+    minutes)."""
     command = litellm_command(venv)
     if command.exists():
-        # A venv in /tmp can be half-made or rebuilt by someone else with another interpreter:
-        # say so plainly instead of deleting a folder this run did not make.
-        if _installed_version(venv) is None:
+        # A venv in /tmp can be half-made, rebuilt by someone else with another interpreter, or
+        # hold another release: say so plainly instead of deleting a folder this run did not make.
+        installed = _installed_version(venv)
+        if installed is None:
             raise RuntimeError(
                 f"{venv} has a litellm command but its interpreter cannot load it; remove the folder"
             )
+        if installed != version:
+            raise RuntimeError(
+                f"{venv} holds litellm {installed}, not {version}; name another --litellm-venv"
+            )
         return command
-    print(f"installing {' '.join(PACKAGES)} into {venv} (log: {log_path}) ...", flush=True)
+    packages = (f"litellm[proxy]=={version}", "httptools")
+    print(f"installing {' '.join(packages)} into {venv} (log: {log_path}) ...", flush=True)
     with open(log_path, "wb") as log:
         # The base interpreter, not our venv's: the throwaway venv must not see Meridian's packages.
         base = getattr(sys, "_base_executable", sys.executable)
         subprocess.run([base, "-m", "venv", str(venv)], check=True, stdout=log, stderr=subprocess.STDOUT)
         subprocess.run(
-            [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", *PACKAGES],
+            [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", *packages],
             check=True,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -139,8 +153,8 @@ def litellm_env() -> dict[str, str]:
     return env
 
 
-def start_litellm(work: Path, upstream_url: str, venv: Path) -> System:
-    command = ensure_litellm(venv, work / "litellm-install.log")
+def start_litellm(work: Path, upstream_url: str, venv: Path, version: str) -> System:
+    command = ensure_litellm(venv, version, work / "litellm-install.log")
     port = free_port()
     config = write_litellm_config(work, upstream_url)
     cmd = [

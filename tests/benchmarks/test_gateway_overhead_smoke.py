@@ -126,3 +126,20 @@ def test_main_measures_direct_and_meridian_and_writes_every_key(
     printed = capsys.readouterr().out
     assert "meridian" in printed and "scaling chat_c32" in printed and "rss meridian" in printed
     assert "independent method" in printed
+
+
+def test_without_ledger_measures_the_same_gateway_with_its_ledger_off(
+    gateway_overhead, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "gateway_overhead.json"
+    tiny = ["--requests-c1", "5", "--requests-c32", "40", "--streams", "5", "--streams-c32", "40"]
+    tiny += ["--warmup", "4", "--rounds", "1", "--rss-requests", "0", "--sequential-requests", "0"]
+    assert gateway_overhead.main([*tiny, "--without-ledger", "--deadline-s", "60", "--out", str(out)]) == 0
+
+    result = json.loads(out.read_text())
+    assert set(result["systems"]) == {"direct", "meridian", "meridian_no_ledger"}
+    off = result["systems"]["meridian_no_ledger"]
+    assert set(off) == PHASES
+    assert all(phase["errors"] == 0 for phase in off.values())
+    assert set(result["added_latency_ms"]) == {"meridian", "meridian_no_ledger"}
+    assert "meridian_no_ledger" in capsys.readouterr().out
