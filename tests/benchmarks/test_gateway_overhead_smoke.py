@@ -55,16 +55,20 @@ GOALS = {
 }
 
 
+# Each phase a handful of requests, one round: enough to run every code path.
+TINY = ["--requests-c1", "5", "--requests-c32", "40", "--streams", "5", "--streams-c32", "40"]
+TINY += ["--warmup", "4", "--rounds", "1", "--deadline-s", "60"]
+
+
 # About 15 s (three server processes, one with two workers, and a dozen load-generator
 # processes), so not marked slow.
 def test_main_measures_direct_and_meridian_and_writes_every_key(
     gateway_overhead, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "gateway_overhead.json"
-    tiny = ["--requests-c1", "5", "--requests-c32", "40", "--streams", "5", "--streams-c32", "40"]
-    tiny += ["--warmup", "4", "--rounds", "1", "--rss-requests", "200", "--workers", "2"]
-    tiny += ["--sequential-requests", "5", "--sequential-rounds", "2"]
-    assert gateway_overhead.main([*tiny, "--deadline-s", "60", "--out", str(out)]) == 0
+    more = ["--rss-requests", "200", "--workers", "2"]
+    more += ["--sequential-requests", "5", "--sequential-rounds", "2"]
+    assert gateway_overhead.main([*TINY, *more, "--out", str(out)]) == 0
 
     result = json.loads(out.read_text())
     assert set(result) == {
@@ -132,9 +136,8 @@ def test_without_ledger_measures_the_same_gateway_with_its_ledger_off(
     gateway_overhead, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "gateway_overhead.json"
-    tiny = ["--requests-c1", "5", "--requests-c32", "40", "--streams", "5", "--streams-c32", "40"]
-    tiny += ["--warmup", "4", "--rounds", "1", "--rss-requests", "0", "--sequential-requests", "0"]
-    assert gateway_overhead.main([*tiny, "--without-ledger", "--deadline-s", "60", "--out", str(out)]) == 0
+    more = ["--rss-requests", "0", "--sequential-requests", "0", "--without-ledger"]
+    assert gateway_overhead.main([*TINY, *more, "--out", str(out)]) == 0
 
     result = json.loads(out.read_text())
     assert set(result["systems"]) == {"direct", "meridian", "meridian_no_ledger"}
