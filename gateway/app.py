@@ -161,6 +161,7 @@ def build_gateway(
         probe_client,
         interval_s=timeouts.probe_interval_s,
         timeout_s=timeouts.probe_s,
+        misses=timeouts.probe_misses,
         headers=auth_headers,
         metrics=metrics,
     )

@@ -118,6 +118,11 @@ class TimeoutsConfig(Section):
     read_s: Positive = 120.0  # a whole non-streaming response
     stream_idle_s: Positive = 30.0  # the longest gap between two streamed chunks (first one included)
     probe_s: Positive = 0.5  # one health probe (/ready, /load)
+    # /ready probes in a row left unanswered within probe_s before a node that was ready leaves
+    # routing: a busy node (its event loop starved on a loaded host) can miss one, and with one node
+    # per model a single miss would refuse every request for a round. An answer other than 200, or
+    # a connection the node refuses or breaks off, takes it out at once.
+    probe_misses: Annotated[int, msgspec.Meta(ge=1)] = 2
     # Between probe rounds. Admission estimates from the nodes' last /load reports: at tens of
     # requests a second a report a second old has missed most of what finished since
     # (benchmarks/admission.py: at 2x capacity, goodput 45% of capacity with 1 s, 99% with 0.25 s).

@@ -215,7 +215,14 @@ class GatewayMetrics:
         )
         self.node_ready = Gauge(
             "meridian_gateway_node_ready",
-            "1 when the node's last /ready probe answered 200.",
+            "1 while the node is routed to: its last answered /ready probe said 200, and fewer than "
+            "timeouts.probe_misses in a row went unanswered since.",
+            ["node_id", "region"],
+            registry=r,
+        )
+        self.node_probe_missed = Counter(
+            "meridian_gateway_node_probe_missed_total",
+            "/ready probes the node left unanswered within timeouts.probe_s (a busy or hung node).",
             ["node_id", "region"],
             registry=r,
         )
@@ -232,9 +239,14 @@ class GatewayMetrics:
             registry=r,
         )
 
-    def node_probed(self, node_id: str, region: str, *, ready: bool, load: NodeLoad | None) -> None:
-        """A node's probe (gateway/health/probes.py): whether it is ready, and what its /load said."""
+    def node_probed(
+        self, node_id: str, region: str, *, ready: bool, load: NodeLoad | None, missed: bool = False
+    ) -> None:
+        """A node's probe (gateway/health/probes.py): whether it is ready, whether its /ready went
+        unanswered, and what its /load said."""
         self.node_ready.labels(node_id, region).set(1.0 if ready else 0.0)
+        if missed:
+            self.node_probe_missed.labels(node_id, region).inc()
         if load is None:
             return
         # The queue age per tier and the probe state of each of the node's models.

@@ -35,11 +35,12 @@ import time
 from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Final, Literal
 
 import msgspec
 
 from gateway.discovery.interface import RegionDirectory
-from gateway.http import ConnectionPool, TransportError
+from gateway.http import ConnectionPool, Timeout, TransportError
 from gateway.metrics import GatewayMetrics
 from gateway.runtime.tasks import cancel_and_wait
 from protocol.load import LoadReport
@@ -72,6 +73,13 @@ class ProbeResult:
     load: NodeLoad | None
     checked_at: float
     load_at: float | None = None  # when `load` was read (earlier than checked_at if carried over)
+    missed: int = 0  # /ready probes in a row left unanswered within the probe's timeout
+
+
+# A probe GET that got no answer within the timeout (a busy node can miss one), as opposed to one
+# the node refused or broke off (None) or answered ((status, body)).
+_LATE: Final = "late"
+_Answer = tuple[int, bytes] | Literal["late"] | None
 
 
 _load_decoder = msgspec.json.Decoder(LoadReport)
@@ -268,13 +276,17 @@ class NodeProber:
         interval_s: float,
         timeout_s: float,
         headers: dict[str, str],
+        misses: int = 2,
         metrics: GatewayMetrics | None = None,
     ) -> None:
-        """`metrics`: told each node's probe (readiness, queue ages); None counts nothing."""
+        """`misses`: unanswered /ready probes in a row that take a ready node out of routing
+        (`timeouts.probe_misses`). `metrics`: told each node's probe (readiness, queue ages); None
+        counts nothing."""
         self._directory = directory
         self._pool = pool
         self._interval_s = interval_s
         self._timeout_s = timeout_s
+        self._misses = misses
         self._headers = dict(headers)
         self._metrics = metrics
         self._results: dict[str, ProbeResult] = {}
@@ -333,7 +345,9 @@ class NodeProber:
         self._overlaid = {n: o for n, o in self._overlaid.items() if n in self._results}
         if self._metrics is not None:
             for node, result in zip(nodes, results, strict=True):
-                self._metrics.node_probed(node.node_id, node.region, ready=result.ready, load=result.load)
+                self._metrics.node_probed(
+                    node.node_id, node.region, ready=result.ready, load=result.load, missed=result.missed > 0
+                )
 
     async def _loop(self) -> None:
         while True:
@@ -345,11 +359,19 @@ class NodeProber:
 
     async def _probe(self, node: NodeInfo) -> ProbeResult:
         asked_at = time.monotonic()
-        ready, load = await asyncio.gather(self._ready(node), self._load(node, asked_at))
+        answer, load = await asyncio.gather(self._get(node, "/ready"), self._load(node, asked_at))
         now = time.monotonic()
-        if load is not None:
-            return ProbeResult(ready=ready, load=load, checked_at=now, load_at=now)
         last = self._results.get(node.node_id)
+        missed = 0
+        if answer == _LATE:
+            # Still ready through fewer than `misses` unanswered rounds, if it was ready: what a
+            # node too busy to answer in time says is unknown, not "not ready".
+            missed = (last.missed if last is not None else 0) + 1
+            ready = last is not None and last.ready and missed < self._misses
+        else:
+            ready = isinstance(answer, tuple) and answer[0] == 200
+        if load is not None:
+            return ProbeResult(ready=ready, load=load, checked_at=now, load_at=now, missed=missed)
         if (
             ready
             and last is not None
@@ -357,28 +379,29 @@ class NodeProber:
             and last.load_at is not None
             and now - last.load_at <= max(_LOAD_KEPT_ROUNDS * self._interval_s, _LOAD_KEPT_MIN_S)
         ):
-            return ProbeResult(ready=ready, load=last.load, checked_at=now, load_at=last.load_at)
-        return ProbeResult(ready=ready, load=None, checked_at=now)
+            return ProbeResult(
+                ready=ready, load=last.load, checked_at=now, load_at=last.load_at, missed=missed
+            )
+        return ProbeResult(ready=ready, load=None, checked_at=now, missed=missed)
 
-    async def _get(self, node: NodeInfo, path: str) -> tuple[int, bytes] | None:
-        """(status, body) of GET `path` on the node; None if it could not be asked or answer."""
+    async def _get(self, node: NodeInfo, path: str) -> _Answer:
+        """(status, body) of GET `path` on the node; `_LATE` if no answer came within the
+        timeout; None if the node could not be asked (refused, a bad URL) or broke the answer off."""
         try:
             response = await self._pool.get(
                 node.url.rstrip("/") + path, headers=self._headers, timeout_s=self._timeout_s
             )
+        except Timeout:
+            return _LATE
         except (ValueError, TransportError):  # a bad URL in the directory must not end the round
             return None
         return response.status, response.body
-
-    async def _ready(self, node: NodeInfo) -> bool:
-        answer = await self._get(node, "/ready")
-        return answer is not None and answer[0] == 200
 
     async def _load(self, node: NodeInfo, asked_at: float) -> NodeLoad | None:
         mirror = self._mirrors.setdefault(node.node_id, PrefixMirror())
         since = mirror.since()
         answer = await self._get(node, "/load" + (f"?prefixes={since}" if since else ""))
-        if answer is None or answer[0] != 200:
+        if not isinstance(answer, tuple) or answer[0] != 200:
             return None
         try:
             report = _load_decoder.decode(answer[1])

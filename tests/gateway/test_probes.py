@@ -11,8 +11,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from gateway.health import BreakerBoard, ejection
-from gateway.health.probes import NodeProber
+from gateway.health.probes import NodeProber, ProbeResult
 from gateway.http import ConnectionPool
+from gateway.metrics import GatewayMetrics
 from gateway.upstreams.fleet import Fleet, NoProviders
 from router.load import load_facts
 from router.params import DEFAULT_PARAMS
@@ -109,22 +110,24 @@ async def test_a_node_that_does_not_answer_is_not_ready() -> None:
         await pool.aclose()
 
 
-class _FlakyLoadNode(_Node):
-    """Answers /ready, and /load only while `load_ok` (else never, so the probe times out)."""
+class _FlakyNode(_Node):
+    """Answers /ready with `status` and /load with 200, except the paths in `silent`, which it
+    never answers (so their probe times out): a node too busy to answer in time."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.load_ok = True
+        self.silent: set[bytes] = set()
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while head := await reader.readuntil(b"\r\n\r\n"):
-                path = head.split(b" ", 2)[1]
-                if path == b"/load" and not self.load_ok:
+                path = head.split(b" ", 2)[1].split(b"?")[0]
+                if path in self.silent:
                     await asyncio.sleep(5)
                     return
+                status = 200 if path == b"/load" else self.status
                 body = json.dumps({"waiting_tokens": 500} if path == b"/load" else {}).encode()
-                writer.write(b"HTTP/1.1 200 X\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+                writer.write(b"HTTP/1.1 %d X\r\ncontent-length: %d\r\n\r\n%s" % (status, len(body), body))
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
@@ -134,7 +137,7 @@ class _FlakyLoadNode(_Node):
 
 async def test_a_missed_load_report_keeps_the_last_one_for_a_few_rounds() -> None:
     """A busy node that misses one /load answer must not look idle for that round."""
-    fake = _FlakyLoadNode()
+    fake = _FlakyNode()
     server = await asyncio.start_server(fake.handle, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
     pool = ConnectionPool(connect_timeout_s=0.2)
@@ -144,12 +147,107 @@ async def test_a_missed_load_report_keeps_the_last_one_for_a_few_rounds() -> Non
             await prober.probe_all()
             first = prober.result("busy")
             assert first is not None and first.load is not None and first.load.waiting_tokens == 500
-            fake.load_ok = False
+            fake.silent = {b"/load"}
             await prober.probe_all()
             second = prober.result("busy")
             assert second is not None and second.ready
             assert second.load is not None and second.load.waiting_tokens == 500  # carried over
             assert second.load_at == first.load_at
+    finally:
+        await pool.aclose()
+
+
+async def test_a_ready_node_that_misses_probes_stays_routed_until_it_misses_probe_misses_in_a_row() -> None:
+    """A busy node whose event loop cannot answer /ready in time is not taken out of routing for
+    one miss (with one node per model that would refuse every request for a round): only
+    `misses` unanswered probes in a row take it out, and an answer brings it back. Its last
+    /load is carried meanwhile; the metric counts each miss."""
+    fake = _FlakyNode()
+    server = await asyncio.start_server(fake.handle, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    pool = ConnectionPool(connect_timeout_s=0.2)
+    metrics = GatewayMetrics()
+    prober = NodeProber(
+        _Directory([_node("busy", url)]),
+        pool,
+        interval_s=10.0,
+        timeout_s=0.2,
+        headers={},
+        misses=3,
+        metrics=metrics,
+    )
+
+    def missed_total() -> float:
+        labels = {"node_id": "busy", "region": "eu-west"}
+        return metrics.registry.get_sample_value("meridian_gateway_node_probe_missed_total", labels) or 0.0
+
+    async def probe() -> ProbeResult:
+        await prober.probe_all()
+        result = prober.result("busy")
+        assert result is not None
+        return result
+
+    try:
+        async with server:
+            first = await probe()
+            assert first.ready and first.missed == 0 and first.load is not None
+            fake.silent = {b"/ready", b"/load"}
+            for missed in (1, 2):
+                late = await probe()
+                assert (late.ready, late.missed, missed_total()) == (True, missed, missed)
+                assert late.load is not None and late.load_at == first.load_at  # carried over
+            out = await probe()
+            assert (out.ready, out.missed, missed_total()) == (False, 3, 3)
+            assert out.load is None
+            assert (await probe()).ready is False  # out until it answers
+
+            fake.silent = set()
+            back = await probe()
+            assert back.ready and back.missed == 0 and back.load is not None
+            fake.silent = {b"/ready"}
+            assert (await probe()).ready  # the count starts again
+    finally:
+        await pool.aclose()
+
+
+async def test_a_node_that_says_it_is_not_ready_or_refuses_the_probe_is_out_at_once() -> None:
+    """Only silence is tolerated: an answer other than 200, or a refused connection, takes a ready
+    node out of routing on that probe; and a node never heard from is not ready however it is
+    silent."""
+    fake = _FlakyNode()
+    server = await asyncio.start_server(fake.handle, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    pool = ConnectionPool(connect_timeout_s=0.2)
+    prober = NodeProber(
+        _Directory([_node("n", url)]), pool, interval_s=10.0, timeout_s=0.2, headers={}, misses=3
+    )
+    try:
+        async with server:
+            await prober.probe_all()
+            assert prober.result("n").ready  # type: ignore[union-attr]
+            fake.status = 503  # draining, or its models fail their probes
+            await prober.probe_all()
+            assert not prober.result("n").ready  # type: ignore[union-attr]
+            fake.status = 200
+            await prober.probe_all()
+            assert prober.result("n").ready  # type: ignore[union-attr]
+            # Its process is gone: the port refuses connections.
+            server.close()
+            await server.wait_closed()
+            await pool.aclose()  # no kept-alive connection to it either
+            await prober.probe_all()
+            refused = prober.result("n")
+            assert refused is not None and not refused.ready and refused.missed == 0
+
+        silent = await asyncio.start_server(lambda r, w: asyncio.sleep(5), "127.0.0.1", 0)
+        silent_url = f"http://127.0.0.1:{silent.sockets[0].getsockname()[1]}"
+        fresh = NodeProber(
+            _Directory([_node("new", silent_url)]), pool, interval_s=10.0, timeout_s=0.2, headers={}, misses=3
+        )
+        async with silent:
+            await fresh.probe_all()
+        new = fresh.result("new")
+        assert new is not None and not new.ready and new.missed == 1
     finally:
         await pool.aclose()
 

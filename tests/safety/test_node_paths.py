@@ -176,8 +176,9 @@ def test_a_sensitive_tenants_prompt_is_never_in_the_audit_log(gw: RunningGateway
 def learned_span(gw: RunningGateway, path: str, body: dict[str, Any]) -> str:
     """A stretch from well past the hold-back window of what the model answers to `body`
     (greedy, so the same every time): the span an output policy will block."""
-    answer = post(gw, path, PLAIN, body).json()
-    choice = answer["choices"][0]
+    response = post(gw, path, PLAIN, body)
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
     text = choice.get("message", {}).get("content") if "message" in choice else choice["text"]
     assert len(text) > 160, text
     start = 130
