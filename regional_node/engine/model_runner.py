@@ -12,10 +12,10 @@ import torch
 from regional_node.engine.attention.base import AttentionBackend, LayerKVCache, PrefillSpan, StepLayout
 from regional_node.engine.cuda_graphs import DecodeGraphs
 from regional_node.engine.models.llama import LlamaModel
-from regional_node.engine.sampler import sample
+from regional_node.engine.sampler import SampledToken, sample
 from regional_node.engine.sampling_params import SamplingParams
 from regional_node.engine.scheduler import ScheduledChunk
-from regional_node.engine.speculative.verify import TokenWithLogprob, VerifyRun, verify
+from regional_node.engine.speculative.verify import VerifyRun, verify
 
 # What the runner needs to sample for a chunk that completes its sequence's known tokens.
 SamplingRequest = tuple[SamplingParams, torch.Generator | None]
@@ -53,20 +53,20 @@ class ModelRunner:
         chunks: list[ScheduledChunk],
         sampling: list[SamplingRequest | None],
         draft_probs: list[torch.Tensor | None] | None = None,
-    ) -> list[list[TokenWithLogprob] | None]:
+    ) -> list[list[SampledToken] | None]:
         """Computes every chunk; for chunks with a SamplingRequest returns the new tokens with their
         logprobs (one, or for a speculating chunk its accepted proposals and the target's token
         after them), else None. `draft_probs[i]`: the draft model's distributions q that chunk i's
         proposals were sampled from, one row per proposal (None: point masses, as n-gram ones)."""
         step = flatten_step(chunks, sampling, self.block_size)
         logits = self._logits(step)
-        results: list[list[TokenWithLogprob] | None] = [None] * len(chunks)
+        results: list[list[SampledToken] | None] = [None] * len(chunks)
         if step.sampled:
             requests = [sampling[i] for i in step.sampled]
             rows = logits[: len(step.sampled)] if step.verified else logits
-            tokens, logprobs = sample(rows, [r[0] for r in requests if r], [r[1] for r in requests if r])
-            for i, token, logprob in zip(step.sampled, tokens, logprobs, strict=True):
-                results[i] = [(token, logprob)]
+            emitted = sample(rows, [r[0] for r in requests if r], [r[1] for r in requests if r])
+            for i, token in zip(step.sampled, emitted, strict=True):
+                results[i] = [token]
         if step.verified:
             runs = []
             for i, first_row in step.verified:

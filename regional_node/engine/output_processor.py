@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from regional_node.engine.detokenizer import IncrementalDetokenizer
-from regional_node.engine.outputs import Finish, RequestDelta
+from regional_node.engine.outputs import Alternatives, Finish, RequestDelta
+from regional_node.engine.sampler import SampledToken
 from regional_node.engine.sampling_params import SamplingParams
 from regional_node.engine.sequence import Sequence
 from regional_node.engine.stop_strings import StopStringMatcher
@@ -31,7 +32,12 @@ class RequestState:
             self.first_scheduled_time = now
 
     def delta(
-        self, token_ids: list[int], text: str, logprobs: list[float], finish: Finish | None
+        self,
+        token_ids: list[int],
+        text: str,
+        logprobs: list[float],
+        finish: Finish | None,
+        top_logprobs: list[Alternatives] | None = None,
     ) -> RequestDelta:
         seq = self.seq
         return RequestDelta(
@@ -39,6 +45,7 @@ class RequestState:
             new_token_ids=token_ids,
             new_text=text,
             new_logprobs=logprobs,
+            new_top_logprobs=top_logprobs or [],
             finished=finish is not None,
             finish_reason=finish.reason if finish is not None else None,
             prompt_tokens=seq.num_prompt_tokens,
@@ -48,38 +55,45 @@ class RequestState:
         )
 
 
-def append_token(state: RequestState, token: int, logprob: float | None) -> RequestDelta:
+def append_token(state: RequestState, sampled: SampledToken) -> RequestDelta:
     """Add one sampled token to the request and say what the client gets for it.
 
     Stop tokens (EOS unless ignore_eos, and stop_token_ids) stay in the token ids but add no text.
     """
     seq = state.seq
+    token, logprob = sampled.token, sampled.logprob
     seq.token_ids.append(token)
     text, finish = _token_text(state, token)
     if finish is None and seq.num_output_tokens >= state.params.max_tokens:
         rest, finish = _end(state, Finish("length"))
         text += rest
-    logprobs = [logprob] if state.params.logprobs and logprob is not None else []
-    delta = state.delta([token], text, logprobs, finish)
+    logprobs: list[float] = []
+    tops: list[Alternatives] = []
+    if state.params.logprobs and logprob is not None:
+        logprobs.append(logprob)
+        if state.params.top_logprobs:
+            tops.append(sampled.top)
+    delta = state.delta([token], text, logprobs, finish, tops)
     if seq.num_output_tokens == 1 and state.first_scheduled_time is not None:
         delta.queue_time_s = state.first_scheduled_time - state.arrival_time
         delta.prefill_time_s = time.monotonic() - state.first_scheduled_time
     return delta
 
 
-def append_tokens(state: RequestState, tokens: list[tuple[int, float | None]]) -> RequestDelta:
+def append_tokens(state: RequestState, tokens: list[SampledToken]) -> RequestDelta:
     """Several tokens from one step (a verification's accepted run), one by one through
     `append_token`, merged into one delta; tokens after one that ends the request are dropped, so a
     stop token, stop string or max_tokens inside the run ends it exactly where decoding one token
     at a time would have."""
-    delta = append_token(state, *tokens[0])
-    for token, logprob in tokens[1:]:
+    delta = append_token(state, tokens[0])
+    for sampled in tokens[1:]:
         if delta.finished:
             break
-        more = append_token(state, token, logprob)
+        more = append_token(state, sampled)
         delta.new_token_ids += more.new_token_ids
         delta.new_text += more.new_text
         delta.new_logprobs += more.new_logprobs
+        delta.new_top_logprobs += more.new_top_logprobs
         delta.finished, delta.finish_reason = more.finished, more.finish_reason
         delta.stop_reason = more.stop_reason
         delta.num_output_tokens = more.num_output_tokens

@@ -7,6 +7,10 @@ from typing import Literal
 
 FinishReason = Literal["stop", "length", "abort"]
 
+# A token's most likely alternatives, most likely first: (token id, logprob) from the distribution
+# it was sampled from (the same as its own logprob's).
+Alternatives = tuple[tuple[int, float], ...]
+
 
 @dataclass(frozen=True)
 class Finish:
@@ -40,6 +44,8 @@ class RequestDelta:
     # accepted); empty when none. The node reports them per request (Server-Timing, its trace); the
     # engine's totals are in stats().
     drafts: list[tuple[int, int]] = field(default_factory=list)
+    # Each new token's most likely alternatives (SamplingParams.top_logprobs; else empty).
+    new_top_logprobs: list[Alternatives] = field(default_factory=list)
 
 
 @dataclass
@@ -55,11 +61,13 @@ class RequestOutput:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[Alternatives] = field(default_factory=list)
 
     def add(self, delta: RequestDelta) -> None:
         self.output_token_ids.extend(delta.new_token_ids)
         self.text += delta.new_text
         self.logprobs.extend(delta.new_logprobs)
+        self.top_logprobs.extend(delta.new_top_logprobs)
         self.cached_tokens = delta.cached_tokens
         self.prompt_tokens = delta.prompt_tokens
         if delta.finished:

@@ -1,4 +1,5 @@
-"""Turns each sequence's last-position logits into its next token and that token's log-probability.
+"""Turns each sequence's last-position logits into its next token, that token's log-probability
+and, when a request asks (top_logprobs), the most likely tokens it was drawn among.
 
 Processing order (as transformers): temperature, then top-k, then top-p. The reported logprob is
 the log-softmax of the distribution actually sampled from, i.e. after those three steps; for greedy
@@ -11,41 +12,76 @@ whatever else shares its batch, and across preemptions.
 
 from __future__ import annotations
 
+import math
+from typing import NamedTuple
+
 import torch
 
+from regional_node.engine.outputs import Alternatives
 from regional_node.engine.sampling_params import SamplingParams
+
+
+class SampledToken(NamedTuple):
+    """One token a step emits: its logprob (None when the request did not ask and the step could
+    skip computing it) and its alternatives (empty unless SamplingParams.top_logprobs)."""
+
+    token: int
+    logprob: float | None
+    top: Alternatives = ()
 
 
 def sample(
     logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
-) -> tuple[list[int], list[float | None]]:
-    """logits: [num_seqs, vocab]; returns (token ids, logprobs), one per row. The logprobs are None
-    when no row asked for them (SamplingParams.logprobs) and a greedy step could skip them."""
+) -> list[SampledToken]:
+    """logits: [num_seqs, vocab]; returns one SampledToken per row."""
     logits = logits.float()
-    if all(p.greedy for p in params):
-        tokens = argmax_rows(logits)
+    if all(p.greedy and not p.top_logprobs for p in params):
+        greedy = argmax_rows(logits)
         if not any(p.logprobs for p in params):
-            return tokens.tolist(), [None] * len(params)
+            return [SampledToken(token, None) for token in greedy.tolist()]
         # max - logsumexp is the chosen token's log-softmax, without writing the whole [n, vocab] table.
-        best = logits.gather(1, tokens[:, None]).squeeze(1)
-        return tokens.tolist(), (best - torch.logsumexp(logits, dim=-1)).tolist()
+        best = logits.gather(1, greedy[:, None]).squeeze(1)
+        chosen = (best - torch.logsumexp(logits, dim=-1)).tolist()
+        return [SampledToken(token, logprob) for token, logprob in zip(greedy.tolist(), chosen, strict=True)]
 
     device = logits.device
     logprobs = processed_logprobs(logits, params)
-    greedy_tokens = argmax_rows(logits)  # greedy rows are neither scaled nor cut
-
+    tokens = argmax_rows(logits)  # greedy rows are neither scaled nor cut
     sampled_rows = [i for i, p in enumerate(params) if not p.greedy]
-    uniforms = torch.stack(
-        [torch.rand((), generator=generators[i], device=device) for i in sampled_rows]  # type: ignore[arg-type]
-    )
-    cdf = logprobs[sampled_rows].exp().cumsum(dim=-1)
-    # right=True: the first token whose cumulative mass exceeds u, so zero-probability tokens are skipped.
-    target = (uniforms * cdf[:, -1]).unsqueeze(1)
-    sampled = torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=logits.shape[-1] - 1)
-    tokens = greedy_tokens.clone()
-    tokens[sampled_rows] = sampled
+    if sampled_rows:
+        uniforms = torch.stack(
+            [torch.rand((), generator=generators[i], device=device) for i in sampled_rows]  # type: ignore[arg-type]
+        )
+        cdf = logprobs[sampled_rows].exp().cumsum(dim=-1)
+        # right=True: the first token whose cumulative mass exceeds u, so zero-probability tokens are skipped.
+        target = (uniforms * cdf[:, -1]).unsqueeze(1)
+        sampled = torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=logits.shape[-1] - 1)
+        tokens = tokens.clone()
+        tokens[sampled_rows] = sampled
     chosen = logprobs.gather(1, tokens[:, None]).squeeze(1)
-    return tokens.tolist(), chosen.tolist()
+    tops = top_alternatives(logprobs, [p.top_logprobs for p in params])
+    return [
+        SampledToken(token, logprob, top)
+        for token, logprob, top in zip(tokens.tolist(), chosen.tolist(), tops, strict=True)
+    ]
+
+
+def top_alternatives(logprobs: torch.Tensor, counts: list[int]) -> list[Alternatives]:
+    """Per row of a processed-logprobs table, its `counts[row]` most likely tokens, most likely
+    first. Tokens the row's top-k or top-p cut (logprob -inf: they could not be sampled) are not
+    alternatives, so a row cut to fewer tokens lists fewer."""
+    most = min(max(counts, default=0), logprobs.shape[-1])
+    if most == 0:
+        return [()] * len(counts)
+    values, ids = logprobs.topk(most, dim=-1)
+    return [
+        tuple(
+            (token, value)
+            for token, value in zip(row_ids[:count], row_values[:count], strict=True)
+            if value != -math.inf
+        )
+        for row_ids, row_values, count in zip(ids.tolist(), values.tolist(), counts, strict=True)
+    ]
 
 
 def processed_logprobs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

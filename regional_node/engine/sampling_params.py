@@ -9,6 +9,8 @@ from regional_node.engine.errors import InvalidRequestError
 
 # What torch.Generator.manual_seed accepts (negative seeds wrap around); anything else raises there.
 _SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1
+# The most alternatives per token a request may ask for (OpenAI's limit, vLLM's default).
+MAX_TOP_LOGPROBS = 20
 
 
 @dataclass
@@ -26,6 +28,9 @@ class SamplingParams:
     # Report each sampled token's log-probability (RequestDelta.new_logprobs). Off, a greedy step
     # skips the log-softmax over the vocabulary, and the deltas carry no logprobs.
     logprobs: bool = True
+    # How many of the most likely tokens to report beside each sampled one
+    # (RequestDelta.new_top_logprobs), from the distribution it was sampled from; needs logprobs.
+    top_logprobs: int = 0
     # Whether this request may be decoded speculatively when its engine is configured for it (the
     # per-request opt-out). The tokens are the same either way (greedy) or distributed the same
     # (sampling); a caller may still opt out, e.g. for a seed-reproducible sample stream.
@@ -66,6 +71,13 @@ class SamplingParams:
             )
         if not isinstance(self.logprobs, bool):
             raise InvalidRequestError(f"logprobs must be true or false, got {self.logprobs!r}", "logprobs")
+        top = self.top_logprobs
+        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise InvalidRequestError(
+                f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {top!r}", "top_logprobs"
+            )
+        if top and not self.logprobs:
+            raise InvalidRequestError("top_logprobs needs logprobs", "top_logprobs")
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
             raise InvalidRequestError("stop must be a list of non-empty strings", "stop")
         if not isinstance(self.stop_token_ids, list) or not all(

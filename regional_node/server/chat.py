@@ -20,6 +20,7 @@ from regional_node.server.wire import ResponseFormat, chat_logprob_tokens, usage
 
 if TYPE_CHECKING:
     from regional_node.engine import RequestDelta
+    from regional_node.engine.outputs import Alternatives
     from regional_node.engine.tokenizer import Tokenizer
 
 
@@ -32,10 +33,13 @@ class ChatFormat(ResponseFormat[ChatCompletionRequest]):
         super().__init__(request, response_id, model, tokenizer)
         self._top = request.top_logprobs or 0
 
-    def _logprobs(self, token_ids: list[int], logprobs: list[float]) -> ChatLogprobs | None:
+    def _logprobs(
+        self, token_ids: list[int], logprobs: list[float], tops: list[Alternatives]
+    ) -> ChatLogprobs | None:
         if not self.request.logprobs:
             return None
-        return ChatLogprobs(content=chat_logprob_tokens(self._tokenizer, token_ids, logprobs, self._top))
+        asked = tops if self._top else None
+        return ChatLogprobs(content=chat_logprob_tokens(self._tokenizer, token_ids, logprobs, asked))
 
     def response(self, result: Result) -> ChatCompletionResponse:
         choice = ChatChoice(
@@ -43,7 +47,7 @@ class ChatFormat(ResponseFormat[ChatCompletionRequest]):
             message=ResponseMessage(content=result.text),
             finish_reason=result.finish_reason,
             stop_reason=result.stop_reason,
-            logprobs=self._logprobs(result.token_ids, result.logprobs),
+            logprobs=self._logprobs(result.token_ids, result.logprobs, result.top_logprobs),
             token_ids=self._token_ids(result.token_ids),
         )
         return ChatCompletionResponse(
@@ -73,7 +77,7 @@ class ChatFormat(ResponseFormat[ChatCompletionRequest]):
         choice = ChatChunkChoice(
             index=0,
             delta=ChatDelta(content=delta.new_text),
-            logprobs=self._logprobs(delta.new_token_ids, delta.new_logprobs),
+            logprobs=self._logprobs(delta.new_token_ids, delta.new_logprobs, delta.new_top_logprobs),
             token_ids=self._token_ids(delta.new_token_ids),
         )
         return self._chunk([choice])

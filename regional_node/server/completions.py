@@ -16,6 +16,7 @@ from regional_node.server.wire import ResponseFormat, completion_logprobs, usage
 
 if TYPE_CHECKING:
     from regional_node.engine import RequestDelta
+    from regional_node.engine.outputs import Alternatives
     from regional_node.engine.tokenizer import Tokenizer
 
 
@@ -30,11 +31,12 @@ class CompletionFormat(ResponseFormat[CompletionRequest]):
         self._offset = 0
 
     def _logprobs(
-        self, token_ids: list[int], logprobs: list[float], offset: int
+        self, token_ids: list[int], logprobs: list[float], tops: list[Alternatives], offset: int
     ) -> CompletionLogprobs | None:
         if self.request.logprobs is None:
             return None
-        return completion_logprobs(self._tokenizer, token_ids, logprobs, self.request.logprobs, offset)
+        asked = tops if self.request.logprobs else None
+        return completion_logprobs(self._tokenizer, token_ids, logprobs, asked, offset)
 
     def _body(self, choices: list[CompletionChoice], body_usage: Usage | None) -> CompletionResponse:
         return CompletionResponse(
@@ -47,7 +49,7 @@ class CompletionFormat(ResponseFormat[CompletionRequest]):
             text=result.text,
             finish_reason=result.finish_reason,
             stop_reason=result.stop_reason,
-            logprobs=self._logprobs(result.token_ids, result.logprobs, 0),
+            logprobs=self._logprobs(result.token_ids, result.logprobs, result.top_logprobs, 0),
             token_ids=self._token_ids(result.token_ids),
         )
         return self._body(
@@ -64,7 +66,9 @@ class CompletionFormat(ResponseFormat[CompletionRequest]):
         choice = CompletionChoice(
             index=0,
             text=delta.new_text,
-            logprobs=self._logprobs(delta.new_token_ids, delta.new_logprobs, self._offset),
+            logprobs=self._logprobs(
+                delta.new_token_ids, delta.new_logprobs, delta.new_top_logprobs, self._offset
+            ),
             token_ids=self._token_ids(delta.new_token_ids),
         )
         self._offset += len(delta.new_text)

@@ -24,6 +24,7 @@ from regional_node.server.tenancy import Tenancy
 
 if TYPE_CHECKING:
     from regional_node.engine import RequestDelta, SamplingParams
+    from regional_node.engine.outputs import Alternatives
     from regional_node.server.tracing import RequestSpan
 
 
@@ -53,6 +54,7 @@ class Result:
     text: str
     token_ids: list[int]
     logprobs: list[float]
+    top_logprobs: list[Alternatives]  # each token's alternatives, when the request asked
     finish_reason: str
     stop_reason: str | int | None  # the stop string or stop token id that ended it (RequestDelta)
     prompt_tokens: int
@@ -280,11 +282,13 @@ async def collect(generation: Generation) -> Result:
     text: list[str] = []
     token_ids: list[int] = []
     logprobs: list[float] = []
+    top_logprobs: list[Alternatives] = []
     try:
         async for delta in generation:
             text.append(delta.new_text)
             token_ids.extend(delta.new_token_ids)
             logprobs.extend(delta.new_logprobs)
+            top_logprobs.extend(delta.new_top_logprobs)
     except Exception as exc:
         await generation.close("error")
         raise api_error(exc, prompt_param=generation.request.prompt_param) from None
@@ -297,6 +301,7 @@ async def collect(generation: Generation) -> Result:
         text="".join(text),
         token_ids=token_ids,
         logprobs=logprobs,
+        top_logprobs=top_logprobs,
         finish_reason=last.finish_reason,
         stop_reason=last.stop_reason,
         prompt_tokens=last.prompt_tokens,

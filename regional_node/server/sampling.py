@@ -11,9 +11,9 @@ from __future__ import annotations
 from protocol import ChatCompletionRequest, CompletionRequest, InvalidRequestError
 from protocol.capabilities import NODE_CAPABILITIES, Capability, asked_capabilities
 from regional_node.engine import SamplingParams
+from regional_node.engine.sampling_params import MAX_TOP_LOGPROBS
 
-# OpenAI's limits on alternatives per token; only the sampled token's logprob is computed here.
-MAX_TOP_LOGPROBS = 20
+# OpenAI's limits on alternatives per token: chat's `top_logprobs`, completions' `logprobs`.
 MAX_COMPLETION_LOGPROBS = 5
 
 
@@ -88,5 +88,15 @@ def sampling_params(
         ignore_eos=request.ignore_eos,
         # Chat's `logprobs` is a flag; completions' a count (0: the sampled token's only) or None.
         logprobs=request.logprobs is not None and request.logprobs is not False,
+        top_logprobs=_alternatives_asked(request),
         speculative=request.speculative,
     )
+
+
+def _alternatives_asked(request: ChatCompletionRequest | CompletionRequest) -> int:
+    """How many alternatives per token the request asks for: chat's `top_logprobs`, completions'
+    `logprobs` count (a bool there is not a count)."""
+    if isinstance(request, CompletionRequest):
+        count = request.logprobs
+        return count if isinstance(count, int) and not isinstance(count, bool) else 0
+    return (request.top_logprobs or 0) if request.logprobs else 0

@@ -17,6 +17,7 @@ from protocol.openai import (
 )
 
 if TYPE_CHECKING:
+    from regional_node.engine.outputs import Alternatives
     from regional_node.engine.tokenizer import Tokenizer
 
 
@@ -64,14 +65,23 @@ def token_strings(tokenizer: Tokenizer | None, token_ids: Sequence[int]) -> list
 
 
 def chat_logprob_tokens(
-    tokenizer: Tokenizer | None, token_ids: Sequence[int], logprobs: Sequence[float], top: int
+    tokenizer: Tokenizer | None,
+    token_ids: Sequence[int],
+    logprobs: Sequence[float],
+    tops: Sequence[Alternatives] | None,
 ) -> list[ChatLogprobToken]:
-    """Chat `logprobs.content` entries. Only the sampled token's logprob is computed, so
-    `top_logprobs` (when asked for) lists just that token."""
+    """Chat `logprobs.content` entries; `tops`: each token's alternatives when the request asked
+    for `top_logprobs` (None: it did not, and each entry's list is empty)."""
     entries = []
-    for text, logprob in zip(token_strings(tokenizer, token_ids), logprobs, strict=False):
+    for i, (text, logprob) in enumerate(zip(token_strings(tokenizer, token_ids), logprobs, strict=False)):
+        alternatives = []
+        if tops is not None and i < len(tops):
+            ids = [token for token, _ in tops[i]]
+            for alt_text, (_, alt_logprob) in zip(token_strings(tokenizer, ids), tops[i], strict=True):
+                alternatives.append(
+                    {"token": alt_text, "logprob": alt_logprob, "bytes": list(alt_text.encode("utf-8"))}
+                )
         raw = list(text.encode("utf-8"))
-        alternatives = [{"token": text, "logprob": logprob, "bytes": raw}] if top > 0 else []
         entries.append(ChatLogprobToken(token=text, logprob=logprob, bytes=raw, top_logprobs=alternatives))
     return entries
 
@@ -80,21 +90,28 @@ def completion_logprobs(
     tokenizer: Tokenizer | None,
     token_ids: Sequence[int],
     logprobs: Sequence[float],
-    top: int,
+    tops: Sequence[Alternatives] | None,
     text_offset: int,
 ) -> CompletionLogprobs:
-    """Legacy completions `logprobs`; `text_offset` is where this piece starts in the output text."""
+    """Legacy completions `logprobs`; `text_offset` is where this piece starts in the output text.
+    `tops`: each token's alternatives when the request asked for `logprobs` > 0 (None: it asked
+    for 0, and there is no `top_logprobs`). Alternatives are keyed by their text, as OpenAI's are:
+    two tokens that decode alike keep the more likely."""
     tokens = token_strings(tokenizer, token_ids)
     offsets = []
     for token in tokens:
         offsets.append(text_offset)
         text_offset += len(token)
     values = list(logprobs[: len(tokens)])
+    top_logprobs = None
+    if tops is not None:
+        top_logprobs = []
+        for alternatives in tops[: len(tokens)]:
+            texts = token_strings(tokenizer, [token for token, _ in alternatives])
+            by_text: dict[str, float] = {}
+            for text, (_, value) in zip(texts, alternatives, strict=True):
+                by_text.setdefault(text, value)
+            top_logprobs.append(by_text)
     return CompletionLogprobs(
-        tokens=tokens,
-        token_logprobs=values,
-        top_logprobs=[{token: value} for token, value in zip(tokens, values, strict=False)]
-        if top > 0
-        else None,
-        text_offset=offsets,
+        tokens=tokens, token_logprobs=values, top_logprobs=top_logprobs, text_offset=offsets
     )

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import os
 import time
 import uuid
@@ -42,8 +43,9 @@ from regional_node.engine.drain import DrainMeter
 from regional_node.engine.errors import EngineConfigError, EngineError, InvalidRequestError
 from regional_node.engine.kv_pool import DEFAULT_FRACTION, available_memory_bytes
 from regional_node.engine.output_processor import RequestState, append_token
-from regional_node.engine.outputs import Finish, RequestDelta
+from regional_node.engine.outputs import Alternatives, Finish, RequestDelta
 from regional_node.engine.request_intake import RequestIntake
+from regional_node.engine.sampler import SampledToken
 from regional_node.engine.sampling_params import SamplingParams
 from regional_node.engine.sequence import PRIORITY_RANK
 from regional_node.engine.tokenizer import Tokenizer, checkpoint_eos_token_ids
@@ -362,10 +364,21 @@ def _vllm_params(state: RequestState) -> Any:
         # Our stop tokens (EOS unless ignore_eos, and stop_token_ids), so vLLM stops where we do.
         ignore_eos=True,
         stop_token_ids=sorted(state.stop_token_ids),
-        logprobs=0,
+        # vLLM reports the sampled token's logprob and its top-k alternatives (ranks 1..k).
+        logprobs=p.top_logprobs,
         detokenize=False,
         output_kind=RequestOutputKind.DELTA,
     )
+
+
+def _alternatives(entry: Any, count: int) -> Alternatives:
+    """vLLM's top-`count` of one position ({token id: Logprob(logprob, rank)}, the sampled token's
+    entry among them whatever its rank), most likely first; tokens its top-k/top-p cut (-inf) are
+    not alternatives, as in our sampler."""
+    if not entry or not count:
+        return ()
+    ranked = sorted((item.rank, token, float(item.logprob)) for token, item in entry.items())
+    return tuple((token, value) for rank, token, value in ranked if rank <= count and value != -math.inf)
 
 
 def _delta(state: RequestState, output: Any) -> RequestDelta:
@@ -376,14 +389,18 @@ def _delta(state: RequestState, output: Any) -> RequestDelta:
     ids: list[int] = []
     text: list[str] = []
     logprobs: list[float] = []
+    tops: list[Alternatives] = []
     finish: Finish | None = None
     for i, token in enumerate(completion.token_ids):
         entry = completion.logprobs[i] if completion.logprobs else None
         logprob = float(entry[token].logprob) if entry and token in entry else 0.0
-        step = append_token(state, token, logprob)
+        step = append_token(
+            state, SampledToken(token, logprob, _alternatives(entry, state.params.top_logprobs))
+        )
         ids.extend(step.new_token_ids)
         text.append(step.new_text)
         logprobs.extend(step.new_logprobs)
+        tops.extend(step.new_top_logprobs)
         if step.finished and step.finish_reason is not None:
             finish = Finish(step.finish_reason, step.stop_reason)
             break
@@ -396,7 +413,7 @@ def _delta(state: RequestState, output: Any) -> RequestDelta:
             finish = Finish("stop", None if matched in state.eos_token_ids else matched)
         else:
             finish = Finish("length" if reason == "length" else "abort")
-    delta = state.delta(ids, "".join(text), logprobs, finish)
+    delta = state.delta(ids, "".join(text), logprobs, finish, tops)
     # vLLM (0.32 on) reports a request's verify steps all at once, with the output that finishes it
     # (not when one of our stop strings ends it first: that request is aborted in vLLM).
     spec = getattr(completion, "spec_decode_metrics", None)

@@ -94,7 +94,7 @@ def test_top_k_samples_only_from_the_top_k(engine: LLMEngine, llama_dir: Path) -
 def test_sampler_follows_the_distribution() -> None:
     logits = torch.tensor([[0.0, math.log(3.0), -math.inf, -math.inf]])
     generator = torch.Generator().manual_seed(0)
-    draws = [sample(logits, [SamplingParams(temperature=1.0)], [generator])[0][0] for _ in range(4000)]
+    draws = [sample(logits, [SamplingParams(temperature=1.0)], [generator])[0].token for _ in range(4000)]
     share = draws.count(1) / len(draws)
     assert set(draws) == {0, 1}
     assert abs(share - 0.75) < 0.03
@@ -102,10 +102,10 @@ def test_sampler_follows_the_distribution() -> None:
 
 def test_sampler_logprob_reflects_temperature() -> None:
     logits = torch.tensor([[2.0, 0.0]])
-    token, logprob = sample(logits, [SamplingParams(temperature=2.0, top_k=1)], [torch.Generator()])
-    assert token == [0] and logprob[0] == pytest.approx(0.0)  # top-k 1 leaves a single token
-    _, logprob = sample(logits, [SamplingParams(temperature=2.0)], [torch.Generator().manual_seed(1)])
-    assert logprob[0] in (
+    [only] = sample(logits, [SamplingParams(temperature=2.0, top_k=1)], [torch.Generator()])
+    assert only.token == 0 and only.logprob == pytest.approx(0.0)  # top-k 1 leaves a single token
+    [drawn] = sample(logits, [SamplingParams(temperature=2.0)], [torch.Generator().manual_seed(1)])
+    assert drawn.logprob in (
         pytest.approx(math.log(1 / (1 + math.exp(-1.0)))),
         pytest.approx(math.log(1 / (1 + math.exp(1.0)))),
     )
@@ -122,7 +122,7 @@ def test_logprobs_off_skips_them_and_changes_no_token(engine: LLMEngine) -> None
     alone = engine.generate(prompts[:1], without)[0]
     assert alone.output_token_ids == mixed[0].output_token_ids and alone.logprobs == []
     # A greedy step where no row wants them does not compute them at all.
-    assert sample(torch.tensor([[0.0, 1.0]]), [without], [None]) == ([1], [None])
+    assert sample(torch.tensor([[0.0, 1.0]]), [without], [None]) == [(1, None, ())]
     with pytest.raises(InvalidRequestError, match="logprobs"):
         engine.add_request("bad", [3, 4], SamplingParams(logprobs="yes"))  # type: ignore[arg-type]
 

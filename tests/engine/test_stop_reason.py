@@ -22,6 +22,7 @@ from regional_node.engine.detokenizer import IncrementalDetokenizer
 from regional_node.engine.output_processor import RequestState, append_token, append_tokens
 from regional_node.engine.outputs import Finish
 from regional_node.engine.request_intake import RequestIntake
+from regional_node.engine.sampler import SampledToken
 from regional_node.engine.stop_strings import StopStringMatcher
 
 HALF_1, HALF_2 = "\x01", "\x02"  # the two halves of "é"
@@ -132,7 +133,7 @@ def generate(params: SamplingParams, tokens: list[int], runs: list[int]) -> list
     at = 0
     while not (deltas and deltas[-1].finished):
         size = runs[len(deltas) % len(runs)]
-        deltas.append(append_tokens(state, [(t, None) for t in tokens[at : at + size]]))
+        deltas.append(append_tokens(state, [SampledToken(t, None) for t in tokens[at : at + size]]))
         at += size
     return deltas
 
@@ -179,7 +180,7 @@ def test_a_continuation_reports_the_stop_reason_of_the_unbroken_stream(
         rest.append(state.delta([], "", [], finish))
     else:
         for token in tokens[k:]:
-            rest.append(append_token(state, token, None))
+            rest.append(append_token(state, SampledToken(token, None)))
             if rest[-1].finished:
                 break
     assert rest and rest[-1].finished, "the continuation ends"

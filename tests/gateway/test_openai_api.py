@@ -144,6 +144,34 @@ def test_token_ids_are_passed_through_when_the_client_asks(gw: RunningGateway) -
     assert len(ids) == 5
 
 
+def test_a_nodes_alternatives_reach_the_client_streamed_and_not(gw: RunningGateway) -> None:
+    """`top_logprobs` asks the node for each token's most likely alternatives: the client gets
+    as many as it asked, most likely first, the same streamed and not."""
+    args = {
+        "model": "meridian-small",
+        "messages": [{"role": "user", "content": "alternatives please"}],
+        "max_tokens": 5,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 3,
+        "extra_body": {"ignore_eos": True},
+    }
+    whole = sdk(gw).chat.completions.create(**args).choices[0].logprobs.content
+    streamed = [
+        entry
+        for chunk in sdk(gw).chat.completions.create(stream=True, **args)
+        for choice in chunk.choices
+        if choice.logprobs is not None
+        for entry in choice.logprobs.content or []
+    ]
+    assert len(whole) == len(streamed) == 5
+    for entry, again in zip(whole, streamed, strict=True):
+        assert len(entry.top_logprobs) == 3 and entry.top_logprobs[0].token == entry.token
+        values = [a.logprob for a in entry.top_logprobs]
+        assert values == sorted(values, reverse=True)
+        assert [a.token for a in again.top_logprobs] == [a.token for a in entry.top_logprobs]
+
+
 def test_auto_model_is_resolved_to_a_catalog_model(gw: RunningGateway) -> None:
     raw = sdk(gw).chat.completions.with_raw_response.create(
         model="auto", messages=[{"role": "user", "content": "hi"}], max_tokens=4

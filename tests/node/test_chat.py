@@ -141,7 +141,7 @@ def test_logprobs_cover_every_token(client: openai.OpenAI) -> None:
         max_tokens=5,
         temperature=0,
         logprobs=True,
-        top_logprobs=1,
+        top_logprobs=3,
         extra_body={"ignore_eos": True},
     )
     content = reply.choices[0].logprobs.content
@@ -151,7 +151,14 @@ def test_logprobs_cover_every_token(client: openai.OpenAI) -> None:
     joined = "".join(e.token for e in content if not (e.token.startswith("<|") and e.token.endswith("|>")))
     if "\ufffd" not in joined:
         assert joined == reply.choices[0].message.content
-    assert all(entry.top_logprobs[0].token == entry.token for entry in content)
+    for entry in content:
+        # The 3 most likely tokens, most likely first: greedy, the first is the one chosen.
+        alternatives = entry.top_logprobs
+        assert len(alternatives) == 3
+        assert alternatives[0].token == entry.token and alternatives[0].logprob == entry.logprob
+        values = [a.logprob for a in alternatives]
+        assert values == sorted(values, reverse=True)
+        assert all(a.bytes == list(a.token.encode()) for a in alternatives)
 
 
 def test_streamed_logprobs_arrive_with_their_chunks(client: openai.OpenAI) -> None:

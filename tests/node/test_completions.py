@@ -48,13 +48,19 @@ def test_logprobs_give_tokens_and_token_logprobs(client: openai.OpenAI) -> None:
         prompt=PROMPT,
         max_tokens=4,
         temperature=0,
-        logprobs=1,
+        logprobs=3,
         extra_body={"ignore_eos": True},
     )
     logprobs = reply.choices[0].logprobs
-    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == 4
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.top_logprobs) == 4
     assert all(value <= 0.0 for value in logprobs.token_logprobs)
     assert logprobs.text_offset[0] == 0
+    for token, value, alternatives in zip(
+        logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs, strict=True
+    ):
+        # Up to 3 (two tokens that decode alike share a key), greedy: the chosen one the likeliest.
+        assert 1 <= len(alternatives) <= 3
+        assert alternatives[token] == value == max(alternatives.values())
 
 
 def test_streaming_completion_matches_non_streaming(client: openai.OpenAI) -> None:

@@ -96,6 +96,36 @@ def test_stop_strings_logprobs_and_usage(vllm_node: Node, our_node: Node) -> Non
     assert response.usage.completion_tokens == len(choice.logprobs.token_logprobs)
 
 
+def test_top_logprobs_are_our_engines(vllm_node: Node, our_node: Node) -> None:
+    """Each token's alternatives from vLLM (its processed logprobs' top k) are the ones our engine
+    lists: as many, most likely first, the chosen token first (greedy), the same values."""
+
+    def alternatives(node: Node) -> list[list[tuple[str, float]]]:
+        with node.client() as client:
+            reply = client.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": "Tell a story"}],
+                max_tokens=12,
+                temperature=0,
+                logprobs=True,
+                top_logprobs=4,
+                extra_body={"ignore_eos": True},
+            )
+        content = reply.choices[0].logprobs.content
+        for entry in content:
+            assert entry.top_logprobs[0].token == entry.token
+            assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob, abs=1e-5)
+        return [[(a.token, a.logprob) for a in entry.top_logprobs] for entry in content]
+
+    theirs, ours = alternatives(vllm_node), alternatives(our_node)
+    assert len(theirs) == len(ours) == 12
+    for their_top, our_top in zip(theirs, ours, strict=True):
+        assert len(their_top) == len(our_top) == 4
+        assert [v for _, v in their_top] == pytest.approx([v for _, v in our_top], abs=2e-3)
+        values = [v for _, v in their_top]
+        assert values == sorted(values, reverse=True)
+
+
 def test_stop_reason_is_our_engines(vllm_node: Node, our_node: Node) -> None:
     """The stop string or stop token id that ended a choice (vLLM's `stop_reason`), null when the
     length did; on a stream, the finishing chunk carries it."""

@@ -15,7 +15,8 @@ tokens.
   target's p (temperature, top-k and top-p applied), whatever q is. A draft model gives q as a
   full distribution per proposal; an n-gram proposal is a point mass q = 1 at d_i, so it is
   accepted with probability p(d_i) and the residual is p with d_i removed (no q rows are built).
-- Logprobs are always the target's: log p of each emitted token, as the sampler reports them.
+- Logprobs are always the target's: log p of each emitted token and, when asked, its most likely
+  alternatives under p, as the sampler reports them.
 """
 
 from __future__ import annotations
@@ -24,10 +25,14 @@ from dataclasses import dataclass
 
 import torch
 
-from regional_node.engine.sampler import argmax_rows, inverse_cdf, processed_logprobs
+from regional_node.engine.sampler import (
+    SampledToken,
+    argmax_rows,
+    inverse_cdf,
+    processed_logprobs,
+    top_alternatives,
+)
 from regional_node.engine.sampling_params import SamplingParams
-
-TokenWithLogprob = tuple[int, float | None]
 
 
 @dataclass
@@ -43,9 +48,9 @@ class VerifyRun:
     draft_probs: torch.Tensor | None = None
 
 
-def verify(logits: torch.Tensor, runs: list[VerifyRun]) -> list[list[TokenWithLogprob]]:
+def verify(logits: torch.Tensor, runs: list[VerifyRun]) -> list[list[SampledToken]]:
     """The tokens each run emits (accepted proposals, then the target's token), with logprobs
-    (None when the request did not ask for them)."""
+    (None when the request did not ask for them) and alternatives (when it asked for them)."""
     logits = logits.float()
     targets = argmax_rows(logits).tolist()
     row_params = [run.params for run in runs for _ in range(len(run.draft_token_ids) + 1)]
@@ -62,11 +67,16 @@ def verify(logits: torch.Tensor, runs: list[VerifyRun]) -> list[list[TokenWithLo
         else:
             assert logprobs is not None and run.generator is not None
             tokens = _verify_sampled(logprobs, run)
-        wants = run.params.logprobs and logprobs is not None
+        if not run.params.logprobs or logprobs is None:
+            out.append([SampledToken(token, None) for token in tokens])
+            continue
+        emitted = logprobs[run.first_row : run.first_row + len(tokens)]
+        chosen = emitted.gather(1, torch.tensor(tokens, device=emitted.device)[:, None]).squeeze(1)
+        tops = top_alternatives(emitted, [run.params.top_logprobs] * len(tokens))
         out.append(
             [
-                (token, float(logprobs[run.first_row + i, token]) if wants else None)  # type: ignore[index]
-                for i, token in enumerate(tokens)
+                SampledToken(token, logprob, top)
+                for token, logprob, top in zip(tokens, chosen.tolist(), tops, strict=True)
             ]
         )
     return out
