@@ -105,30 +105,29 @@ def test_cache_config_info_is_one_per_model_with_the_cache_settings(http: httpx.
 
 def test_contract_values_move_under_load(http: httpx.Client, node: Node) -> None:
     before = scrape(http)
-    # The gauges, read while a request is surely running: a long stream whose first token has
-    # arrived (a burst of short requests can all end between two scrapes on a busy machine).
+    # The gauges, read while a request runs: a long stream whose first token has arrived, tried
+    # again until a scrape lands inside one (on a busy machine a scrape can take longer than a
+    # tiny model's whole generation, and a burst of short requests can all end between scrapes).
     running_seen = kv_seen = 0.0
     long_stream = {
         "model": CHAT_MODEL,
         "messages": [{"role": "user", "content": "Tell me about the sea"}],
-        "max_tokens": 3000,
+        "max_tokens": 3500,
         "stream": True,
         "temperature": 0,
         "ignore_eos": True,
     }
-    with node.http() as client, client.stream("POST", "/v1/chat/completions", json=long_stream) as stream:
-        assert stream.status_code == 200
-        next(line for line in stream.iter_lines() if line.startswith("data:"))
-        deadline = time.monotonic() + 60
-        while (running_seen < 1 or kv_seen <= 0) and time.monotonic() < deadline:
-            live = scrape(http)
-            running = model_value(
-                live["vllm:num_requests_running"], "vllm:num_requests_running", model_name=CHAT_MODEL
-            )
-            kv = model_value(
-                live["vllm:kv_cache_usage_perc"], "vllm:kv_cache_usage_perc", model_name=CHAT_MODEL
-            )
-            running_seen, kv_seen = max(running_seen, running), max(kv_seen, kv)
+    deadline = time.monotonic() + 120
+    while (running_seen < 1 or kv_seen <= 0) and time.monotonic() < deadline:
+        with node.http() as client, client.stream("POST", "/v1/chat/completions", json=long_stream) as stream:
+            assert stream.status_code == 200
+            next(line for line in stream.iter_lines() if line.startswith("data:"))
+            live = scrape(http)  # closing the stream then aborts the request, if it still runs
+        running = model_value(
+            live["vllm:num_requests_running"], "vllm:num_requests_running", model_name=CHAT_MODEL
+        )
+        kv = model_value(live["vllm:kv_cache_usage_perc"], "vllm:kv_cache_usage_perc", model_name=CHAT_MODEL)
+        running_seen, kv_seen = max(running_seen, running), max(kv_seen, kv)
     assert running_seen >= 1
     assert 0 < kv_seen <= 1  # KV use is a fraction of the pool, never a percentage
 
