@@ -9,6 +9,7 @@ commercial fallback goes to a provider that can call tools instead of getting a 
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Literal, get_args
 
 from protocol.openai import ChatCompletionRequest, CompletionRequest
@@ -26,6 +27,7 @@ Capability = Literal[
     "echo",  # completions: the prompt repeated in the answer
     "suffix",  # completions: text to insert before
     "best_of",  # completions: several server-side samples, the best returned
+    "vllm_sampling",  # one of vLLM's sampling/decoding extensions the nodes lack (VLLM_EXTENSIONS)
 ]
 ALL_CAPABILITIES: frozenset[Capability] = frozenset(get_args(Capability))
 # What Meridian's regional node serves (both engines); it refuses the rest with a 400.
@@ -45,7 +47,33 @@ DESCRIBED: dict[Capability, str] = {
     "echo": "`echo`",
     "suffix": "`suffix`",
     "best_of": "`best_of` > 1",
+    "vllm_sampling": "A vLLM sampling extension",
 }
+
+# vLLM's extension fields the nodes do not implement, each with its "off" value: set to anything
+# else, a request asks for the `vllm_sampling` capability (protocol/openai.py decodes them).
+VLLM_EXTENSIONS: dict[str, object] = {
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "length_penalty": 1.0,
+    "min_tokens": 0,
+    "bad_words": (),
+    "allowed_token_ids": None,
+    "prompt_logprobs": None,
+    "include_stop_str_in_output": False,
+    "skip_special_tokens": True,
+    "spaces_between_special_tokens": True,
+    "truncate_prompt_tokens": None,
+    "use_beam_search": False,
+    "guided_json": None,
+    "guided_regex": None,
+    "guided_choice": None,
+    "guided_grammar": None,
+    "structured_outputs": None,
+}
+_read_extensions = attrgetter(*VLLM_EXTENSIONS)
+# Their values in a request that sends none of them (the struct's defaults, shared by both kinds).
+_NOT_GIVEN = _read_extensions(CompletionRequest(model="", prompt=""))
 
 
 def asked_capabilities(request: ChatCompletionRequest | CompletionRequest) -> dict[Capability, str]:
@@ -55,6 +83,14 @@ def asked_capabilities(request: ChatCompletionRequest | CompletionRequest) -> di
     asked: dict[Capability, str] = {}
     if request.n > 1:
         asked["n"] = "n"
+    extensions = _read_extensions(request)
+    if extensions != _NOT_GIVEN:  # the usual request sends none: one comparison, not 17
+        for name, value in zip(VLLM_EXTENSIONS, extensions, strict=True):
+            off = VLLM_EXTENSIONS[name]
+            # Not given (None) or its off value asks nothing; an empty list is "off" for bad_words.
+            if value is not None and value != off and not (off == () and not value):
+                asked["vllm_sampling"] = name
+                break
     for name in ("presence_penalty", "frequency_penalty"):
         value = getattr(request, name)
         if value is not None and value != 0:

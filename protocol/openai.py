@@ -83,6 +83,27 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     # keep a seeded sample stream reproducible against a node without speculation). The tokens do
     # not depend on it (greedy: the same; sampled: the same distribution); only how they are made.
     speculative: bool = True
+    # vLLM's sampling and decoding extensions that Meridian's nodes do not implement. Decoded (not
+    # dropped as unknown) so that a request setting one to anything but its "off" value asks for
+    # it (protocol/capabilities.py, VLLM_EXTENSIONS): a node refuses it by name, the gateway
+    # routes it only to an OpenAI-compatible provider, which gets it as sent.
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    length_penalty: float | None = None
+    min_tokens: int | None = None
+    bad_words: list[str] | None = None
+    allowed_token_ids: list[int] | None = None
+    prompt_logprobs: int | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    truncate_prompt_tokens: int | None = None
+    use_beam_search: bool = False
+    guided_json: Any = None
+    guided_regex: str | None = None
+    guided_choice: list[Any] | None = None
+    guided_grammar: str | None = None
+    structured_outputs: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         # Served as text, a choice that asks for a call would answer another question than the

@@ -29,6 +29,7 @@ from litestar.routes import HTTPRoute
 from gateway.batches.objects import FILES_PAGE_LIMIT
 from protocol import ChatCompletionRequest, CompletionRequest
 from protocol.anthropic import MessagesCountRequest, MessagesRequest
+from protocol.capabilities import VLLM_EXTENSIONS
 from protocol.objects import (
     RESPONSES_INPUT_ITEMS,
     AnthropicError,
@@ -360,6 +361,12 @@ _EXTENSIONS = {
         "serving node's policy decides). The tokens do not depend on it."
     ),
     "token_ids": "Meridian extension: the generated token ids, when the request set return_token_ids.",
+    **dict.fromkeys(
+        VLLM_EXTENSIONS,
+        "vLLM extension that Meridian's nodes do not implement: set to anything but its default, the "
+        "request is served only by an OpenAI-compatible provider the tenant may use (which gets it "
+        "as sent), else refused with a 400 naming it.",
+    ),
 }
 
 

@@ -32,6 +32,8 @@ _REFUSALS: dict[Capability, str] = {
     "best_of": "Only best_of=1 is supported on this node.",
     "echo": "`echo` is not supported on this node.",
     "suffix": "`suffix` is not supported on this node.",
+    "vllm_sampling": "`{param}` (a vLLM sampling extension) is not supported on this node; omit it "
+    "or send its default.",
 }
 
 

@@ -117,6 +117,12 @@ CASES = [
     ("audio", CHAT, chat(audio={"voice": "alloy", "format": "wav"}), 400, "audio", None),
     ("audio_modality", CHAT, chat(modalities=["text", "audio"]), 400, "modalities", None),
     ("web_search", CHAT, chat(web_search_options={}), 400, "web_search_options", None),
+    # vLLM's sampling extensions the engine does not implement: refused, never silently ignored.
+    ("min_p", CHAT, chat(min_p=0.2), 400, "min_p", None),
+    ("repetition_penalty", COMPLETIONS, completion(repetition_penalty=1.2), 400, "repetition_penalty", None),
+    ("guided_json", CHAT, chat(guided_json={"type": "object"}), 400, "guided_json", None),
+    ("skip_special_tokens", CHAT, chat(skip_special_tokens=False), 400, "skip_special_tokens", None),
+    ("min_p_wrong_type", CHAT, chat(min_p="low"), 400, "min_p", None),
     # A choice that asks for a call needs tools: served as text, it would answer another question.
     ("tool_choice_required", CHAT, chat(tool_choice="required"), 400, "tool_choice", None),
     (
@@ -154,6 +160,9 @@ def test_text_response_format_and_tools_switched_off_are_served(http: httpx.Clie
     assert http.post(CHAT, json=body).status_code == 200
     functions = [{"name": "f", "parameters": {"type": "object"}}]
     body = chat(functions=functions, function_call="none", modalities=["text"])
+    assert http.post(CHAT, json=body).status_code == 200
+    # vLLM's extensions at their defaults ask for nothing.
+    body = chat(min_p=0.0, repetition_penalty=1.0, min_tokens=0, bad_words=[], skip_special_tokens=True)
     assert http.post(CHAT, json=body).status_code == 200
 
 

@@ -47,6 +47,7 @@ ASKING: dict[str, dict[str, Any]] = {
     "n": {"n": 2},
     "web_search": {"web_search_options": {}},
     "logprobs": {"logprobs": True},
+    "vllm_sampling": {"min_p": 0.2},
 }
 SERVED_BY = {
     "a-anthropic": frozenset({"tools"}),
@@ -115,6 +116,18 @@ def test_a_request_goes_to_the_first_upstream_that_serves_all_it_asks(
     assert error["param"] in fields, error
     assert "not supported for model 'tiny' by any upstream this tenant may use" in error["message"]
     assert sum(len(f.requests) for f in fakes) == heard, "no provider hears of a refused request"
+
+
+def test_a_vllm_extension_reaches_the_openai_compatible_provider_as_sent(
+    gateway: RunningGateway, fakes: tuple[FakeProvider, FakeProvider]
+) -> None:
+    _, openai_ = fakes
+    body = {**CHAT, "repetition_penalty": 1.3, "guided_choice": ["yes", "no"]}
+    response = _chat(gateway, body)
+    assert response.status_code == 200, response.text
+    assert _served_by(response) == "b-openai"
+    sent = openai_.requests[-1].body
+    assert (sent["repetition_penalty"], sent["guided_choice"]) == (1.3, ["yes", "no"])
 
 
 def test_a_tool_call_comes_back_through_the_openai_sdk_from_the_anthropic_provider(
