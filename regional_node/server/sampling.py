@@ -97,8 +97,7 @@ def sampling_params(
 
 def _alternatives_asked(request: ChatCompletionRequest | CompletionRequest) -> int:
     """How many alternatives per token the request asks for: chat's `top_logprobs`, completions'
-    `logprobs` count (a bool there is not a count)."""
+    `logprobs` count (decoded as an int: a bool there is refused at decoding)."""
     if isinstance(request, CompletionRequest):
-        count = request.logprobs
-        return count if isinstance(count, int) and not isinstance(count, bool) else 0
+        return request.logprobs or 0
     return (request.top_logprobs or 0) if request.logprobs else 0
