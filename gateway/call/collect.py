@@ -4,7 +4,9 @@ The confidence cascade streams from the small model even when the client did not
 stream, so that it can decide on the first tokens and abort early. When the small model keeps the
 request, the relayed chunks are collected here into OpenAI's `chat.completion` /
 `text_completion` shape: every text channel and the logprobs concatenated per choice, tool-call
-fragments joined by index, the last finish reason, and the usage the relay settled on.
+fragments joined by index, the last finish reason with its matched stop (vLLM's `stop_reason`,
+which the /v1/messages door answers as `stop_sequence`), and the usage the relay settled on. A
+content no chunk carried stays null (a tool-call answer's), as the upstream's own answer has it.
 """
 
 from __future__ import annotations
@@ -40,14 +42,15 @@ def collect(endpoint: Endpoint, chunks: Iterable[Chunk], usage: Usage | None) ->
 
 def _empty(endpoint: Endpoint, index: int) -> Choice:
     if endpoint == "chat":
-        return Choice(index=index, message=Message(role="assistant", content=""))
+        return Choice(index=index, message=Message(role="assistant", content=None))
     return Choice(index=index, text="")
 
 
 def _merge(choice: Choice, part: Choice) -> None:
     if part.finish_reason:
         choice.finish_reason = part.finish_reason
-    if isinstance(part.token_ids, list) and part.token_ids:
+        choice.stop_reason = part.stop_reason
+    if isinstance(part.token_ids, list):
         choice.token_ids = [*(choice.token_ids or []), *part.token_ids]
     if part.logprobs is not None:
         choice.logprobs = _joined(choice.logprobs, part.logprobs)
@@ -58,7 +61,8 @@ def _merge(choice: Choice, part: Choice) -> None:
     assert isinstance(message, Message)
     if not isinstance(delta, Message):
         return
-    message.content = (message.content or "") + (delta.content or "")
+    if isinstance(delta.content, str):
+        message.content = (message.content or "") + delta.content
     for name in ("refusal", "reasoning_content"):
         piece = getattr(delta, name)
         if isinstance(piece, str):

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -240,6 +241,42 @@ def test_a_confident_answer_without_a_stream_keeps_the_clients_own_logprobs(
     assert plain.choices[0].logprobs is None
     assert plain.choices[0].message.content and plain.usage.completion_tokens == 12
     assert asked.choices[0].logprobs is not None and len(asked.choices[0].logprobs.content) == 12
+
+
+def test_a_confident_answer_on_messages_names_the_stop_sequence_it_matched(gw: RunningGateway) -> None:
+    """The cascade collects the small model's stream: the stop string it matched must survive, as
+    /v1/messages answers it (`stop_sequence`), not as an `end_turn` it did not end on."""
+    with client(gw, "truster") as c:
+        text = (
+            c.chat.completions.create(
+                model="auto", messages=[{"role": "user", "content": PROMPT}], max_tokens=12, temperature=0
+            )
+            .choices[0]
+            .message.content
+        )
+    assert text and text.strip(), "the small model's greedy answer has something to stop on"
+    start = len(text) - len(text.lstrip())
+    stop = text[start : start + 2]
+    reply = httpx.post(
+        f"{gw.url}/v1/messages",
+        headers={"x-api-key": "sk-truster", "anthropic-version": "2023-06-01"},
+        json={
+            "model": "auto",
+            "max_tokens": 12,
+            "temperature": 0,
+            "messages": [{"role": "user", "content": PROMPT}],
+            "stop_sequences": [stop],
+        },
+        timeout=60,
+    )
+    assert reply.status_code == 200, reply.text
+    message = reply.json()
+    assert (message["model"], message["stop_reason"], message["stop_sequence"]) == (
+        SMALL,
+        "stop_sequence",
+        stop,
+    )
+    assert text.startswith(message["content"][0]["text"])
 
 
 def test_an_eu_tenants_escalation_stays_in_the_eu(
