@@ -88,6 +88,15 @@ class PayloadTooLargeError(APIError):
     default_code = "request_too_large"
 
 
+class UnsupportedMediaTypeError(APIError):
+    """The request body is in a content coding the server does not decode; `Accept-Encoding`
+    (pass it in `headers`) names those it does (RFC 9110, 15.5.16)."""
+
+    status_code = 415
+    error_type = "invalid_request_error"
+    default_code = "unsupported_content_encoding"
+
+
 class ClientClosedRequestError(APIError):
     """The client left before sending its whole request: 499 (nginx's "client closed request")
     is what logs and metrics count it as; nobody reads the body."""

@@ -136,7 +136,7 @@ def _by_id(parameter: str, *operations: tuple[str, str]) -> tuple[Link, ...]:
     return tuple(Link(name, operation_id, parameter) for name, operation_id in operations)
 
 
-_GENERATION_ERRORS = (400, 401, 403, 404, 408, 413, 429, 503)
+_GENERATION_ERRORS = (400, 401, 403, 404, 408, 413, 415, 429, 503)
 
 OPERATIONS: dict[tuple[str, str], Operation] = {
     ("POST", "/v1/chat/completions"): Operation(
@@ -232,7 +232,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         "Uploads a batch input file (purpose `batch`), whatever it holds; its JSONL lines are read "
         "when a batch is created from it (a fault fails that batch, its `errors` naming the line).",
         FileObject,
-        (400, 401, 413),
+        (400, 401, 408, 413, 415),
         form=FileUpload,
         links=(
             *_by_id(
@@ -271,7 +271,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         "Runs a file's requests at batch priority through the gateway (24h window). A file that is "
         "not a batch input file makes the batch `failed` at once, its `errors` naming the line.",
         Batch,
-        (400, 401, 404),
+        (400, 401, 404, 408, 413, 415),
         body=CreateBatch,
         links=_by_id("batch_id", ("RetrieveBatch", "retrieveBatch"), ("CancelBatch", "cancelBatch")),
     ),
@@ -340,7 +340,9 @@ _STATUS_TEXT = {
     404: "No such model or object for this key's tenant (another tenant's ids are not found either).",
     408: "The body did not arrive in time.",
     409: "The object is not in a state that allows it: it already ended.",
-    413: "The body is over the gateway's size limit.",
+    413: "The body is over the gateway's size limit (decoded, if it came compressed).",
+    415: "The body's Content-Encoding is not one the gateway decodes (gzip, deflate); "
+    "Accept-Encoding names those.",
     429: "A quota is used up, or every target is at capacity; Retry-After says when to retry.",
     503: "No region may serve the request now, or a store is down; Retry-After says when to retry.",
 }

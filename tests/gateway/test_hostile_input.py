@@ -8,10 +8,12 @@ shapes, depths, sizes, types, encodings and headers on every public endpoint of 
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import socket
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -159,6 +161,55 @@ def test_a_chunked_body_over_the_limit_is_a_413(gw: RunningGateway) -> None:
     headers = {"authorization": f"Bearer {GLOBAL_KEY}"}
     response = httpx.post(gw.url + "/v1/completions", content=pieces(), headers=headers, timeout=TIMEOUT)
     assert response.status_code == 413 and assert_error_body("/v1/completions", response)
+
+
+def door(gw: RunningGateway, node: NodeProcess, server: str, endpoint: str) -> tuple[str, dict[str, str]]:
+    """(url, auth headers) of `endpoint` on the gateway or the node."""
+    if server == "node":
+        return node.url + endpoint, AUTH
+    return gw.url + endpoint, {"authorization": f"Bearer {GLOBAL_KEY}"}
+
+
+DOORS = [("gateway", endpoint) for endpoint in ENDPOINTS] + [("node", "/v1/chat/completions")]
+
+
+@pytest.mark.parametrize(("server", "endpoint"), DOORS)
+def test_a_gzip_body_is_served_as_the_plain_one(
+    gw: RunningGateway, node: NodeProcess, server: str, endpoint: str
+) -> None:
+    url, auth = door(gw, node, server, endpoint)
+    plain = json.dumps(valid(endpoint)).encode()
+    headers = {**auth, "content-type": "application/json"}
+    expected = httpx.post(url, content=plain, headers=headers, timeout=TIMEOUT)
+    coded = httpx.post(
+        url, content=gzip.compress(plain), headers={**headers, "content-encoding": "gzip"}, timeout=TIMEOUT
+    )
+    assert coded.status_code == expected.status_code, coded.text
+    assert expected.status_code in (200, 404)  # a batch naming no file: 404, either way
+
+
+@pytest.mark.parametrize(("server", "endpoint"), DOORS)
+def test_an_unknown_content_encoding_is_a_415_in_the_doors_format(
+    gw: RunningGateway, node: NodeProcess, server: str, endpoint: str
+) -> None:
+    url, auth = door(gw, node, server, endpoint)
+    headers = {**auth, "content-type": "application/json", "content-encoding": "br"}
+    response = httpx.post(url, content=b"\x0b\x02\x80{}\x03", headers=headers, timeout=TIMEOUT)
+    assert response.status_code == 415 and response.headers["accept-encoding"] == "gzip, deflate"
+    assert "'br'" in assert_error_body(endpoint, response)["message"]
+
+
+@pytest.mark.parametrize("server", ["gateway", "node"])
+def test_a_gzip_bomb_is_a_413_not_an_inflated_body(
+    gw: RunningGateway, node: NodeProcess, server: str
+) -> None:
+    url, auth = door(gw, node, server, "/v1/chat/completions")
+    bomb = gzip.compress(with_field("/v1/chat/completions", b'"' + b"a" * 50_000_000 + b'"'))
+    assert len(bomb) < 100_000
+    headers = {**auth, "content-type": "application/json", "content-encoding": "gzip"}
+    response = httpx.post(url, content=bomb, headers=headers, timeout=TIMEOUT)
+    assert response.status_code == 413
+    assert "decodes to more than" in assert_error_body("/v1/chat/completions", response)["message"]
 
 
 @pytest.mark.parametrize("server", ["gateway", "node"])
@@ -397,6 +448,8 @@ request_headers = st.fixed_dictionaries(
         )
         | header_text,
         "x-meridian-client-region": header_text,
+        "content-encoding": st.sampled_from(["gzip", "deflate", "br", "identity", "gzip, deflate", "GZIP"])
+        | header_text,
         "accept": header_text,
         "x-request-id": header_text,
         "anthropic-version": header_text,
@@ -409,6 +462,15 @@ keys = st.one_of(
     st.just(f"Bearer {SMALL_KEY}"),
     st.sampled_from(["Bearer nope", "", "Basic abc", "Bearer", f"bearer   {SMALL_KEY}"]) | header_text,
 )
+
+
+def coded(body: bytes, headers: dict[str, str], data: st.DataObject) -> bytes:
+    """The body in the codings its Content-Encoding names, mostly (or sent as it is: a lie)."""
+    if "content-encoding" in headers and data.draw(st.booleans(), label="coded as labelled"):
+        for name in headers["content-encoding"].lower().split(","):
+            if name.strip() in ("gzip", "deflate"):
+                body = gzip.compress(body) if name.strip() == "gzip" else zlib.compress(body)
+    return body
 
 
 def check_response(endpoint: str, response: httpx.Response) -> None:
@@ -453,7 +515,7 @@ FUZZ = settings(
 def test_fuzzed_requests_never_get_a_5xx_from_the_gateway(
     gw: RunningGateway, endpoint: str, data: st.DataObject, headers: dict[str, str], key: str
 ) -> None:
-    body = data.draw(encoded(endpoint))
+    body = coded(data.draw(encoded(endpoint)), headers, data)
     sent = {**headers, "authorization": key} if key else headers
     with httpx.Client(timeout=TIMEOUT) as client:
         response = client.post(gw.url + endpoint, content=body, headers=sent)
@@ -465,7 +527,7 @@ def test_fuzzed_requests_never_get_a_5xx_from_the_gateway(
 def test_fuzzed_requests_never_get_a_5xx_from_the_node(
     node: NodeProcess, endpoint: str, data: st.DataObject, headers: dict[str, str]
 ) -> None:
-    body = data.draw(encoded(endpoint))
+    body = coded(data.draw(encoded(endpoint)), headers, data)
     with httpx.Client(timeout=TIMEOUT) as client:
         response = client.post(node.url + endpoint, content=body, headers={**headers, **AUTH})
     check_response(endpoint, response)

@@ -49,7 +49,7 @@ from tests.gateway.conftest import (
 from tests.support.fake_providers import FakeProvider, running
 
 OPERATOR_PATHS = {"/health", "/ready", "/metrics"}
-ERROR_STATUSES = ("400", "401", "403", "404", "408", "413", "429", "503")
+ERROR_STATUSES = ("400", "401", "403", "404", "408", "413", "415", "429", "503")
 REQUESTS = {
     "/v1/chat/completions": "ChatCompletionRequest",
     "/v1/completions": "CompletionRequest",
