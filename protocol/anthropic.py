@@ -84,9 +84,10 @@ class MessagesRequest(msgspec.Struct, kw_only=True):
     messages: Annotated[list[InputMessage], msgspec.Meta(min_length=1)]
     system: str | list[TextBlock] | None = None
     stop_sequences: list[str] | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
+    # Anthropic's ranges (its API refuses more; a client written against it expects the same 400).
+    temperature: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
+    top_p: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
+    top_k: Annotated[int, msgspec.Meta(ge=0)] | None = None
     stream: bool = False
     metadata: Metadata | None = None
     tools: list[Tool] | None = None

@@ -117,6 +117,34 @@ def test_invalid_request_names_the_field(gateway: RunningGateway) -> None:
     assert "max_tokens" in error["error"]["message"]
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("temperature", 1.5), ("temperature", -0.1), ("top_p", 1.2), ("top_k", -1)],
+)
+def test_sampling_settings_outside_anthropics_ranges_are_refused(
+    gateway: RunningGateway, fake_openai: FakeProvider, field: str, value: float
+) -> None:
+    """Anthropic's API takes temperature and top_p in [0, 1]: a client written against it gets its
+    400 here too, not an answer sampled hotter than it could have asked for."""
+    sent = len(fake_openai.requests)
+    body = {"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}], field: value}
+    response = httpx.post(f"{gateway.url}/v1/messages", json=body, headers={"x-api-key": US_KEY}, timeout=20)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and field in error["message"]
+    assert len(fake_openai.requests) == sent
+    edge = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}[field]
+    assert (
+        httpx.post(
+            f"{gateway.url}/v1/messages",
+            json={**body, field: edge},
+            headers={"x-api-key": US_KEY},
+            timeout=20,
+        ).status_code
+        == 200
+    )
+
+
 def test_image_blocks_are_refused_as_invalid(gateway: RunningGateway) -> None:
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}
     with pytest.raises(anthropic.BadRequestError) as info:
