@@ -159,14 +159,15 @@ def parse_buckets(kind: Kind, params: Params, *, now_s: int) -> BucketQuery:
             "limit", f"'limit' must be 1 to {MAX_LIMIT[width]} buckets for bucket_width={width}."
         )
     start = _int(params, "start_time")
+    end_ms = -(-end * 1000 // span) * span  # up to the next edge
     if start is None:
-        # One page back from `end_time` (OpenAI requires start_time): the last 7 days by default,
-        # and every query the OpenAPI document allows is one the gateway answers.
-        start = end - limit * span // 1000
+        # One page back from `end_time` (OpenAI requires start_time), ending with the bucket that
+        # holds it: the last 7 days by default, today included; and every query the OpenAPI
+        # document allows is one the gateway answers.
+        start = end_ms // 1000 - limit * span // 1000
     if end <= start:
         raise BadUsageQuery("end_time", "'end_time' must be after 'start_time'.")
     start_ms = start * 1000 - (start * 1000) % span
-    end_ms = -(-end * 1000 // span) * span  # up to the next edge
     if (end_ms - start_ms) // span > MAX_RANGE_BUCKETS:
         raise BadUsageQuery(
             "end_time",

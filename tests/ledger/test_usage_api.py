@@ -195,6 +195,21 @@ async def test_without_start_time_the_answer_is_the_page_before_end_time(
     assert (await client.get(path, headers=auth("alpha"))).status_code == 200
 
 
+@pytest.mark.parametrize("path", ["/v1/usage", "/v1/costs"])
+async def test_without_start_time_the_page_ends_with_the_bucket_that_holds_end_time(
+    client: AsyncTestClient, path: str
+) -> None:
+    """`now` is inside today's bucket: the default page is the last 7 days with today, not the 7
+    before it (today's usage, what a caller looks for first, was on a second page)."""
+    end = T0 + 3 * 86400 + 5 * HOUR  # a4 is at T0 + 3 days
+    body = await get(client, path, auth("alpha"), end_time=end)
+    starts = [b["start_time"] for b in body["data"]]
+    assert starts == [T0 + 3 * 86400 - (6 - i) * 86400 for i in range(7)] and body["has_more"] is False
+    assert body["data"][-1]["results"], "the bucket holding end_time, with a4's usage"
+    hours = await get(client, path, auth("alpha"), end_time=T0 + 2 * HOUR + 60, bucket_width="1h", limit=3)
+    assert [b["start_time"] - T0 for b in hours["data"]] == [0, HOUR, 2 * HOUR]
+
+
 async def test_the_operator_sees_all_tenants_or_the_one_it_names(client: AsyncTestClient) -> None:
     window = {"start_time": T0, "end_time": T0 + 86400}
     body = await get(client, "/v1/usage", OPERATOR, **window, group_by="tenant_id")
