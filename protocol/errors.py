@@ -131,6 +131,13 @@ class OverloadedError(ServiceUnavailableError):
     default_code = "overloaded"
 
 
+def invalid_url(method: str, path: str, server: str) -> NotFoundError:
+    """A request for a path no endpoint serves (the router's miss), named as OpenAI names it."""
+    return NotFoundError(
+        f"Invalid URL ({method} {path}): the {server} has no such endpoint.", code="not_found"
+    )
+
+
 def error_for_status(status_code: int, message: str) -> APIError:
     """An APIError for a bare HTTP status (a framework's 404 or 405, say), typed by its class."""
     if status_code == 404:

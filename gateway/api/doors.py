@@ -29,6 +29,7 @@ from typing import Annotated, Any
 
 from litestar import Litestar, Request, Response
 from litestar.di import Provide
+from litestar.exceptions import NotFoundException
 from litestar.params import Dependency
 from litestar.routes import HTTPRoute
 
@@ -38,6 +39,7 @@ from gateway.errors import to_api_error
 from gateway.upstreams.providers.anthropic_errors import anthropic_error
 from http_server import client_left
 from protocol import APIError, AuthenticationError
+from protocol.errors import invalid_url
 from router.types import TenantPolicy
 
 logger = logging.getLogger(__name__)
@@ -105,7 +107,10 @@ def _finished(request: Request[Any, Any, Any], exc: Exception) -> APIError:
     """The APIError for `exc`; the call (if one started) is recorded under its status and its
     headers join the error's."""
     ctx: CallContext | None = request.scope.get(_CALL)  # type: ignore[assignment]
-    error = to_api_error(exc, request_id=ctx.request_id if ctx is not None else "-")
+    if isinstance(exc, NotFoundException):  # the router's miss (our own 404s are NotFoundError)
+        error = invalid_url(request.method, request.url.path, "gateway")
+    else:
+        error = to_api_error(exc, request_id=ctx.request_id if ctx is not None else "-")
     if ctx is not None:
         pipeline: RequestPipeline = request.app.state["gateway"].pipeline
         pipeline.record(ctx, str(error.status_code), stream=False)  # adds Server-Timing to the headers

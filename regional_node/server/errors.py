@@ -11,7 +11,7 @@ import logging
 from typing import Any
 
 from litestar import Request, Response
-from litestar.exceptions import HTTPException, ValidationException
+from litestar.exceptions import HTTPException, NotFoundException, ValidationException
 
 from protocol import (
     APIError,
@@ -20,7 +20,7 @@ from protocol import (
     InvalidRequestError,
     ServiceUnavailableError,
 )
-from protocol.errors import OverloadedError, error_for_status
+from protocol.errors import OverloadedError, error_for_status, invalid_url
 from regional_node.engine.errors import (
     ContextLengthExceededError,
     EngineError,
@@ -66,13 +66,15 @@ def _param(engine_param: str | None, prompt_param: str) -> str | None:
     return prompt_param if engine_param == "prompt" else engine_param
 
 
-def handle_exception(_: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     """The node app's exception handler: every exception becomes an OpenAI-format body, so no
     handler ever leaks a stack trace."""
     if isinstance(exc, APIError):
         error = exc
     elif isinstance(exc, ValidationException):
         error = InvalidRequestError(str(exc.detail or "Invalid request"))
+    elif isinstance(exc, NotFoundException):  # the router's miss
+        error = invalid_url(request.method, request.url.path, "node")
     elif isinstance(exc, HTTPException):
         error = error_for_status(exc.status_code, str(exc.detail or "HTTP error"))
     else:

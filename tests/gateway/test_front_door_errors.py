@@ -69,6 +69,23 @@ def test_each_door_refuses_in_its_own_format(
 
 
 @pytest.mark.parametrize(
+    ("path", "anthropic"),
+    [("/v1/embeddings", False), ("/v1/chat/completion", False), ("/v1/messages/x", True)],
+)
+def test_a_path_with_no_endpoint_is_a_404_that_names_it(
+    gw: RunningGateway, path: str, anthropic: bool
+) -> None:
+    """A typo'd or unserved endpoint says which URL it was, as OpenAI's "Invalid URL (POST ...)"
+    does, not a bare "Not Found" a client could take for a missing model."""
+    headers = {"authorization": f"Bearer {GLOBAL_KEY}"}
+    response = httpx.post(gw.url + path, content=BODY, headers=headers, timeout=10)
+    assert response.status_code == 404, response.text
+    body = response.json()
+    assert (_anthropic if anthropic else _openai)(body), body
+    assert f"Invalid URL (POST {path})" in body["error"]["message"]
+
+
+@pytest.mark.parametrize(
     ("method", "path", "allowed", "anthropic"),
     [
         ("TRACE", "/v1/chat/completions", {"POST"}, False),

@@ -199,7 +199,8 @@ def test_wrong_method_is_405_in_openai_format(http: httpx.Client) -> None:
 def test_unknown_path_is_404_in_openai_format(http: httpx.Client) -> None:
     response = http.post("/v1/embeddings", json={"model": CHAT_MODEL, "input": "x"})
     assert response.status_code == 404
-    assert response.json()["error"]["message"]
+    error = response.json()["error"]
+    assert "Invalid URL (POST /v1/embeddings)" in error["message"] and error["code"] == "not_found"
 
 
 def test_node_keeps_serving_after_errors(node: Node, http: httpx.Client) -> None:
