@@ -315,9 +315,10 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("GET", "/v1/usage"): Operation(
         "getUsage",
         "Token usage from the ledger, in time buckets (OpenAI's organization usage shape), or one "
-        "day's totals with ?date=YYYY-MM-DD. Parameters: start_time (default: the `limit` buckets up to the one holding "
-        "end_time), end_time (default: now), bucket_width (1m, 1h, 1d), group_by (model, region, "
-        "api_key_id, tenant_id), limit, page, tenant, date; a bad one is a 400 naming it.",
+        "day's totals with ?date=YYYY-MM-DD. Parameters: start_time (default: the `limit` buckets "
+        "up to the one holding end_time), end_time (default: now), bucket_width (1m, 1h, 1d), "
+        "group_by (model, region, api_key_id, tenant_id), limit, page, tenant, date; a bad one is a "
+        "400 naming it.",
         dict,
         (400, 401, 403, 503),
         tenant_query=True,
