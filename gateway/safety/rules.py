@@ -229,12 +229,23 @@ class BlocklistEntry:
     pattern: re.Pattern[str]
 
 
+# What keeps the words of a phrase apart in text: any run of whitespace (a line break, a tab, two
+# spaces), hyphens or underscores. "project falcon" is also "project  falcon", "project\nfalcon"
+# (text from a document), "project-falcon" and "project_falcon" to whoever reads it.
+_APART = r"[\s_-]+"
+
+
 def compile_words(words: Iterable[str]) -> re.Pattern[str]:
     """The words as the normalised view spells them (a word written with a full-width letter or
-    a non-breaking space matches its plain form). A tenant's regex is matched as written, so it
-    should be written in plain characters (the view never holds a full-width one)."""
-    plain = {normalise(w).text for w in words} - {""}  # a word of invisible characters is none
-    alternatives = "|".join(re.escape(w) for w in sorted(plain, key=len, reverse=True))
+    a non-breaking space matches its plain form), the words of a phrase apart by any `_APART`. A
+    tenant's regex is matched as written, so it should be written in plain characters (the view
+    never holds a full-width one)."""
+    phrases = {tuple(part for part in re.split(_APART, normalise(w).text) if part) for w in words}
+    phrases.discard(())  # a word of invisible characters or separators alone is none
+    alternatives = "|".join(
+        _APART.join(map(re.escape, phrase))
+        for phrase in sorted(phrases, key=lambda p: sum(map(len, p)), reverse=True)
+    )
     return re.compile(rf"(?<!\w)(?:{alternatives})(?!\w)", re.IGNORECASE)
 
 

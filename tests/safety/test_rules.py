@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gateway.safety.rules import (
     BY_NAME,
@@ -87,6 +89,35 @@ def test_blocklist_words_match_whole_words_case_insensitively() -> None:
     text = "about project falcon and secrets and SECRET."
     found = scan(text, [], [entry])
     assert [text[f.start : f.end] for f in found] == ["project falcon", "SECRET"]
+
+
+WORDS = st.lists(
+    st.text("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ", min_size=2, max_size=8),
+    min_size=1,
+    max_size=3,
+)
+# Separators a reader sees as "apart": whitespace of any kind (a non-breaking or an em space
+# included: the view makes them spaces), line breaks, hyphens, underscores, in runs.
+APART = st.text([" ", "\n", "\t", "\r", "-", "_", "\u00a0", "\u2003"], min_size=1, max_size=4)
+
+
+@given(words=WORDS, data=st.data())
+def test_a_blocklisted_phrase_matches_however_its_words_are_kept_apart(
+    words: list[str], data: st.DataObject
+) -> None:
+    """Two spaces or a line break between the words of "project falcon" let it through once."""
+    entry = BlocklistEntry("blocklist[0]", compile_words([" ".join(words)]))
+    written = words[0] + "".join(data.draw(APART) + word for word in words[1:])
+    text = f"about {written}, then."
+    found = scan(text, [], [entry])
+    assert [text[f.start : f.end] for f in found] == [written]
+
+
+@given(words=WORDS.filter(lambda w: len(w) > 1), glue=st.sampled_from(["", "x", "1", "."]))
+def test_a_phrase_glued_into_other_words_is_not_the_phrase(words: list[str], glue: str) -> None:
+    entry = BlocklistEntry("blocklist[0]", compile_words([" ".join(words)]))
+    text = f"about {glue.join(words)} then"
+    assert scan(text, [], [entry]) == []
 
 
 def test_redact_replaces_each_finding_with_its_rule_name() -> None:

@@ -18,10 +18,10 @@ REDACTED = "Here is the key [REDACTED:openai_key] and the card [REDACTED:credit_
 KEY_PEM = "-----BEGIN PRIVATE KEY-----\n" + "QUJD" * 200 + "\n-----END PRIVATE KEY-----"
 
 
-def hold(**rules: str) -> StreamHold:
+def hold(words: tuple[str, ...] = ("falcon",), **rules: str) -> StreamHold:
     policy = SafetyPolicy(
         rules=rules,
-        blocklist=(BlocklistRule(BlocklistEntry("blocklist[0]", compile_words(["falcon"])), "block"),),
+        blocklist=(BlocklistRule(BlocklistEntry("blocklist[0]", compile_words(words)), "block"),),
         hold_back_chars=96,
     )
     return StreamHold(policy, tuple(rules), policy.blocklist_entries())
@@ -62,6 +62,19 @@ def test_a_blocked_word_is_never_released_however_it_is_split(cuts: list[int]) -
     source = "a" * 150 + " the falcon flies " + "b " * 100
     text, blocked = run(hold(), split(source, cuts))
     assert blocked and "falcon" not in text and "fal" not in text[-100:]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.integers(min_value=0, max_value=400), max_size=30),
+    st.text([" ", "\n", "\t", "-", "_", "\u00a0"], min_size=1, max_size=4),
+)
+def test_a_blocked_phrase_is_never_released_however_its_words_are_apart_or_split(
+    cuts: list[int], apart: str
+) -> None:
+    source = "a" * 150 + f" the project{apart}falcon flies " + "b " * 100
+    text, blocked = run(hold(("project falcon",)), split(source, cuts))
+    assert blocked and "project" not in text
 
 
 def test_a_private_key_longer_than_the_window_is_held_until_it_ends() -> None:
