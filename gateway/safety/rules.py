@@ -202,14 +202,19 @@ DETECTORS: tuple[Detector, ...] = (
     Detector(
         "es_dni", "pii", re.compile(r"[XYZ0-9](?<![A-Za-z0-9_][XYZ0-9])\d{7}[A-Za-z]\b"), valid=es_dni_valid
     ),
-    # E.164-ish: a leading + and country code, 8-15 digits with the usual separators. Bare digit
-    # runs (order numbers, timestamps) are not phones; neither is anything a card/IBAN claimed.
+    # E.164-ish: a leading + and country code, 8-15 digits with the usual separators; or a North
+    # American number as it is written at home, `(415) 555-2671` or `415-555-2671` / `.`, with
+    # NANP's rules (area code and exchange start with 2-9). Bare digit runs (order numbers,
+    # timestamps) are not phones; neither is anything a card/IBAN claimed.
     Detector(
         "phone",
         "pii",
-        re.compile(r"\+(?<![\w+]\+)[1-9]\d{0,2}(?:[ .-]?\(?\d{1,4}\)?){2,5}(?![\w])"),
+        re.compile(
+            r"\+(?<![\w+]\+)[1-9]\d{0,2}(?:[ .-]?\(?\d{1,4}\)?){2,5}(?![\w])"
+            r"|\((?<!\w\()[2-9]\d{2}\) ?[2-9]\d{2}[-.]\d{4}(?![\w-]|\.\d)"
+            r"|[2-9](?<![\w.+-][2-9])\d{2}([-.])[2-9]\d{2}\1\d{4}(?![\w-]|\.\d)"
+        ),
         valid=lambda text: 8 <= sum(ch.isdigit() for ch in text) <= 15,
-        hints=("+",),
     ),
 )
 BY_NAME = {d.name: d for d in DETECTORS}

@@ -32,7 +32,14 @@ POSITIVES = {
     "us_ssn": ["ssn 123-45-6789"],
     "uk_nino": ["AB 12 34 56 C", "JG103759A"],
     "es_dni": ["12345678Z", "X1234567L"],
-    "phone": ["+44 20 7946 0958", "+1 (415) 555-2671", "+14155552671"],
+    "phone": [
+        "+44 20 7946 0958",
+        "+1 (415) 555-2671",
+        "+14155552671",
+        "call (415) 555-2671 today",
+        "call 415-555-2671.",
+        "or 415.555.2671",
+    ],
 }
 
 NEGATIVES = {
@@ -55,7 +62,16 @@ NEGATIVES = {
     "us_ssn": ["000-12-3456", "666-12-3456", "912-12-3456", "123-00-4567", "123-45-0000"],
     "uk_nino": ["GB 12 34 56 C", "QQ 12 34 56 C", "DA 12 34 56 C", "AB 12 34 56 E"],
     "es_dni": ["12345678A", "X1234567A"],
-    "phone": ["call 4155552671", "version 1.2.3.4", "+12", "2024-01-02"],
+    "phone": [
+        "call 4155552671",
+        "version 1.2.3.4",
+        "+12",
+        "2024-01-02",
+        "id 123-456-7890",  # no area code starts with 1
+        "ref 415-555-26712",
+        "v4.415.555.2671.2",
+        "x-415-555-2671",
+    ],
 }
 
 
@@ -118,6 +134,22 @@ def test_a_phrase_glued_into_other_words_is_not_the_phrase(words: list[str], glu
     entry = BlocklistEntry("blocklist[0]", compile_words([" ".join(words)]))
     text = f"about {glue.join(words)} then"
     assert scan(text, [], [entry]) == []
+
+
+@given(
+    area=st.integers(200, 999),
+    exchange=st.integers(200, 999),
+    line=st.integers(0, 9999),
+    form=st.sampled_from(["({a}) {e}-{n}", "({a}){e}-{n}", "{a}-{e}-{n}", "{a}.{e}.{n}"]),
+    before=st.sampled_from(["call ", "at: ", "(", "\n", ""]),
+    after=st.sampled_from([" today", ".", ", or", ")", ""]),
+)
+def test_a_north_american_number_is_a_phone_however_it_is_written(
+    area: int, exchange: int, line: int, form: str, before: str, after: str
+) -> None:
+    number = form.format(a=area, e=exchange, n=f"{line:04d}")
+    text = before + number + after
+    assert [text[f.start : f.end] for f in scan(text, ["phone"])] == [number]
 
 
 def test_redact_replaces_each_finding_with_its_rule_name() -> None:
