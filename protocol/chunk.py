@@ -222,12 +222,32 @@ class _Answer(_Wire):
     timings: dict[str, float] | UnsetType | None = msgspec.field(default=UNSET, name=TIMINGS_FIELD)
 
 
+# The prompt an upstream counted, known when its stream opens (before any usage chunk): our nodes
+# send it in these response headers, an Anthropic provider in its message_start; the upstream
+# parser puts it on the stream's first chunk as `opened_usage`. /v1/messages needs it for its
+# first event (message_start's input_tokens, which clients such as Claude Code display).
+PROMPT_TOKENS_HEADER = "x-meridian-prompt-tokens"
+CACHED_TOKENS_HEADER = "x-meridian-cached-tokens"
+OPENED_USAGE_FIELD = "meridian_opened_usage"
+
+
 class Chunk(_Answer):
     """One streamed chunk (`chat.completion.chunk` or a streamed `text_completion`)."""
 
     object: str = "chat.completion.chunk"
     # An upstream's in-band error event (`{"error": {...}}`): the upstream parser raises on it.
     error: ErrorBody | UnsetType = UNSET
+    # The usage when the stream opened (the prompt, nothing generated yet), on the first chunk
+    # only; the relay takes it out, so no client sees it.
+    opened_usage: Usage | UnsetType = msgspec.field(default=UNSET, name=OPENED_USAGE_FIELD)
+
+
+def opened_usage(prompt_tokens: int, cached_tokens: int) -> Usage:
+    return Usage(
+        prompt_tokens=prompt_tokens,
+        total_tokens=prompt_tokens,
+        prompt_tokens_details={"cached_tokens": cached_tokens},
+    )
 
 
 class Completion(_Answer):

@@ -48,7 +48,8 @@ def message_id(ctx: CallContext) -> str:
 
 
 async def _frames(stream: ServedStream, events: ChatToMessagesStream) -> AsyncGenerator[bytes, None]:
-    for event in events.start():
+    served = stream.ctx.served
+    for event in events.start(served.opened_usage if served is not None else None):
         yield _event(event)
     async for item in stream.items():
         if isinstance(item, StreamFailed):

@@ -32,11 +32,13 @@ SESSION_HEADER = "x-meridian-session"
 
 @dataclass(frozen=True, slots=True)
 class Served:
-    """The upstream that answered a call (for a stream, the one that opened it), and how many
-    targets the failover tried to get there."""
+    """The upstream that answered a call (for a stream, the one that opened it), how many
+    targets the failover tried to get there, and for a stream the prompt as that upstream counted
+    it when it opened (None where it did not say)."""
 
     target: Target
     attempts: int
+    opened_usage: Usage | None = None
 
     @property
     def retries(self) -> int:
@@ -126,10 +128,18 @@ class CallContext:
         """The model the call is planned for (planned, degraded or escalated): the answer says it."""
         self.headers["x-meridian-model"] = model
 
-    def served_by(self, target: Target, attempts: int, prefix: str, route: str | None = None) -> None:
+    def served_by(
+        self,
+        target: Target,
+        attempts: int,
+        prefix: str,
+        route: str | None = None,
+        *,
+        opened_usage: Usage | None = None,
+    ) -> None:
         """`prefix` (the plan's notes) then `route` (default: the router's reason) is what
         x-meridian-route says about the target."""
-        self.served = Served(target, attempts)
+        self.served = Served(target, attempts, opened_usage)
         route = prefix + (route or target.reason)
         route_reason = route if attempts <= 1 else f"{route}; after {attempts - 1} failed"
         self.headers.update(

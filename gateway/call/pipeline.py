@@ -216,7 +216,13 @@ class RequestPipeline:
                     raise
                 try:
                     route = self._fleet.route_label(opened.target)
-                    ctx.served_by(opened.target, opened.attempts, plan.route_prefix, route)
+                    ctx.served_by(
+                        opened.target,
+                        opened.attempts,
+                        plan.route_prefix,
+                        route,
+                        opened_usage=relay.opened_usage,
+                    )
                     ctx.headers["server-timing"] = ctx.latency.at_first_byte().server_timing()
                     ctx.observed.first_chunk(opened.target.model, time.monotonic() - ctx.started)
                     yield None

@@ -50,6 +50,9 @@ class StreamRelay:
         self._identity: tuple[str, int] | None = None
         self._latency = latency
         latency.answered(timing_from_wire(_take_timings(opened.first)))
+        # The prompt as the upstream that opened the stream counted it (before any usage chunk);
+        # None where it did not say. _accept takes the field out of every chunk.
+        self.opened_usage = usage_of(opened.first.opened_usage)
 
     @property
     def target(self) -> Target:
@@ -125,6 +128,7 @@ class StreamRelay:
         reported = _take_timings(chunk)
         if reported is not None:
             self._latency.finished_upstream(timing_from_wire(reported))
+        chunk.opened_usage = UNSET  # an upstream's note to the gateway, never the client's
         if self._identity is None:
             # One stream as far as the client can tell: the first upstream's id, time and model.
             self._identity = (chunk.id, chunk.created)

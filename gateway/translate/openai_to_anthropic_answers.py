@@ -18,7 +18,7 @@ import msgspec
 from msgspec import UNSET
 
 from gateway.translate.errors import UntranslatableAnswer
-from protocol.chunk import CONTENT, Chunk, ToolCall, tool_channel, usage_of
+from protocol.chunk import CONTENT, Chunk, ToolCall, Usage, tool_channel, usage_of
 
 FINISH_TO_STOP_REASON: dict[str, str] = {
     "stop": "end_turn",
@@ -163,7 +163,9 @@ class ChatToMessagesStream:
         self._tools: dict[str, _Block] = {}  # every tool call, by channel
         self._started = 0  # blocks started so far: the next block's index
 
-    def start(self, input_tokens: int = 0) -> list[Event]:
+    def start(self, opened: Usage | None = None) -> list[Event]:
+        """message_start (with the prompt's counts, where the upstream said them as the stream
+        opened: clients such as Claude Code show a context's size from it) and a ping."""
         message = {
             "id": self._message_id,
             "type": "message",
@@ -172,7 +174,7 @@ class ChatToMessagesStream:
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {"input_tokens": input_tokens, "output_tokens": 0},
+            "usage": usage_to_anthropic(msgspec.to_builtins(opened) if opened is not None else None),
         }
         return [("message_start", {"type": "message_start", "message": message}), ("ping", {"type": "ping"})]
 

@@ -26,7 +26,16 @@ from gateway.http import (
     split_url,
 )
 from gateway.upstreams.base import Endpoint, UpstreamError
-from protocol.chunk import Chunk, Completion, chunk_decoder, completion_decoder
+from protocol.chunk import (
+    CACHED_TOKENS_HEADER,
+    PROMPT_TOKENS_HEADER,
+    Chunk,
+    Completion,
+    Usage,
+    chunk_decoder,
+    completion_decoder,
+    opened_usage,
+)
 from protocol.sse import DataLines, LineTooLong
 from protocol.timing import parse_server_timing
 from protocol.tokenize import TokenizeResponse
@@ -83,6 +92,17 @@ def _timings(response: Response | Connection) -> dict[str, float] | None:
     return parse_server_timing(header).to_wire() if header else None
 
 
+_PROMPT_TOKENS, _CACHED_TOKENS = PROMPT_TOKENS_HEADER.encode(), CACHED_TOKENS_HEADER.encode()
+
+
+def _opened_usage(response: Connection) -> Usage | None:
+    """The prompt the node counted, from its stream's headers (None from a node that does not say)."""
+    prompt, cached = response.header(_PROMPT_TOKENS), response.header(_CACHED_TOKENS)
+    if prompt is None or not prompt.isdigit():
+        return None
+    return opened_usage(int(prompt), int(cached) if cached is not None and cached.isdigit() else 0)
+
+
 def transport_error(exc: TransportError, target: str) -> UpstreamError:
     if isinstance(exc, Timeout):
         return UpstreamError(f"{target} timed out ({type(exc).__name__})", status_code=504)
@@ -90,7 +110,11 @@ def transport_error(exc: TransportError, target: str) -> UpstreamError:
 
 
 async def _sse_chunks(
-    response: Connection, idle_s: float, target: str, timings: dict[str, float] | None
+    response: Connection,
+    idle_s: float,
+    target: str,
+    timings: dict[str, float] | None,
+    opened: Usage | None,
 ) -> AsyncIterator[Chunk]:
     """Typed chunks (protocol/chunk.py) from an SSE body; a body that ends before `[DONE]` is a broken stream.
 
@@ -98,6 +122,7 @@ async def _sse_chunks(
     path: every chunk of every stream) rather than the spec-complete SSEDecoder.
     """
     done = False
+    first = True
     lines = DataLines()
     while True:
         try:
@@ -125,8 +150,12 @@ async def _sse_chunks(
             if chunk.error is not UNSET:
                 message = chunk.error.message
                 raise UpstreamError(f"{target} ended the stream with an error: {message}", status_code=502)
-            if timings is not None:
-                chunk.timings, timings = timings, None  # what the headers said, on the first
+            if first:  # what the headers said, on the first
+                first = False
+                if timings is not None:
+                    chunk.timings = timings
+                if opened is not None:
+                    chunk.opened_usage = opened
             yield chunk
         if data is None:
             break
@@ -221,7 +250,7 @@ class NodeUpstream:
                 except TransportError as exc:
                     raise transport_error(exc, self._name) from None
                 raise status_error(response.status, response.header(b"retry-after"), content, self._name)
-            chunks = _sse_chunks(response, idle_s, self._name, _timings(response))
+            chunks = _sse_chunks(response, idle_s, self._name, _timings(response), _opened_usage(response))
             try:
                 yield chunks
             finally:

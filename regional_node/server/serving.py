@@ -18,6 +18,7 @@ from litestar import Request, Response
 
 from http_server import EventStream
 from protocol import ChatCompletionRequest, CompletionRequest
+from protocol.chunk import CACHED_TOKENS_HEADER, PROMPT_TOKENS_HEADER
 from protocol.timing import Timing
 from regional_node.server.chat import ChatFormat
 from regional_node.server.completions import CompletionFormat
@@ -163,6 +164,10 @@ async def _respond(
     # What is known at the first byte; the usage chunk carries the rest.
     first = generation.timing()
     headers["server-timing"] = Timing(queue=first.queue, prefill=first.prefill).server_timing()
+    opened = generation.last
+    if opened is not None:  # the prompt as counted, for an answer whose first event says it
+        headers[PROMPT_TOKENS_HEADER] = str(opened.prompt_tokens)
+        headers[CACHED_TOKENS_HEADER] = str(opened.cached_tokens)
     include_usage = bool(stream_options is not None and stream_options.include_usage)
     chunks: ChunkSource = source
     # Sent from this task and closed however it ends (http_server/stream.py): sse_stream's

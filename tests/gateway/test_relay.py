@@ -23,7 +23,7 @@ from gateway.quota import QuotaConfig, build_quota_gate
 from gateway.upstreams.base import UpstreamError
 from gateway.upstreams.failover import OpenedStream
 from protocol import ChatCompletionRequest
-from protocol.chunk import Chunk, chunk_from
+from protocol.chunk import OPENED_USAGE_FIELD, Chunk, chunk_from
 from router.types import CatalogModel, FleetSnapshot, NodeInfo, Prefill, Target, TenantPolicy
 from tests.support.chunks import as_wire
 
@@ -243,6 +243,32 @@ async def test_token_ids_are_stripped_unless_asked_for() -> None:
     out, _, _ = await stream([first])
     assert all("token_ids" not in choice for c in out for choice in c["choices"])
     assert all("usage" not in c for c in out)
+
+
+async def test_the_prompt_an_upstream_counted_at_the_open_is_the_calls_never_the_clients() -> None:
+    """A node says the prompt's count as its stream opens (on the first chunk, from its headers):
+    the call keeps it for the /v1/messages door's message_start, and no chunk carries it out,
+    whichever chunk an upstream put it on."""
+    opening = {
+        **chunk([], ""),
+        OPENED_USAGE_FIELD: {"prompt_tokens": 9, "prompt_tokens_details": {"cached_tokens": 4}},
+    }
+    later = {**chunk([1], "a"), OPENED_USAGE_FIELD: {"prompt_tokens": 1}}
+    first = opened(NODE_A, [opening, later, chunk([], "", "stop"), usage(9, 1)])
+    failover = ScriptedFailover([first])
+    p = pipeline(failover, Told())
+    ctx = p.start_call({})
+    p.authenticate(ctx, f"Bearer {KEY}")
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 10}
+    body["stream_options"] = {"include_usage": True}
+    served = await p.stream(ctx, "chat", msgspec.convert(body, ChatCompletionRequest), body)
+    try:
+        out = [as_wire(c) async for c in served.items()]
+    finally:
+        await served.aclose()
+    assert ctx.served is not None and ctx.served.opened_usage is not None
+    assert (ctx.served.opened_usage.prompt_tokens, ctx.served.opened_usage.cached_tokens) == (9, 4)
+    assert all(OPENED_USAGE_FIELD not in c for c in out) and out[-1]["usage"]["prompt_tokens"] == 9
 
 
 async def test_a_break_that_cannot_be_continued_ends_with_an_error_event() -> None:

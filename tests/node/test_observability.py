@@ -172,7 +172,9 @@ def test_a_non_streamed_answer_carries_the_whole_breakdown_in_server_timing(http
     assert timing.gateway is None  # the node is no gateway
 
 
-def test_a_stream_has_queue_and_prefill_in_headers_and_the_breakdown_in_its_usage_chunk(node: Node) -> None:
+def test_a_stream_has_queue_prefill_and_its_prompt_count_in_headers_and_the_breakdown_in_its_usage_chunk(
+    node: Node,
+) -> None:
     with (
         node.http() as http,
         http.stream(
@@ -189,10 +191,14 @@ def test_a_stream_has_queue_and_prefill_in_headers_and_the_breakdown_in_its_usag
         ) as response,
     ):
         header = parse_server_timing(response.headers["server-timing"])
+        counted = (response.headers["x-meridian-prompt-tokens"], response.headers["x-meridian-cached-tokens"])
         events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
     assert header.queue is not None and header.prefill is not None
     assert header.decode is None and header.total is None  # not known at the first byte
     usage_chunk = events[-1]
+    # The prompt as counted is known at the first byte too (the gateway's message_start needs it).
+    usage = usage_chunk["usage"]
+    assert counted == (str(usage["prompt_tokens"]), str(usage["prompt_tokens_details"]["cached_tokens"]))
     assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] == 10
     timings = usage_chunk["timings"]
     assert set(timings) == {"queue_ms", "prefill_ms", "decode_ms", "total_ms"}

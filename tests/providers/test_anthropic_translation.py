@@ -21,7 +21,7 @@ from gateway.upstreams.providers.anthropic_stream import MessagesToChatStream
 from gateway.upstreams.providers.errors import ProviderError
 from protocol import InvalidRequestError
 from protocol.anthropic import MessagesRequest
-from protocol.chunk import chunk_from
+from protocol.chunk import Usage, chunk_from
 from protocol.openai import decode_request
 
 # -- to the Messages API ---------------------------------------------------------------------------
@@ -152,6 +152,16 @@ def test_stream_events_become_openai_chunks_with_usage_last() -> None:
     assert chunks[4]["choices"] == [] and chunks[4]["usage"]["completion_tokens"] == 2
     assert chunks[4]["usage"]["prompt_tokens"] == 7
     assert all(c["id"] == "msg_9" and c["model"] == "tiny" for c in chunks)
+
+
+def test_the_opening_chunk_carries_the_prompt_counted_in_message_start() -> None:
+    """For the gateway's /v1/messages door, whose own message_start needs it before any usage."""
+    translator = MessagesToChatStream(provider="p", model="tiny", created=1, include_usage=False)
+    start = {"id": "msg_9", "usage": {"input_tokens": 7, "cache_read_input_tokens": 5, "output_tokens": 1}}
+    [opening] = translator.feed("message_start", {"type": "message_start", "message": start})
+    assert chunk_from(opening).opened_usage == Usage(
+        prompt_tokens=12, completion_tokens=0, total_tokens=12, prompt_tokens_details={"cached_tokens": 5}
+    )
 
 
 def test_stream_without_usage_request_has_no_usage_chunk() -> None:

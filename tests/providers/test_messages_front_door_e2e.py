@@ -75,6 +75,26 @@ def test_node_serves_messages_stream_with_the_same_greedy_text(gateway: RunningG
     assert final.usage.output_tokens == expected.usage.output_tokens
 
 
+def test_message_start_counts_the_prompt_as_the_final_usage_does(gateway: RunningGateway) -> None:
+    """Anthropic's message_start carries the prompt's input tokens, and clients (Claude Code's
+    context display) read them there: the node says its count as the stream opens, so the first
+    event tells the client what the last one does, not 0."""
+    client = sdk(gateway)
+    whole = client.messages.create(**REQUEST)  # type: ignore[arg-type]
+    prompt = whole.usage.input_tokens + (whole.usage.cache_read_input_tokens or 0)
+    for _ in range(2):  # the second time, much of the prompt is a prefix-cache hit
+        with client.messages.stream(**REQUEST) as stream:  # type: ignore[arg-type]
+            events = list(stream)
+        start = next(e for e in events if e.type == "message_start").message.usage
+        delta = next(e for e in events if e.type == "message_delta").usage
+        assert start.input_tokens + (start.cache_read_input_tokens or 0) == prompt > 0
+        assert (start.input_tokens, start.cache_read_input_tokens) == (
+            delta.input_tokens,
+            delta.cache_read_input_tokens,
+        )
+        assert start.output_tokens == 0
+
+
 def test_a_stop_sequence_the_node_matched_is_named_streamed_or_not(gateway: RunningGateway) -> None:
     """The node reports the stop string it matched (vLLM's `stop_reason`), so the door answers
     `stop_sequence` with that string, as Anthropic does, rather than `end_turn`. Any piece of the

@@ -11,6 +11,7 @@ against the tenant's quota and charges no tokens.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,17 @@ def test_a_messages_count_is_the_input_tokens_of_its_generation(
     if generated.status_code == 200:
         assert counted.json() == {"input_tokens": _all_input(generated.json()["usage"])}
         assert counted.headers["x-meridian-node"] == "us-1"
+        # A stream says the same count in its first event (message_start), not only its last.
+        streamed = _post(gateway, "/v1/messages", {**request, "max_tokens": 1, "stream": True})
+        assert _all_input(_message_start(streamed)["usage"]) == counted.json()["input_tokens"]
+
+
+def _message_start(response: httpx.Response) -> dict[str, Any]:
+    assert response.status_code == 200, response.text
+    first = next(line for line in response.text.splitlines() if line.startswith("data: "))
+    event = json.loads(first[6:])
+    assert event["type"] == "message_start", event
+    return event["message"]
 
 
 RESPONSES_INPUT = TEXT | st.lists(
@@ -203,6 +215,18 @@ CONVERSATION = {
     "system": "Be brief.",
     "messages": [{"role": "user", "content": "one two three"}, {"role": "assistant", "content": "four"}],
 }
+
+
+def test_a_stream_an_anthropic_provider_serves_starts_with_its_prompt_count(
+    providers_only: RunningGateway, fake_openai: FakeProvider, fake_anthropic: FakeProvider
+) -> None:
+    """Anthropic's own message_start counts the prompt: the door's message_start passes it on.
+    (An OpenAI provider says nothing before its usage chunk; the door's message_start has 0.)"""
+    fake_openai.fail_next(Fault(status=500))  # the Anthropic provider serves it
+    streamed = _post(providers_only, "/v1/messages", {**CONVERSATION, "max_tokens": 4, "stream": True})
+    assert streamed.headers["x-meridian-node"] == "b-anthropic"
+    usage = _message_start(streamed)["usage"]
+    assert (usage["input_tokens"], usage["cache_read_input_tokens"], usage["output_tokens"]) == (4, 2, 0)
 
 
 def test_a_provider_counts_with_its_own_count_api_and_the_translated_conversation(

@@ -24,6 +24,7 @@ from gateway.translate.anthropic_to_openai_answers import (
 )
 from gateway.upstreams.providers.anthropic_errors import anthropic_stream_error
 from gateway.upstreams.providers.errors import ProviderError
+from protocol.chunk import OPENED_USAGE_FIELD
 
 
 @dataclass
@@ -64,7 +65,10 @@ class MessagesToChatStream:
             message = data.get("message") or {}
             self._id = str(message.get("id", ""))
             self._usage.update(message.get("usage") or {})
-            return [self._chunk({"role": "assistant", "content": ""})]
+            opening = self._chunk({"role": "assistant", "content": ""})
+            if self._usage.get("input_tokens") is not None:  # the prompt's count, known at the start
+                opening[OPENED_USAGE_FIELD] = usage_to_openai({**self._usage, "output_tokens": 0})
+            return [opening]
         if kind == "content_block_start":
             block = data.get("content_block") or {}
             if block.get("type") == "tool_use":
