@@ -146,6 +146,23 @@ class ResponsesToolChoiceFunction(msgspec.Struct, kw_only=True):
     name: Annotated[str, msgspec.Meta(min_length=1)]
 
 
+# `include` values of a Responses request: the one Meridian fills (each output_text's logprobs),
+# and those naming what a Meridian response never holds (reasoning, images, server tools: refused
+# where they would be asked for), so including them adds nothing, as for a model without them.
+INCLUDE_LOGPROBS = "message.output_text.logprobs"
+RESPONSES_INCLUDABLE = (
+    INCLUDE_LOGPROBS,
+    "reasoning.encrypted_content",
+    "message.input_image.image_url",
+    "computer_call_output.output.image_url",
+    "file_search_call.results",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+    "code_interpreter_call.outputs",
+)
+MAX_RESPONSES_TOP_LOGPROBS = 20
+
+
 class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The Responses API's text and function tools (gateway/README.md), as
     gateway/responses/translate.py checks it: any other field is refused. `background` cannot be
@@ -178,6 +195,25 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
             "output, not instructions) this one continues; another is a 404, a running one a 409."
         ),
     ] = None
+    include: Annotated[
+        list[Literal[RESPONSES_INCLUDABLE]] | None,
+        msgspec.Meta(
+            description="`message.output_text.logprobs` fills each output_text's `logprobs` (and its "
+            "streamed deltas'); the others name what a Meridian response never holds and add nothing."
+        ),
+    ] = None
+    top_logprobs: (
+        Annotated[
+            int,
+            msgspec.Meta(
+                ge=0,
+                le=MAX_RESPONSES_TOP_LOGPROBS,
+                description="The most likely alternatives listed with each token's logprob (with "
+                "include `message.output_text.logprobs`).",
+            ),
+        ]
+        | None
+    ) = None
 
 
 class OutputMessage(msgspec.Struct, kw_only=True, tag_field="type", tag="message"):

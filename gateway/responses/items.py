@@ -57,7 +57,7 @@ def unsupported(param: str, what: str) -> InvalidRequestError:
         f"{what} is not supported: Meridian's Responses API serves text and function tools "
         "(input messages, function calls and their outputs; instructions, max_output_tokens, "
         "temperature, top_p, stream, background, metadata, user, store, previous_response_id, "
-        "tools of type 'function', tool_choice, parallel_tool_calls).",
+        "tools of type 'function', tool_choice, parallel_tool_calls, include, top_logprobs).",
         param=param,
         code="unsupported_parameter",
     )

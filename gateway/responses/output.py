@@ -21,15 +21,32 @@ from typing import Any, Literal
 from msgspec import UNSET
 
 from gateway.responses.items import FunctionCall, InputItem, InputMessage
-from protocol.chunk import Chunk, ToolCall, tool_channel
+from protocol.chunk import CONTENT, Choice, Chunk, TokenLogprob, ToolCall, TopLogprob, tool_channel
 
 # (event name, data without its type and sequence_number, which the run adds)
 Event = tuple[str, dict[str, Any]]
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
+Logprob = dict[str, Any]  # one token's, as an output_text part lists it
 
 
-def output_text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def output_text_part(text: str, logprobs: list[Logprob] | None = None) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": list(logprobs or ())}
+
+
+def _alternative(entry: TopLogprob | TokenLogprob) -> Logprob:
+    encoded = entry.bytes if isinstance(entry.bytes, list) else list(entry.token.encode())
+    return {"token": entry.token, "logprob": entry.logprob, "bytes": encoded}
+
+
+def _logprobs(choice: Choice) -> list[Logprob]:
+    """The content's logprobs a chat chunk carries (after output safety), in the Responses shape:
+    each token with its bytes and its alternatives (`top_logprobs`)."""
+    entries = choice.token_logprobs(CONTENT) or ()
+    return [
+        {**_alternative(entry), "top_logprobs": [_alternative(top) for top in entry.top_logprobs or ()]}
+        for entry in entries
+        if isinstance(entry, TokenLogprob)
+    ]
 
 
 @dataclass
@@ -37,6 +54,8 @@ class _Message:
     id: str
     index: int
     pieces: list[str] = field(default_factory=list)
+    logprobs: list[Logprob] = field(default_factory=list)  # every token's so far
+    unsent: list[Logprob] = field(default_factory=list)  # those of tokens with no text yet
 
     @property
     def text(self) -> str:
@@ -49,7 +68,7 @@ class _Message:
             "id": self.id,
             "status": status,
             "role": "assistant",
-            "content": [output_text_part(text)] if text or status != "in_progress" else [],
+            "content": [output_text_part(text, self.logprobs)] if text or status != "in_progress" else [],
         }
 
 
@@ -95,8 +114,9 @@ class ResponseOutput:
         events: list[Event] = []
         for choice in chunk.choices:
             text = choice.content()
-            if text:
-                events += self._text(text)
+            logprobs = _logprobs(choice) if choice.logprobs is not None else []
+            if text or logprobs:
+                events += self._text(text, logprobs)
             body = choice.body
             for position, call in enumerate((body.tool_calls or ()) if body is not None else ()):
                 events += self._call(call, position)
@@ -131,12 +151,20 @@ class ResponseOutput:
 
     # -- items ----------------------------------------------------------------------------------
 
-    def _text(self, text: str) -> list[Event]:
+    def _text(self, text: str, logprobs: list[Logprob]) -> list[Event]:
+        """A delta of the message's text with its tokens' logprobs. A token whose text is not out
+        yet (the first bytes of a character) has its logprob sent with the next text."""
         events = self._add_message() if self._message is None else []
-        assert self._message is not None
-        self._message.pieces.append(text)
-        where = {"item_id": self._message.id, "output_index": self._message.index, "content_index": 0}
-        return [*events, ("response.output_text.delta", {**where, "delta": text, "logprobs": []})]
+        message = self._message
+        assert message is not None
+        message.logprobs += logprobs
+        message.unsent += logprobs
+        if not text:
+            return events
+        message.pieces.append(text)
+        sent, message.unsent = message.unsent, []
+        where = {"item_id": message.id, "output_index": message.index, "content_index": 0}
+        return [*events, ("response.output_text.delta", {**where, "delta": text, "logprobs": sent})]
 
     def _add_message(self) -> list[Event]:
         message = self._message = _Message("msg_" + self._stem, len(self._order))
@@ -197,8 +225,8 @@ class ResponseOutput:
             where = {"item_id": entry.id, "output_index": entry.index, "content_index": 0}
             text = entry.text
             return [
-                ("response.output_text.done", {**where, "text": text, "logprobs": []}),
-                ("response.content_part.done", {**where, "part": output_text_part(text)}),
+                ("response.output_text.done", {**where, "text": text, "logprobs": list(entry.logprobs)}),
+                ("response.content_part.done", {**where, "part": output_text_part(text, entry.logprobs)}),
                 done,
             ]
         where = {"item_id": entry.id, "output_index": entry.index}

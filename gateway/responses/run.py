@@ -221,6 +221,7 @@ class Run:
             "previous_response_id": request.previous_response_id,
             "temperature": request.temperature,
             "top_p": request.top_p,
+            "top_logprobs": request.top_logprobs,
             "tool_choice": request.echoed_tool_choice(),
             "tools": [tool.echoed() for tool in request.tools],
             "text": {"format": {"type": "text"}},

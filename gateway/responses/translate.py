@@ -4,9 +4,10 @@
 whose content is a string or text parts, function calls and their outputs; `instructions` becomes
 the first system message; `previous_response_id` puts the earlier response's conversation (its
 input and output, not its instructions) before this input. `tools` of type "function" become chat
-function tools; `tool_choice` and `parallel_tool_calls` go with them. Everything else the
-Responses API has (other tool types, file and image inputs, reasoning, conversations) is refused
-with a 400 naming the field, rather than silently ignored.
+function tools; `tool_choice` and `parallel_tool_calls` go with them; `include` of
+`message.output_text.logprobs` (with `top_logprobs`) asks the chat request for logprobs. Everything
+else the Responses API has (other tool types, file and image inputs, reasoning, conversations) is
+refused with a 400 naming the field, rather than silently ignored.
 """
 
 from __future__ import annotations
@@ -19,7 +20,12 @@ import msgspec
 from gateway.responses.items import InputItem, chat_messages, parse_input, unsupported
 from gateway.translate.chat_request import ChatRequest
 from protocol import ChatCompletionRequest, InvalidRequestError
-from protocol.objects import METADATA_KEYS
+from protocol.objects import (
+    INCLUDE_LOGPROBS,
+    MAX_RESPONSES_TOP_LOGPROBS,
+    METADATA_KEYS,
+    RESPONSES_INCLUDABLE,
+)
 from protocol.openai import decode_json_object, whole_numbers_as_integers
 
 # The chat fields the pipeline's errors name that a Responses request calls otherwise.
@@ -45,8 +51,11 @@ _SUPPORTED = frozenset(
         "parallel_tool_calls",
         "truncation",
         "previous_response_id",
+        "include",
+        "top_logprobs",
     }
 )
+_INCLUDABLE = frozenset(RESPONSES_INCLUDABLE)
 _FUNCTION_TOOL_FIELDS = frozenset({"type", "name", "description", "parameters", "strict"})
 _CHOICE_MODES = frozenset({"auto", "none", "required"})
 
@@ -106,6 +115,12 @@ class ResponsesRequest:
     tool_choice: ToolChoice = "auto"
     parallel_tool_calls: bool | None = None
     previous_response_id: str | None = None
+    include: tuple[str, ...] = ()
+    top_logprobs: int | None = None  # alternatives per token, with INCLUDE_LOGPROBS
+
+    @property
+    def logprobs(self) -> bool:
+        return INCLUDE_LOGPROBS in self.include
 
     def echoed_tool_choice(self) -> str | dict[str, str]:
         choice = self.tool_choice
@@ -210,6 +225,31 @@ def _optional_string(body: dict[str, Any], name: str) -> str | None:
     return value
 
 
+def _include(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise InvalidRequestError("'include' must be a list of strings.", param="include")
+    for i, name in enumerate(value):
+        if not isinstance(name, str) or name not in _INCLUDABLE:
+            raise InvalidRequestError(
+                f"{name!r} is not a value 'include' takes: one of {', '.join(RESPONSES_INCLUDABLE)}.",
+                param=f"include[{i}]",
+            )
+    return tuple(value)
+
+
+def _top_logprobs(body: dict[str, Any]) -> int | None:
+    value = body.get("top_logprobs")
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_RESPONSES_TOP_LOGPROBS
+    ):
+        raise InvalidRequestError(
+            f"'top_logprobs' must be an integer from 0 to {MAX_RESPONSES_TOP_LOGPROBS}.", param="top_logprobs"
+        )
+    return value
+
+
 def _metadata(value: Any) -> dict[str, str]:
     if value is None:
         return {}
@@ -235,7 +275,7 @@ def parse_request(raw: bytes) -> ResponsesRequest:
     if "input" not in body:
         raise InvalidRequestError("'input' is required.", param="input")
     given = parse_input(body["input"])
-    whole_numbers_as_integers(body, ("max_output_tokens",))
+    whole_numbers_as_integers(body, ("max_output_tokens", "top_logprobs"))
     max_output = body.get("max_output_tokens")
     if max_output is not None and (
         isinstance(max_output, bool) or not isinstance(max_output, int) or max_output < 1
@@ -260,6 +300,8 @@ def parse_request(raw: bytes) -> ResponsesRequest:
         tool_choice=_tool_choice(body.get("tool_choice"), tools),
         parallel_tool_calls=_optional_flag(body, "parallel_tool_calls"),
         previous_response_id=_optional_string(body, "previous_response_id"),
+        include=_include(body.get("include")),
+        top_logprobs=_top_logprobs(body),
     )
     if request.background and request.stream:
         raise unsupported("stream", "Streaming a background response")
@@ -297,6 +339,10 @@ def chat_request(request: ResponsesRequest, earlier: tuple[InputItem, ...] = ())
         )
         if request.parallel_tool_calls is not None:
             chat["parallel_tool_calls"] = request.parallel_tool_calls
+    if request.logprobs:
+        chat["logprobs"] = True
+        if request.top_logprobs:
+            chat["top_logprobs"] = request.top_logprobs
     for name, value in (
         ("max_tokens", request.max_output_tokens),
         ("temperature", request.temperature),

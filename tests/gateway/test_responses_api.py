@@ -151,6 +151,71 @@ def test_stream_sends_the_events_in_order_with_the_same_text(gw: RunningGateway)
     assert final.usage is not None and final.usage.output_tokens == plain.usage.output_tokens  # type: ignore[union-attr]
 
 
+def test_logprobs_are_the_chat_doors_on_every_path_when_included(gw: RunningGateway) -> None:
+    """`include: ["message.output_text.logprobs"]` fills each output_text's logprobs (with
+    `top_logprobs` alternatives): the chat door's for the same greedy request, token for token,
+    in the response, its streamed deltas (joined), its done event and the stored object."""
+    client = sdk(gw)
+    chat = client.chat.completions.create(
+        model="meridian-small",
+        messages=[{"role": "user", "content": "Name a colour"}],
+        max_tokens=10,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+    )
+    assert chat.choices[0].logprobs is not None and chat.choices[0].logprobs.content
+    expected = [
+        (e.token, round(e.logprob, 4), [(t.token, round(t.logprob, 4)) for t in e.top_logprobs])
+        for e in chat.choices[0].logprobs.content
+    ]
+
+    def seen(entries: list[Any]) -> list[Any]:
+        return [
+            (
+                e["token"],
+                round(e["logprob"], 4),
+                [(t["token"], round(t["logprob"], 4)) for t in e["top_logprobs"]],
+            )
+            for e in entries
+        ]
+
+    asked = {
+        "model": "meridian-small",
+        "input": "Name a colour",
+        "max_output_tokens": 10,
+        "temperature": 0,
+        "include": ["message.output_text.logprobs"],
+        "top_logprobs": 3,
+    }
+    headers = {"authorization": f"Bearer {GLOBAL_KEY}"}
+    whole = httpx.post(gw.url + "/v1/responses", json=asked, headers=headers, timeout=60).json()
+    [part] = whole["output"][0]["content"]
+    assert part["text"] == chat.choices[0].message.content and seen(part["logprobs"]) == expected
+    assert whole["top_logprobs"] == 3
+    stored = httpx.get(f"{gw.url}/v1/responses/{whole['id']}", headers=headers, timeout=60).json()
+    assert seen(stored["output"][0]["content"][0]["logprobs"]) == expected
+
+    events = list(client.responses.create(**asked, stream=True))
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    streamed = [entry.model_dump() for e in deltas for entry in e.logprobs]
+    assert seen(streamed) == expected
+    [done] = [e for e in events if e.type == "response.output_text.done"]
+    assert seen([entry.model_dump() for entry in done.logprobs]) == expected
+    assert [e["bytes"] for e in part["logprobs"]] == [e.bytes for e in chat.choices[0].logprobs.content]
+
+    # Not included: none, as before; a value naming what Meridian never produces adds nothing.
+    plain = client.responses.create(
+        model="meridian-small",
+        input="Name a colour",
+        max_output_tokens=10,
+        temperature=0,
+        include=["reasoning.encrypted_content"],
+    )
+    assert plain.output[0].content[0].logprobs == []  # type: ignore[union-attr]
+    assert plain.output_text == part["text"]
+
+
 def test_background_runs_detached_and_is_retrieved_when_done(gw: RunningGateway) -> None:
     client = sdk(gw)
     expected = client.responses.create(
@@ -325,6 +390,8 @@ def test_walking_the_input_item_pages_returns_each_message_once_in_order(
         ({"input": [{"type": "reasoning", "summary": []}]}, "input[0]"),
         ({"text": {"format": {"type": "json_object"}}}, "text"),
         ({"max_output_tokens": 0}, "max_output_tokens"),
+        ({"include": ["message.output_text.annotations"]}, "include[0]"),
+        ({"include": ["message.output_text.logprobs"], "top_logprobs": 21}, "top_logprobs"),
     ],
 )
 def test_unsupported_features_are_a_400_naming_the_param(

@@ -145,7 +145,7 @@ def cases(draw: st.DrawFn, *, tool_calls: bool = False) -> dict[str, Any]:
         at += size
     endings = ANTHROPIC_ENDINGS if upstream == "anthropic" else OPENAI_ENDINGS
     ending = draw(st.sampled_from(endings)) if stream else "finish"
-    logprobs = door in ("chat", "completions") and upstream == "openai" and draw(st.booleans())
+    logprobs = door in ("chat", "completions", "responses") and upstream == "openai" and draw(st.booleans())
     # Alternatives in top_logprobs the policy removes: the whole secret, the word as one token.
     alternatives = {"plain": (), "redactor": (SECRET, f" {SECRET}"), "blocker": (f" {WORD}", WORD.upper())}[
         tenant
@@ -207,7 +207,10 @@ def _plain_request(case: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str,
             body["logprobs"] = 3
         return "/v1/completions", body, headers
     if door == "responses":
-        return "/v1/responses", {"model": model, "input": prompt, "stream": stream}, headers
+        body = {"model": model, "input": prompt, "stream": stream}
+        if case["logprobs"]:
+            body.update(include=["message.output_text.logprobs"], top_logprobs=3)
+        return "/v1/responses", body, headers
     body = {
         "model": model,
         "max_tokens": 200,
@@ -234,16 +237,37 @@ def _strings(value: Any) -> Iterator[str]:
 
 
 def _token_runs(events: list[dict[str, Any]]) -> list[str]:
-    """The logprob tokens joined in order (a secret split across tokens shows whole here)."""
+    """The logprob tokens joined in order (a secret split across tokens shows whole here): a chat
+    or completions stream's, a Responses stream's deltas', and each list of a whole answer (an
+    output_text part's, a done event's)."""
+    streamed: list[str] = []
+    deltas: list[str] = []
     runs: list[str] = []
     for event in events:
         for choice in event.get("choices") or []:
             logprobs = choice.get("logprobs") or {}
             if isinstance(logprobs.get("content"), list):
-                runs += [entry["token"] for entry in logprobs["content"]]
+                streamed += [entry["token"] for entry in logprobs["content"]]
             if isinstance(logprobs.get("tokens"), list):
-                runs += logprobs["tokens"]
-    return ["".join(runs)]
+                streamed += logprobs["tokens"]
+        if event.get("type") == "response.output_text.delta":
+            deltas += [entry["token"] for entry in event.get("logprobs") or []]
+        else:
+            runs += ["".join(entry["token"] for entry in found) for found in _logprob_lists(event)]
+    return ["".join(streamed), "".join(deltas), *runs]
+
+
+def _logprob_lists(value: Any) -> Iterator[list[dict[str, Any]]]:
+    """Every Responses-shaped `logprobs` list (of token entries) in a JSON value."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key == "logprobs" and isinstance(item, list):
+                yield item
+            else:
+                yield from _logprob_lists(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _logprob_lists(item)
 
 
 def _events(response: httpx.Response) -> list[dict[str, Any]]:
