@@ -29,7 +29,7 @@ from protocol.objects import (
 from protocol.openai import decode_json_object, whole_numbers_as_integers
 
 # The chat fields the pipeline's errors name that a Responses request calls otherwise.
-_CHAT_FIELD_NAMES = {"max_tokens": "max_output_tokens", "messages": "input"}
+_CHAT_FIELD_NAMES = {"max_tokens": "max_output_tokens", "messages": "input", "logprobs": "include"}
 
 # Fields that are accepted as given; all others are refused (the set the door serves).
 _SUPPORTED = frozenset(

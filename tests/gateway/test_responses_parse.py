@@ -92,6 +92,12 @@ bodies = st.fixed_dictionaries(
         "previous_response_id": st.text(max_size=4) | json_values,
         "truncation": st.just("disabled") | json_values,
         "reasoning": json_values,
+        "include": st.lists(
+            st.sampled_from(["message.output_text.logprobs", "reasoning.encrypted_content", "nope"]),
+            max_size=2,
+        )
+        | json_values,
+        "top_logprobs": st.integers(-1, 21) | json_values,
     },
 )
 
@@ -108,6 +114,18 @@ def test_every_body_is_served_or_refused_naming_a_field(body: dict[str, Any]) ->
     assert isinstance(chat.parsed, ChatCompletionRequest) and chat.body["messages"]
     assert len(chat.sources) == len(chat.body["messages"])
     assert request.model == body["model"]
+    # Logprobs are asked of the upstream exactly when the client included them.
+    assert chat.parsed.logprobs is ("message.output_text.logprobs" in (body.get("include") or ()))
+
+
+def test_a_refusal_of_the_logprobs_it_asked_for_names_include() -> None:
+    """No upstream the tenant may use serves logprobs: the 400 names the Responses field."""
+    body = {"model": "m", "input": "Hi", "include": ["message.output_text.logprobs"], "top_logprobs": 2}
+    chat = chat_request(parse_request(msgspec.json.encode(body)))
+    assert (chat.body["logprobs"], chat.body["top_logprobs"]) == (True, 2)
+    with pytest.raises(InvalidRequestError) as refused, chat.errors_in_request_terms():
+        raise InvalidRequestError("`logprobs` is not served here.", param="logprobs")
+    assert refused.value.param == "include" and "`include`" in refused.value.message
 
 
 @pytest.mark.parametrize(
